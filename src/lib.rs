@@ -1,0 +1,26 @@
+//! # hugeprep
+//!
+//! Pre-zeroed, pre-faulted hugepage memory for virtual machines. Starting a VM with hundreds
+//! of GiB of hugepage-backed memory is slow because the kernel zeroes every page when it is
+//! first faulted. hugeprep takes that work off the VM-start path:
+//!
+//! 1. **Reserve** hugepages per NUMA node through sysfs ([`hugetlb`]).
+//! 2. **Preallocate** guest backing files in parallel, NUMA-pinned ([`prefault`]).
+//! 3. **Zero** with the fastest method for the CPU model ([`clear`], [`policy`], [`cpu`]).
+//! 4. **Keep a warm pool** of scrubbed memory and recycle stopped VMs' memory ([`pool`]).
+//! 5. **Hand over** memory to the VMM as a hugetlbfs file, an fd or a `GuestMemoryMmap`.
+//!
+//! The layers, bottom to top: [`sys`] (system calls), [`cpu`], [`clear`], [`policy`],
+//! [`topology`], [`hugetlb`], [`prefault`], then the pool, journal, API and daemon.
+
+pub mod clear;
+pub mod hugetlb;
+pub mod page_size;
+pub mod sys;
+#[doc(hidden)]
+pub mod testing;
+pub mod topology;
+pub mod units;
+
+pub use clear::{ClearPlan, Method};
+pub use page_size::PageSize;
