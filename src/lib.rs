@@ -13,6 +13,7 @@
 //! The layers, bottom to top: [`sys`] (system calls), [`cpu`], [`clear`], [`policy`],
 //! [`topology`], [`hugetlb`], [`prefault`], then the pool, journal, API and daemon.
 
+pub mod bench;
 pub mod clear;
 pub mod hugetlb;
 pub mod page_size;
