@@ -22,6 +22,7 @@ pub mod sys;
 pub mod testing;
 pub mod topology;
 pub mod units;
+pub mod vmm;
 
 pub use clear::{ClearPlan, Method};
 pub use page_size::PageSize;

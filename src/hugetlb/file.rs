@@ -252,7 +252,7 @@ impl BackingFile {
         })?;
         let flags = libc::MFD_CLOEXEC
             | libc::MFD_HUGETLB
-            | (page_size.shift() << libc::MFD_HUGE_SHIFT as u32);
+            | (page_size.shift() << libc::MFD_HUGE_SHIFT);
         // SAFETY: `cname` is a valid NUL-terminated string; the result is checked.
         let fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
         if fd < 0 {
