@@ -15,8 +15,10 @@
 
 pub mod bench;
 pub mod clear;
+pub mod cpu;
 pub mod hugetlb;
 pub mod page_size;
+pub mod policy;
 pub mod sys;
 #[doc(hidden)]
 pub mod testing;

@@ -3,6 +3,8 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod cpu;
+
 /// hugeprep: pre-zeroed, pre-faulted hugepage memory for virtual machines.
 #[derive(Debug, Parser)]
 #[command(version, about, propagate_version = true)]
@@ -20,6 +22,8 @@ pub enum Command {
     /// Benchmarks: clearing methods, preallocation, recycling.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Show the CPU and the clearing method the policy chooses for it.
+    Cpu(cpu::CpuArgs),
 }
 
 /// `hugeprep bench ...`.
@@ -45,5 +49,6 @@ pub fn init_tracing(verbose: u8) {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Bench(b) => match b {},
+        Command::Cpu(args) => cpu::run(args),
     }
 }
