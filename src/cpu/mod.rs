@@ -127,7 +127,7 @@ impl CpuInfo {
         let cpuid = CpuId::with_cpuid_reader(reader.clone());
         let vendor_id = cpuid
             .get_vendor_info()
-            .map(|v| v.as_str().to_string())
+            .map(|v| v.as_str().trim_matches('\0').to_string())
             .unwrap_or_default();
         let max_leaf = reader.cpuid1(0).eax;
         let leaf1 = if max_leaf >= 1 {
@@ -167,7 +167,11 @@ impl CpuInfo {
             vendor_id,
             brand: cpuid
                 .get_processor_brand_string()
-                .map(|b| b.as_str().trim().to_string())
+                .map(|b| {
+                    b.as_str()
+                        .trim_matches(|c: char| c == '\0' || c.is_whitespace())
+                        .to_string()
+                })
                 .unwrap_or_default(),
             signature,
             family: decode_family(signature),

@@ -108,7 +108,13 @@ impl Document<'_> {
     /// Converts a TOML syntax or deserialization error, naming the field at its location.
     pub fn toml_error(&self, err: &toml::de::Error) -> PolicyError {
         let offset = err.span().map_or(0, |s| s.start);
-        let message = err.message().trim().to_string();
+        let message = err
+            .message()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join(": ");
         let field = self.field_at(offset, &message);
         self.error(offset, field, message)
     }
@@ -119,19 +125,31 @@ impl Document<'_> {
     /// before the offset (values such as arrays can span lines) is the field.
     fn field_at(&self, offset: usize, message: &str) -> Option<String> {
         let offset = floor_char_boundary(self.text, offset);
+        let line_start = self.text[..offset].rfind('\n').map_or(0, |i| i + 1);
         let line_end = self.text[offset..]
             .find('\n')
             .map_or(self.text.len(), |i| offset + i);
+        // An error on a table header is either about that table (a field missing from it)
+        // or about the header's own key (an unknown table): then the enclosing table is
+        // the header's dotted prefix, not the table before it.
+        let header = table_header(&self.text[line_start..line_end]);
         let mut table: Option<String> = None;
-        let mut rules = 0;
-        for line in self.text[..line_end].lines() {
-            if let Some(name) = table_header(line) {
-                table = Some(if name == "rule" {
-                    rules += 1;
-                    format!("rule[{rules}]")
-                } else {
-                    name.to_string()
-                });
+        match header {
+            Some(name) if !message.starts_with("missing field") => {
+                table = name.rsplit_once('.').map(|(parent, _)| parent.to_string());
+            }
+            _ => {
+                let mut rules = 0;
+                for line in self.text[..line_end].lines() {
+                    if let Some(name) = table_header(line) {
+                        table = Some(if name == "rule" {
+                            rules += 1;
+                            format!("rule[{rules}]")
+                        } else {
+                            name.to_string()
+                        });
+                    }
+                }
             }
         }
         let named = ["unknown field `", "missing field `"]
@@ -139,7 +157,10 @@ impl Document<'_> {
             .find_map(|prefix| message.strip_prefix(prefix))
             .and_then(|rest| rest.split('`').next())
             .map(str::to_string);
-        let key = named.or_else(|| self.key_before(offset));
+        let key = named.or_else(|| match header {
+            Some(name) => Some(name.rsplit('.').next().unwrap_or(name).to_string()),
+            None => self.key_before(offset),
+        });
         match (table, key) {
             (Some(t), Some(k)) => Some(format!("{t}.{k}")),
             (None, Some(k)) => Some(k),
