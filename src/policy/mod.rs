@@ -15,6 +15,7 @@ mod clearing;
 mod error;
 mod resolution;
 mod schema;
+mod validate;
 
 pub use clearing::{
     CalibrationMode, ClearingPolicy, IdMatch, NtMinExtent, Rule, Threads, BUILTIN_FALLBACK_RULE,
