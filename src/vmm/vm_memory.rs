@@ -69,6 +69,9 @@ mod tests {
             panic!("cannot reserve 2 pages of 2M");
         };
         let file = BackingFile::memfd("vmm-test", 4 << 20, PageSize::Size2M).unwrap();
+        // vm-memory maps with MAP_NORESERVE; fault the pages in through a reserving mapping
+        // first, as hugeprep does for every file it hands over.
+        file.map().unwrap().populate_write(0, 4 << 20).unwrap();
         let mem = guest_memory(&file, GuestAddress(0x1_0000_0000)).unwrap();
         assert_eq!(mem.num_regions(), 1);
         mem.write_obj(0x5a5a_u16, GuestAddress(0x1_0020_0000))
