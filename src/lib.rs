@@ -17,6 +17,7 @@ pub mod bench;
 pub mod clear;
 pub mod hugetlb;
 pub mod page_size;
+pub mod prefault;
 pub mod sys;
 #[doc(hidden)]
 pub mod testing;
