@@ -54,7 +54,11 @@ pub fn prefault(
 }
 
 /// The worker plan: the CPUs to pin to and the thread count.
-fn plan(bytes: u64, opts: &PrefaultOptions) -> Result<(Vec<usize>, usize), PrefaultError> {
+fn plan(
+    bytes: u64,
+    page: u64,
+    opts: &PrefaultOptions,
+) -> Result<(Vec<usize>, usize), PrefaultError> {
     let allowed = allowed_cpus();
     let cpus = match opts.node {
         Some(n) => {
@@ -80,7 +84,9 @@ fn plan(bytes: u64, opts: &PrefaultOptions) -> Result<(Vec<usize>, usize), Prefa
         Some(t) => t.min(default_threads(bytes, cpus.len(), Some(t))),
         None => default_threads(bytes, cpus.len(), opts.policy_threads),
     };
-    Ok((cpus, threads))
+    // Workers split whole pages: never more workers than pages.
+    let pages = usize::try_from(bytes / page).unwrap_or(usize::MAX);
+    Ok((cpus, threads.min(pages).max(1)))
 }
 
 /// Pages of `range` that may still need a free page: the range's pages minus every page the
@@ -118,7 +124,7 @@ pub fn prefault_mapped(
         });
     }
     let bytes = range.end - range.start;
-    let (cpus, threads) = plan(bytes, opts)?;
+    let (cpus, threads) = plan(bytes, page, opts)?;
     let scope = Scope::from_node(opts.node);
 
     let needed = pages_needed(file, &range);
