@@ -23,7 +23,10 @@ fn mounts_are_found_by_page_size_even_with_spaces_in_the_path() {
         assert_eq!(ours.page_size, size);
         assert!(mount::find(size).unwrap().is_some());
         let meta = std::fs::metadata(m.path()).unwrap();
-        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777, 0o1770);
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777,
+            0o1770
+        );
         let path = m.path().to_path_buf();
         m.unmount().unwrap();
         assert!(!mount::mounts().unwrap().iter().any(|f| f.path == path));

@@ -13,7 +13,11 @@ use hugetlb_support::HugeEnv;
 /// `hugeadm --pool-list` rows: (page bytes, minimum, current, maximum).
 fn hugeadm_pools() -> Option<Vec<(u64, u64, u64, u64)>> {
     let out = Command::new("hugeadm").arg("--pool-list").output().ok()?;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     Some(
         text.lines()
@@ -115,7 +119,10 @@ fn a_top_up_adds_the_shortfall_and_gives_exactly_it_back() {
     assert!(pool::available(Some(0), PageSize::Size2M).unwrap() >= want);
     let resize = top_up.release().unwrap().unwrap();
     assert_eq!(resize.after, before.total);
-    assert_eq!(pool::read(Scope::System, PageSize::Size2M).unwrap().total, before.total);
+    assert_eq!(
+        pool::read(Scope::System, PageSize::Size2M).unwrap().total,
+        before.total
+    );
 }
 
 #[test]
@@ -126,9 +133,15 @@ fn a_one_gib_raise_reports_what_the_kernel_gave() {
     assert!(resize.after <= before.total + 2);
     assert_eq!(resize.shortfall(), before.total + 2 - resize.after);
     if resize.after < before.total + 2 {
-        eprintln!("the kernel gave {} of 2 extra 1G pages", resize.after - before.total);
+        eprintln!(
+            "the kernel gave {} of 2 extra 1G pages",
+            resize.after - before.total
+        );
     }
     let back = pool::set_pages(Scope::System, PageSize::Size1G, before.total).unwrap();
     assert_eq!(back.after, before.total);
-    assert_eq!(pool::read(Scope::System, PageSize::Size1G).unwrap().total, before.total);
+    assert_eq!(
+        pool::read(Scope::System, PageSize::Size1G).unwrap().total,
+        before.total
+    );
 }

@@ -23,9 +23,22 @@ fn prepare_creates_a_filled_file_and_reports_it() {
     let path = env.dir().join("guest");
     let path_s = path.to_str().unwrap();
     let out = hugeprep(&[
-        "prepare", "--size", "64M", "--node", "0", "--path", path_s, "--threads", "2", "--json",
+        "prepare",
+        "--size",
+        "64M",
+        "--node",
+        "0",
+        "--path",
+        path_s,
+        "--threads",
+        "2",
+        "--json",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["path"], path_s);
     assert_eq!(json["size"], 64 << 20);
@@ -33,12 +46,26 @@ fn prepare_creates_a_filled_file_and_reports_it() {
     assert_eq!(json["page_size"], "2M");
     assert!(json["gbps"].as_f64().unwrap() > 0.0);
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 64 << 20);
-    assert_eq!(env.free(), free0 - 32, "the file keeps its pages after the command");
+    assert_eq!(
+        env.free(),
+        free0 - 32,
+        "the file keeps its pages after the command"
+    );
 
     // Text output names the same things.
-    let out = hugeprep(&["prepare", "--size", "2M", "--mount", env.dir().to_str().unwrap()]);
+    let out = hugeprep(&[
+        "prepare",
+        "--size",
+        "2M",
+        "--mount",
+        env.dir().to_str().unwrap(),
+    ]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for key in ["path", "size", "node", "threads", "seconds", "GB/s"] {
         assert!(text.contains(key), "{key} missing from {text}");
     }
@@ -60,9 +87,15 @@ fn bad_arguments_name_the_flag_and_leave_nothing_behind() {
         (&["--size", "0", "--mount", &dir], "--size"),
         (&["--size", "3M", "--mount", &dir], "--size"),
         (&["--size", "lots", "--mount", &dir], "--size"),
-        (&["--size", "4M", "--page-size", "4K", "--mount", &dir], "--page-size"),
+        (
+            &["--size", "4M", "--page-size", "4K", "--mount", &dir],
+            "--page-size",
+        ),
         (&["--size", "4M", "--node", "99", "--mount", &dir], "--node"),
-        (&["--size", "4M", "--path", outside.to_str().unwrap()], "--path"),
+        (
+            &["--size", "4M", "--path", outside.to_str().unwrap()],
+            "--path",
+        ),
         (&["--size", "4M", "--mount", "/tmp"], "--mount"),
     ];
     for (args, flag) in cases {
@@ -81,10 +114,18 @@ fn bad_arguments_name_the_flag_and_leave_nothing_behind() {
 #[test]
 fn pool_prints_every_node_and_page_size() {
     let out = hugeprep(&["pool", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(json.iter().any(|p| p["scope"] == "system" && p["page_size"] == "2M"));
-    assert!(json.iter().any(|p| p["scope"]["node"] == 0 && p["reserved"].is_null()));
+    assert!(json
+        .iter()
+        .any(|p| p["scope"] == "system" && p["page_size"] == "2M"));
+    assert!(json
+        .iter()
+        .any(|p| p["scope"]["node"] == 0 && p["reserved"].is_null()));
     let out = hugeprep(&["pool"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("node 0") && text.contains("system"), "{text}");

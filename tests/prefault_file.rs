@@ -48,8 +48,8 @@ fn two_workers_fault_every_2m_page_on_node_0() {
         return;
     };
     let free0 = env.free();
-    let file = BackingFile::create(&env.dir().join("g"), 512 * MIB, PageSize::Size2M, None)
-        .unwrap();
+    let file =
+        BackingFile::create(&env.dir().join("g"), 512 * MIB, PageSize::Size2M, None).unwrap();
     let opts = PrefaultOptions {
         threads: Some(2),
         node: Some(0),
@@ -57,8 +57,13 @@ fn two_workers_fault_every_2m_page_on_node_0() {
         ..PrefaultOptions::default()
     };
     let calls = std::cell::Cell::new(0u64);
-    let done = prefault_mapped(&file, 0..file.size(), &opts, Some(&|_| calls.set(calls.get() + 1)))
-        .unwrap();
+    let done = prefault_mapped(
+        &file,
+        0..file.size(),
+        &opts,
+        Some(&|_| calls.set(calls.get() + 1)),
+    )
+    .unwrap();
     let cpus = hugeprep::sys::affinity::allowed_cpus().len();
     assert_eq!(done.report.threads, cpus.min(2));
     assert_eq!(done.report.bytes, 512 * MIB);
@@ -66,7 +71,12 @@ fn two_workers_fault_every_2m_page_on_node_0() {
     assert!(calls.get() >= 1);
     assert_eq!(env.free(), free0 - 256);
     // Every page present and bound to node 0, as the kernel reports it.
-    assert!(done.region.resident(0, done.region.len()).unwrap().iter().all(|&r| r));
+    assert!(done
+        .region
+        .resident(0, done.region.len())
+        .unwrap()
+        .iter()
+        .all(|&r| r));
     let line = numa_maps_line(done.region.as_ptr());
     assert!(line.contains("bind") && line.contains(":0"), "{line}");
     assert!(line.contains("huge"), "{line}");
@@ -113,7 +123,11 @@ fn grow_keeps_old_pages_and_zero_fills_the_tail_and_shrink_frees_exactly_the_tai
         assert!(m.as_slice()[4 * MIB as usize..].iter().all(|&b| b == 0));
     }
     file.set_len(6 * MIB).unwrap();
-    assert_eq!(env.free(), free0 - 3, "shrinking by 2 pages gives back 2 pages");
+    assert_eq!(
+        env.free(),
+        free0 - 3,
+        "shrinking by 2 pages gives back 2 pages"
+    );
     file.remove().unwrap();
     assert_eq!(env.free(), free0);
 }
@@ -147,7 +161,10 @@ fn a_request_larger_than_the_free_pool_fails_before_touching_memory() {
     let err = prepare(&spec(&env, too_big), None).unwrap_err();
     let msg = err.to_string();
     assert!(
-        matches!(err, PrepareError::Prefault(PrefaultError::Insufficient { .. })),
+        matches!(
+            err,
+            PrepareError::Prefault(PrefaultError::Insufficient { .. })
+        ),
         "{msg}"
     );
     assert!(msg.contains("node 0") && msg.contains("2M"), "{msg}");
@@ -156,10 +173,13 @@ fn a_request_larger_than_the_free_pool_fails_before_touching_memory() {
     assert_eq!(env.free(), free0);
 
     // Past the check, the kernel's own reservation at mmap refuses it: no page is touched.
-    let file = BackingFile::create(&env.dir().join("big"), too_big, PageSize::Size2M, None)
-        .unwrap();
+    let file =
+        BackingFile::create(&env.dir().join("big"), too_big, PageSize::Size2M, None).unwrap();
     let map = file.map();
-    assert!(map.is_err(), "mmap of more pages than free must fail with ENOMEM");
+    assert!(
+        map.is_err(),
+        "mmap of more pages than free must fail with ENOMEM"
+    );
     assert_eq!(env.free(), free0);
     file.remove().unwrap();
 }
@@ -229,19 +249,32 @@ fn bad_arguments_name_the_argument_and_leave_nothing_behind() {
     };
     let free0 = env.free();
     let outside = std::env::temp_dir().join(format!("hugeprep-outside-{}", std::process::id()));
-    let cases: Vec<(&str, Box<dyn Fn(&mut PrepareSpec)>)> = vec![
+    type Change<'a> = Box<dyn Fn(&mut PrepareSpec) + 'a>;
+    let cases: Vec<(&str, Change)> = vec![
         ("size", Box::new(|s| s.size = 0)),
         ("size", Box::new(|s| s.size = 3 * MIB)),
         ("node", Box::new(|s| s.prefault.node = Some(999))),
         ("threads", Box::new(|s| s.prefault.threads = Some(0))),
-        ("owner", Box::new(|s| s.owner = Some("no-such-user-hugeprep".into()))),
-        ("path", Box::new(|s| s.target = Target::Path(outside.join("f")))),
-        ("mount", Box::new(|s| s.target = Target::Mount(std::env::temp_dir()))),
+        (
+            "owner",
+            Box::new(|s| s.owner = Some("no-such-user-hugeprep".into())),
+        ),
+        (
+            "path",
+            Box::new(|s| s.target = Target::Path(outside.join("f"))),
+        ),
+        (
+            "mount",
+            Box::new(|s| s.target = Target::Mount(std::env::temp_dir())),
+        ),
         // A mount of another page size is refused for the page size asked for.
-        ("mount", Box::new(|s| {
-            s.page_size = PageSize::Size1G;
-            s.size = 1 << 30;
-        })),
+        (
+            "mount",
+            Box::new(|s| {
+                s.page_size = PageSize::Size1G;
+                s.size = 1 << 30;
+            }),
+        ),
     ];
     for (field, change) in cases {
         let mut s = spec(&env, 4 * MIB);

@@ -259,7 +259,8 @@ pub fn run(cfg: &PrefaultBenchConfig, log: &dyn Fn(&str)) -> Result<PrefaultBenc
             owned_mount.path().to_path_buf()
         }
     };
-    let _top_up = PoolTopUp::ensure_free(cfg.node, cfg.page_size, cfg.size / cfg.page_size.bytes())?;
+    let _top_up =
+        PoolTopUp::ensure_free(cfg.node, cfg.page_size, cfg.size / cfg.page_size.bytes())?;
 
     let bench = Bench {
         cfg,
@@ -385,13 +386,13 @@ impl PrefaultBenchReport {
             ));
         }
         let ratio = |name: &str, s: &Option<Summary>| match s {
-            Some(s) => format!(
-                "{name:<52} {:.2}x ({:.2}-{:.2})\n",
-                s.median, s.min, s.max
-            ),
+            Some(s) => format!("{name:<52} {:.2}x ({:.2}-{:.2})\n", s.median, s.min, s.max),
             None => String::new(),
         };
-        out.push_str(&ratio("hugeprep vs qemu prealloc (same threads)", &self.ratio_vs_qemu));
+        out.push_str(&ratio(
+            "hugeprep vs qemu prealloc (same threads)",
+            &self.ratio_vs_qemu,
+        ));
         out.push_str(&ratio(
             "hugeprep vs qemu prealloc minus qemu startup",
             &self.ratio_vs_qemu_without_startup,
@@ -434,7 +435,10 @@ mod tests {
         ];
         let r = report(&cfg, 2, None, &variants, &samples);
         let q = r.ratio_vs_qemu.unwrap();
-        assert!((q.min - 2.0).abs() < 1e-9 && (q.max - 3.0).abs() < 1e-9, "{q:?}");
+        assert!(
+            (q.min - 2.0).abs() < 1e-9 && (q.max - 3.0).abs() < 1e-9,
+            "{q:?}"
+        );
         let net = r.ratio_vs_qemu_without_startup.unwrap();
         assert!((net.min - 1.0).abs() < 1e-9 && (net.max - 2.0).abs() < 1e-9);
         assert!(r.table().contains("hugeprep, 2 threads"));

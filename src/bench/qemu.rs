@@ -97,7 +97,10 @@ impl QemuConfig {
             on_off(self.prealloc)
         );
         if self.prealloc {
-            backend.push_str(&format!(",prealloc-threads={}", self.prealloc_threads.max(1)));
+            backend.push_str(&format!(
+                ",prealloc-threads={}",
+                self.prealloc_threads.max(1)
+            ));
         }
         [
             "-S",
@@ -250,7 +253,9 @@ impl QemuVm {
         stream
             .set_read_timeout(Some(left.max(Duration::from_millis(1))))
             .map_err(|e| self.qmp_err(e.to_string()))?;
-        let writer = stream.try_clone().map_err(|e| self.qmp_err(e.to_string()))?;
+        let writer = stream
+            .try_clone()
+            .map_err(|e| self.qmp_err(e.to_string()))?;
         let mut reader = BufReader::new(stream);
         let mut greeting = String::new();
         reader
@@ -317,6 +322,9 @@ mod tests {
         assert!(args.contains(
             "memory-backend-file,id=mem0,size=4294967296,mem-path=/mnt/h/f,share=on,prealloc=on,prealloc-threads=2"
         ), "{args}");
-        assert!(args.contains("unix:/tmp/q.sock,server=on,wait=off"), "{args}");
+        assert!(
+            args.contains("unix:/tmp/q.sock,server=on,wait=off"),
+            "{args}"
+        );
     }
 }

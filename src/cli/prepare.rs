@@ -90,7 +90,11 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
         let node = r.node.map_or("any".to_string(), |n| n.to_string());
         println!("path     {path}");
         println!("size     {} ({} bytes)", format_bytes(r.bytes), r.bytes);
-        println!("pages    {} of {}", r.bytes / r.page_size.bytes(), r.page_size);
+        println!(
+            "pages    {} of {}",
+            r.bytes / r.page_size.bytes(),
+            r.page_size
+        );
         println!("node     {node}");
         println!("threads  {} (cpus {:?})", r.threads, r.cpus);
         println!("seconds  {:.3}", r.seconds);

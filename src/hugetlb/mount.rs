@@ -39,7 +39,9 @@ pub enum MountError {
         source: io::Error,
     },
     /// After mounting, `statfs` did not show hugetlbfs of the page size asked for.
-    #[error("{path}: mounted, but statfs shows {found:?} instead of hugetlbfs with {expected} pages")]
+    #[error(
+        "{path}: mounted, but statfs shows {found:?} instead of hugetlbfs with {expected} pages"
+    )]
     Verify {
         /// The mount point.
         path: PathBuf,
@@ -323,7 +325,10 @@ mod tests {
     fn escapes() {
         assert_eq!(unescape_mountinfo(r"a\134b"), PathBuf::from(r"a\b"));
         assert_eq!(unescape_mountinfo(r"a\011b\012"), PathBuf::from("a\tb\n"));
-        assert_eq!(unescape_mountinfo(r"trailing\04"), PathBuf::from(r"trailing\04"));
+        assert_eq!(
+            unescape_mountinfo(r"trailing\04"),
+            PathBuf::from(r"trailing\04")
+        );
         assert_eq!(unescape_mountinfo(r"x\999"), PathBuf::from(r"x\999"));
     }
 

@@ -425,11 +425,7 @@ impl PoolTopUp {
             return Ok(None);
         }
         let total = read(self.scope, self.page_size)?.total;
-        let resize = set_pages(
-            self.scope,
-            self.page_size,
-            total.saturating_sub(self.added),
-        )?;
+        let resize = set_pages(self.scope, self.page_size, total.saturating_sub(self.added))?;
         self.added = 0;
         Ok(Some(resize))
     }

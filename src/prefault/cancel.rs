@@ -22,7 +22,9 @@ pub fn cancel_on_signals() -> std::io::Result<Arc<AtomicBool>> {
         set.add(sig);
     }
     set.thread_block().map_err(std::io::Error::from)?;
-    let flag = FLAG.get_or_init(|| Arc::new(AtomicBool::new(false))).clone();
+    let flag = FLAG
+        .get_or_init(|| Arc::new(AtomicBool::new(false)))
+        .clone();
     let seen = flag.clone();
     std::thread::Builder::new()
         .name("signals".into())

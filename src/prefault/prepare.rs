@@ -99,7 +99,11 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> PrepareError {
 }
 
 /// Checks that `dir` is on hugetlbfs of `page_size`; the error is for `field`.
-fn check_hugetlbfs_dir(field: &'static str, dir: &Path, page_size: PageSize) -> Result<(), PrepareError> {
+fn check_hugetlbfs_dir(
+    field: &'static str,
+    dir: &Path,
+    page_size: PageSize,
+) -> Result<(), PrepareError> {
     match hugetlbfs_page_size(dir) {
         Ok(Some(found)) if found == page_size => Ok(()),
         Ok(Some(found)) => Err(invalid(
@@ -131,7 +135,10 @@ fn resolve_path(spec: &PrepareSpec) -> Result<PathBuf, PrepareError> {
     match &spec.target {
         Target::Path(path) => {
             if path.symlink_metadata().is_ok() {
-                return Err(invalid("path", format!("{} already exists", path.display())));
+                return Err(invalid(
+                    "path",
+                    format!("{} already exists", path.display()),
+                ));
             }
             let dir = match path.parent() {
                 Some(d) if !d.as_os_str().is_empty() => d,
@@ -142,7 +149,10 @@ fn resolve_path(spec: &PrepareSpec) -> Result<PathBuf, PrepareError> {
         }
         Target::Mount(dir) => {
             if !dir.is_dir() {
-                return Err(invalid("mount", format!("{} is not a directory", dir.display())));
+                return Err(invalid(
+                    "mount",
+                    format!("{} is not a directory", dir.display()),
+                ));
             }
             check_hugetlbfs_dir("mount", dir, spec.page_size)?;
             Ok(dir.join(generated_name()))
@@ -247,7 +257,10 @@ pub fn grow(
     let result = prefault(file, old..new_size, opts, progress);
     if result.is_err() {
         if let Err(e) = file.set_len(old) {
-            tracing::warn!("shrinking {} back to {old} bytes: {e}", file.path().display());
+            tracing::warn!(
+                "shrinking {} back to {old} bytes: {e}",
+                file.path().display()
+            );
         }
     }
     result

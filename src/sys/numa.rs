@@ -64,7 +64,10 @@ pub fn bind_region(
         source,
     };
     let mask = node_mask(node).map_err(err)?;
-    if offset.checked_add(len).map_or(true, |end| end > region.len()) {
+    if offset
+        .checked_add(len)
+        .map_or(true, |end| end > region.len())
+    {
         return Err(err(std::io::Error::from_raw_os_error(libc::EINVAL)));
     }
     // SAFETY: the range lies inside a mapping owned by `region` (checked above); mbind only
