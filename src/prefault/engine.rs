@@ -152,7 +152,7 @@ pub fn prefault_mapped(
     }
 
     let extent = (opts.extent / page).max(1) * page;
-    let chunk = (bytes / page).div_ceil(threads as u64) * page;
+    let pages = bytes / page;
     let done = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let no_populate_write = AtomicBool::new(opts.populate == Populate::Mlock);
@@ -174,8 +174,9 @@ pub fn prefault_mapped(
             .iter()
             .enumerate()
             .map(|(i, &cpu)| {
-                let lo = (i as u64 * chunk).min(bytes);
-                let hi = ((i as u64 + 1) * chunk).min(bytes);
+                // Whole pages, as even as they divide: no worker is left without work.
+                let lo = pages * i as u64 / threads as u64 * page;
+                let hi = pages * (i as u64 + 1) / threads as u64 * page;
                 let ctx = &ctx;
                 s.spawn(move || ctx.run(cpu, lo..hi))
             })
