@@ -19,6 +19,7 @@ pub mod cpu;
 pub mod hugetlb;
 pub mod page_size;
 pub mod policy;
+pub mod prefault;
 pub mod sys;
 #[doc(hidden)]
 pub mod testing;

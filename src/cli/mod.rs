@@ -1,9 +1,12 @@
 //! Command-line interface: one file per subcommand, each with its clap `Args` and `run`.
 //! This is the only place (with `main.rs`) that uses `anyhow`.
 
-use clap::{Parser, Subcommand};
+mod bench_prefault;
+mod cpu;
+mod pool;
+mod prepare;
 
-pub mod cpu;
+use clap::{Parser, Subcommand};
 
 /// hugeprep: pre-zeroed, pre-faulted hugepage memory for virtual machines.
 #[derive(Debug, Parser)]
@@ -24,11 +27,18 @@ pub enum Command {
     Bench(BenchCommand),
     /// Show the CPU and the clearing method the policy chooses for it.
     Cpu(cpu::CpuArgs),
+    /// Show or set the hugepage pools per NUMA node and page size (local sysfs).
+    Pool(pool::PoolArgs),
+    /// Create a hugetlbfs file and fault every page in, in parallel (no daemon).
+    Prepare(prepare::PrepareArgs),
 }
 
 /// `hugeprep bench ...`.
 #[derive(Debug, Subcommand)]
-pub enum BenchCommand {}
+pub enum BenchCommand {
+    /// Cold preparation: hugeprep vs QEMU prealloc-threads vs one thread.
+    Prefault(bench_prefault::BenchPrefaultArgs),
+}
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
 pub fn init_tracing(verbose: u8) {
@@ -48,7 +58,11 @@ pub fn init_tracing(verbose: u8) {
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Bench(b) => match b {},
+        Command::Bench(b) => match b {
+            BenchCommand::Prefault(args) => bench_prefault::run(args),
+        },
+        Command::Pool(args) => pool::run(args),
+        Command::Prepare(args) => prepare::run(args),
         Command::Cpu(args) => cpu::run(args),
     }
 }
