@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 
 use anyhow::anyhow;
+use hugeprep::cpu::CpuInfo;
+use hugeprep::policy::{ClearingPolicy, Threads};
 use hugeprep::prefault::{self, PrefaultOptions, PrepareError, PrepareSpec, Target};
 use hugeprep::units::{format_bytes, parse_bytes};
 use hugeprep::PageSize;
@@ -52,6 +54,7 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
         owner: args.owner.clone(),
         prefault: PrefaultOptions {
             threads: args.threads,
+            policy_threads: policy_threads(),
             node: args.node,
             cancel: Some(cancel),
             ..PrefaultOptions::default()
@@ -101,4 +104,14 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
         println!("GB/s     {:.1}", r.gbps);
     }
     Ok(())
+}
+
+/// The clearing policy's per-node thread count for this CPU; `None` for "all" (one worker per
+/// CPU of the node).
+fn policy_threads() -> Option<usize> {
+    let resolution = ClearingPolicy::embedded().resolve(CpuInfo::host());
+    match resolution.threads {
+        Threads::All => None,
+        Threads::Count(n) => Some(n.get()),
+    }
 }
