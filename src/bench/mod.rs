@@ -1,6 +1,10 @@
 //! Benchmarks behind `hugeprep bench ...`: side-by-side comparisons in one run, warmed up,
 //! reported as median and range, in a table and as JSON.
 
+pub mod clear;
+pub mod clear_report;
+pub mod hugepages;
 pub mod stats;
+pub mod svg;
 
 pub use stats::Summary;

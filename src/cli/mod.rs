@@ -3,6 +3,8 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod bench_clear;
+
 /// hugeprep: pre-zeroed, pre-faulted hugepage memory for virtual machines.
 #[derive(Debug, Parser)]
 #[command(version, about, propagate_version = true)]
@@ -24,7 +26,10 @@ pub enum Command {
 
 /// `hugeprep bench ...`.
 #[derive(Debug, Subcommand)]
-pub enum BenchCommand {}
+pub enum BenchCommand {
+    /// Clearing methods x chunk sizes x threads against the kernel's hugepage fault-in.
+    Clear(bench_clear::BenchClearArgs),
+}
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
 pub fn init_tracing(verbose: u8) {
@@ -44,6 +49,8 @@ pub fn init_tracing(verbose: u8) {
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Bench(b) => match b {},
+        Command::Bench(b) => match b {
+            BenchCommand::Clear(args) => bench_clear::run(args),
+        },
     }
 }
