@@ -2,6 +2,8 @@
 //! reported, skipped ones say why, and the hugepages it borrowed are given back. No speed is
 //! asserted (timing belongs to the benchmark's own output).
 
+use std::ops::ControlFlow;
+
 use hugeprep::bench::clear::{self, ClearBenchConfig};
 use hugeprep::bench::hugepages::{read_counter, HugepageLock};
 use hugeprep::sys::affinity::allowed_cpus;
@@ -24,7 +26,11 @@ fn small_run_reports_every_combination_and_gives_pages_back() {
         policy: Some((Method::RepStosb, "test rule".into())),
     };
     let mut steps = Vec::new();
-    let report = clear::run(&config, &lock, &mut |p| steps.push(p.clone())).unwrap();
+    let report = clear::run(&config, &lock, &mut |p| {
+        steps.push(p.clone());
+        ControlFlow::Continue(())
+    })
+    .unwrap();
     assert_eq!(
         read_counter(PageSize::Size2M, "nr_hugepages").unwrap(),
         nr_before,
@@ -71,8 +77,36 @@ fn bad_configuration_fails_before_touching_the_pool() {
         threads: vec![allowed_cpus().len() + 1],
         ..ClearBenchConfig::quick()
     };
-    let err = clear::run(&config, &lock, &mut |_| {}).unwrap_err();
+    let err = clear::run(&config, &lock, &mut |_| ControlFlow::Continue(())).unwrap_err();
     assert!(err.to_string().contains("`threads`"), "{err}");
+    assert_eq!(
+        read_counter(PageSize::Size2M, "nr_hugepages").unwrap(),
+        nr_before
+    );
+}
+
+#[test]
+fn cancelling_stops_early_and_gives_pages_back() {
+    let lock = HugepageLock::acquire().unwrap();
+    let nr_before = read_counter(PageSize::Size2M, "nr_hugepages").unwrap();
+    let config = ClearBenchConfig {
+        methods: vec![Method::RepStosb],
+        chunk_sizes: vec![2 << 20],
+        threads: vec![1],
+        buffer_bytes: 8 << 20,
+        reps: 5,
+        kernel_page_sizes: vec![PageSize::Size2M],
+        policy: None,
+    };
+    let err = clear::run(&config, &lock, &mut |p| {
+        if p.done == 1 {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("cancelled after 1 of 2"), "{err}");
     assert_eq!(
         read_counter(PageSize::Size2M, "nr_hugepages").unwrap(),
         nr_before

@@ -10,7 +10,7 @@
 //! Every configuration gets one untimed warm-up repetition first: the first touch of memory
 //! (on a VM host, of guest-physical memory since boot) is about 25x slower than any method.
 
-use std::ops::Range;
+use std::ops::{ControlFlow, Range};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -84,6 +84,14 @@ pub enum ClearBenchError {
     /// A worker could not be pinned to its CPU.
     #[error("bench clear: {0}")]
     Pin(#[from] AffinityError),
+    /// The progress callback asked to stop (Ctrl-C); borrowed hugepages were given back.
+    #[error("bench clear: cancelled after {done} of {total} measurements")]
+    Cancelled {
+        /// Measurements finished.
+        done: usize,
+        /// Measurements planned.
+        total: usize,
+    },
 }
 
 /// What to measure.
@@ -355,7 +363,9 @@ fn fault_in_fresh(
 }
 
 /// Runs the benchmark described by `config`, holding `lock` (the machine-wide hugepage
-/// lock) throughout, and reports each measurement to `progress` as it starts.
+/// lock) throughout, and reports each measurement to `progress` as it starts; when
+/// `progress` returns [`ControlFlow::Break`] the run stops with
+/// [`ClearBenchError::Cancelled`], after giving back what it borrowed.
 ///
 /// Hugepages the kernel lacks are added to the pool for the run and given back at the end;
 /// without them the buffer falls back to ordinary memory and the baselines are skipped, with
@@ -363,7 +373,7 @@ fn fault_in_fresh(
 pub fn run(
     config: &ClearBenchConfig,
     lock: &HugepageLock,
-    progress: &mut dyn FnMut(&BenchProgress),
+    progress: &mut dyn FnMut(&BenchProgress) -> ControlFlow<()>,
 ) -> Result<ClearBenchReport, ClearBenchError> {
     let cpus = allowed_cpus();
     config.validate(&cpus)?;
@@ -391,8 +401,15 @@ pub fn run(
         + config.kernel_page_sizes.len() * config.threads.len();
     let mut done = 0;
     let mut step = |label: String| {
-        progress(&BenchProgress { done, total, label });
+        let flow = progress(&BenchProgress { done, total, label });
         done += 1;
+        match flow {
+            ControlFlow::Continue(()) => Ok(()),
+            ControlFlow::Break(()) => Err(ClearBenchError::Cancelled {
+                done: done - 1,
+                total,
+            }),
+        }
     };
 
     let page_2m = PageSize::Size2M.bytes() as usize;
@@ -425,7 +442,7 @@ pub fn run(
                     step(format!(
                         "{method} {} x{threads}",
                         format_bytes(chunk as u64)
-                    ));
+                    ))?;
                     if buffer / chunk < threads {
                         notes.push(format!(
                             "{method} at {} chunks with {threads} threads skipped: fewer chunks than threads",
@@ -472,7 +489,7 @@ pub fn run(
         };
         let pages = wanted.min(free);
         for &threads in &config.threads {
-            step(format!("kernel fault-in {page_size} x{threads}"));
+            step(format!("kernel fault-in {page_size} x{threads}"))?;
             if pages < threads {
                 notes.push(format!(
                     "kernel fault-in of {page_size} pages with {threads} threads skipped: the kernel could supply {free} free {page_size} pages, {} needed",
@@ -493,7 +510,7 @@ pub fn run(
         drop(topup);
     }
     drop(topup_2m);
-    progress(&BenchProgress {
+    let _ = progress(&BenchProgress {
         done: total,
         total,
         label: "done".into(),

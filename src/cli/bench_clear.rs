@@ -1,7 +1,10 @@
 //! `hugeprep bench clear`: clearing methods x chunk sizes x thread counts against the
 //! kernel's fault-in of fresh hugepages.
 
+use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::Context;
 use hugeprep::bench::clear::{self, BenchProgress, ClearBenchConfig};
@@ -55,6 +58,30 @@ fn pending_policy_choice() -> (Method, String) {
     (Method::RepStosb, "pending".to_string())
 }
 
+/// Turns the first Ctrl-C into a flag the benchmark checks between measurements, so that it
+/// stops and gives back the hugepages it borrowed; a second Ctrl-C exits at once.
+fn stop_on_ctrl_c() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = Arc::clone(&flag);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build();
+    if let Ok(runtime) = runtime {
+        std::thread::spawn(move || {
+            runtime.block_on(async {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    eprintln!("\ninterrupted: finishing the current measurement and giving hugepages back (Ctrl-C again to quit now)");
+                    set.store(true, Ordering::Relaxed);
+                    if tokio::signal::ctrl_c().await.is_ok() {
+                        std::process::exit(130);
+                    }
+                }
+            })
+        });
+    }
+    flag
+}
+
 /// Runs the benchmark and prints or writes its results.
 pub fn run(args: BenchClearArgs) -> anyhow::Result<()> {
     let mut config = if args.quick {
@@ -85,12 +112,19 @@ pub fn run(args: BenchClearArgs) -> anyhow::Result<()> {
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
             .context("progress bar template")?,
     );
+    let interrupted = stop_on_ctrl_c();
     let report = clear::run(&config, &lock, &mut |p: &BenchProgress| {
         bar.set_length(p.total as u64);
         bar.set_position(p.done as u64);
         bar.set_message(p.label.clone());
-    })?;
+        if interrupted.load(Ordering::Relaxed) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
     bar.finish_and_clear();
+    let report = report?;
     drop(lock);
 
     let json = serde_json::to_string_pretty(&report)?;
