@@ -121,7 +121,8 @@ fn every_method_and_thread_count_on_2m_hugepages() {
     else {
         panic!("cannot reserve {pages} 2M hugepages");
     };
-    let mut region = MmapRegion::anonymous(len, Some(PageSize::Size2M)).unwrap();
+    let mut region = MmapRegion::anonymous(len, Some(PageSize::Size2M))
+        .expect("map the reserved 2M pages (did a process outside the test lock take them?)");
     check_all(region.as_mut_slice(), &SIZES);
 }
 
