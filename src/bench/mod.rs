@@ -1,8 +1,12 @@
 //! Benchmarks behind `hugeprep bench ...`: side-by-side comparisons in one run, warmed up,
 //! reported as median and range, in a table and as JSON.
 
+pub mod clear;
+pub mod clear_report;
+pub mod hugepages;
 pub mod prefault;
 pub mod qemu;
 pub mod stats;
+pub mod svg;
 
 pub use stats::Summary;

@@ -1,6 +1,7 @@
 //! Command-line interface: one file per subcommand, each with its clap `Args` and `run`.
 //! This is the only place (with `main.rs`) that uses `anyhow`.
 
+mod bench_clear;
 mod bench_prefault;
 mod cpu;
 mod pool;
@@ -36,6 +37,8 @@ pub enum Command {
 /// `hugeprep bench ...`.
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Clearing methods x chunk sizes x threads against the kernel's hugepage fault-in.
+    Clear(bench_clear::BenchClearArgs),
     /// Cold preparation: hugeprep vs QEMU prealloc-threads vs one thread.
     Prefault(bench_prefault::BenchPrefaultArgs),
 }
@@ -59,6 +62,7 @@ pub fn init_tracing(verbose: u8) {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Bench(b) => match b {
+            BenchCommand::Clear(args) => bench_clear::run(args),
             BenchCommand::Prefault(args) => bench_prefault::run(args),
         },
         Command::Pool(args) => pool::run(args),

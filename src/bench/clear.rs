@@ -1,0 +1,589 @@
+//! `hugeprep bench clear`: every clearing method at every chunk size and thread count, side by
+//! side in one run with the kernel's own zeroing of fresh hugetlbfs pages at fault time.
+//!
+//! Chunk semantics: a measurement clears the whole buffer by calling the method's kernel on
+//! consecutive chunks of the chunk size; the chunks are split into contiguous runs, one per
+//! worker thread, each pinned to its own CPU. A chunk size shows what a caller that clears
+//! extent by extent gets (one `sfence` and one `rep stosb` start-up per chunk). The raw method
+//! is timed (`nt_min_extent` = 0, fence every 2 MiB), not the policy's small-extent fallback.
+//!
+//! Every configuration gets one untimed warm-up repetition first: the first touch of memory
+//! (on a VM host, of guest-physical memory since boot) is about 25x slower than any method.
+
+use std::ops::{ControlFlow, Range};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::hugepages::{HugepageError, HugepageLock, PoolTopUp};
+use super::Summary;
+use crate::clear::{ClearError, ClearPlan, Clearer, Method};
+use crate::hugetlb::{BackingFile, FileError};
+use crate::page_size::PageSize;
+use crate::sys::affinity::{allowed_cpus, pin_current_thread, AffinityError};
+use crate::sys::mmap::{MmapError, MmapRegion};
+use crate::units::{format_bytes, gbps};
+
+/// The chunk sizes of a full run: a base page, the smallest extent where a per-call `sfence`
+/// stops hurting, a 2 MiB hugepage, around and above the LLC, and a 1 GiB hugepage.
+pub const CHUNK_SIZES: [usize; 7] = [
+    4 << 10,
+    64 << 10,
+    2 << 20,
+    8 << 20,
+    32 << 20,
+    128 << 20,
+    1 << 30,
+];
+
+/// Fewest timed repetitions a measurement may have: a median and range need a handful.
+pub const MIN_REPS: usize = 5;
+
+/// A benchmark that cannot start or could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ClearBenchError {
+    /// A configuration field is out of range.
+    #[error("bench clear: `{field}` {problem}")]
+    Config {
+        /// The field (also the CLI option).
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A method cannot run on this CPU.
+    #[error("bench clear: {0}")]
+    Clear(#[from] ClearError),
+    /// The hugepage pool counters could not be read or locked.
+    #[error("bench clear: {0}")]
+    Hugepages(#[from] HugepageError),
+    /// The scratch buffer could not be mapped.
+    #[error("bench clear: cannot map the {} buffer: {source}", format_bytes(*.len as u64))]
+    Map {
+        /// Bytes asked for.
+        len: usize,
+        /// The mapping error.
+        source: MmapError,
+    },
+    /// A memfd for the kernel fault-in baseline could not be made or mapped.
+    #[error("bench clear: kernel fault-in baseline ({page_size} pages): {source}")]
+    Baseline {
+        /// Page size measured.
+        page_size: PageSize,
+        /// The file error.
+        source: FileError,
+    },
+    /// Populating fresh pages failed (the pool ran short).
+    #[error("bench clear: kernel fault-in of {page_size} pages: {source}")]
+    Populate {
+        /// Page size measured.
+        page_size: PageSize,
+        /// The madvise error.
+        source: MmapError,
+    },
+    /// A worker could not be pinned to its CPU.
+    #[error("bench clear: {0}")]
+    Pin(#[from] AffinityError),
+    /// The progress callback asked to stop (Ctrl-C); borrowed hugepages were given back.
+    #[error("bench clear: cancelled after {done} of {total} measurements")]
+    Cancelled {
+        /// Measurements finished.
+        done: usize,
+        /// Measurements planned.
+        total: usize,
+    },
+}
+
+/// What to measure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClearBenchConfig {
+    /// Methods to time (each must be available).
+    pub methods: Vec<Method>,
+    /// Bytes per kernel call; sizes larger than the buffer are skipped with a note.
+    pub chunk_sizes: Vec<usize>,
+    /// Worker thread counts; at most the number of CPUs this process may use.
+    pub threads: Vec<usize>,
+    /// Bytes cleared per repetition (a multiple of 2 MiB); also the size of the 2 MiB
+    /// fault-in baseline.
+    pub buffer_bytes: usize,
+    /// Timed repetitions per measurement, after one warm-up ([`MIN_REPS`] or more).
+    pub reps: usize,
+    /// Page sizes whose kernel fault-in is measured as the baseline.
+    pub kernel_page_sizes: Vec<PageSize>,
+    /// The method the clearing policy chose and the rule that chose it, reported alongside.
+    pub policy: Option<(Method, String)>,
+}
+
+impl ClearBenchConfig {
+    /// The full run: every available method, [`CHUNK_SIZES`], 1 to all allowed CPUs, a
+    /// 1 GiB buffer, 7 repetitions, 2 MiB and 1 GiB fault-in baselines.
+    pub fn full() -> ClearBenchConfig {
+        ClearBenchConfig {
+            methods: crate::clear::available_methods(),
+            chunk_sizes: CHUNK_SIZES.to_vec(),
+            threads: (1..=allowed_cpus().len().max(1)).collect(),
+            buffer_bytes: 1 << 30,
+            reps: 7,
+            kernel_page_sizes: PageSize::ALL.to_vec(),
+            policy: None,
+        }
+    }
+
+    /// The quick run (well under a minute on two cores): no 1 GiB or 8 MiB chunks, a
+    /// 512 MiB buffer, 5 repetitions.
+    pub fn quick() -> ClearBenchConfig {
+        ClearBenchConfig {
+            chunk_sizes: vec![4 << 10, 64 << 10, 2 << 20, 32 << 20, 128 << 20],
+            buffer_bytes: 512 << 20,
+            reps: MIN_REPS,
+            ..ClearBenchConfig::full()
+        }
+    }
+
+    fn validate(&self, cpus: &[usize]) -> Result<(), ClearBenchError> {
+        let bad = |field, problem: String| Err(ClearBenchError::Config { field, problem });
+        let page = PageSize::Size2M.bytes() as usize;
+        if self.methods.is_empty() {
+            return bad("methods", "is empty: name at least one method".into());
+        }
+        if self.buffer_bytes == 0 || self.buffer_bytes % page != 0 {
+            return bad(
+                "buffer",
+                format!(
+                    "= {} must be a positive multiple of 2 MiB",
+                    self.buffer_bytes
+                ),
+            );
+        }
+        if let Some(&c) = self.chunk_sizes.iter().find(|&&c| c == 0 || c % 4096 != 0) {
+            return bad(
+                "chunks",
+                format!("contains {c}: chunk sizes must be positive multiples of 4 KiB"),
+            );
+        }
+        if self.chunk_sizes.is_empty() {
+            return bad("chunks", "is empty".into());
+        }
+        match self.threads.iter().find(|&&t| t == 0 || t > cpus.len()) {
+            Some(&t) => {
+                return bad(
+                    "threads",
+                    format!(
+                        "contains {t}: thread counts must be 1 to {} (the CPUs this process may use: {cpus:?})",
+                        cpus.len()
+                    ),
+                )
+            }
+            None if self.threads.is_empty() => return bad("threads", "is empty".into()),
+            None => {}
+        }
+        if self.reps < MIN_REPS {
+            return bad(
+                "reps",
+                format!("= {} is below the minimum of {MIN_REPS}", self.reps),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The policy's choice, as reported.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PolicyChoice {
+    /// The method the policy picked for this CPU.
+    pub method: Method,
+    /// The rule that picked it.
+    pub rule: String,
+}
+
+/// One method at one chunk size and thread count.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MethodResult {
+    /// The method.
+    pub method: Method,
+    /// Bytes per kernel call.
+    pub chunk_bytes: usize,
+    /// Worker threads.
+    pub threads: usize,
+    /// Throughput over the repetitions, GB/s.
+    pub gbps: Summary,
+}
+
+/// The kernel's fault-path zeroing of fresh hugetlbfs pages at one thread count.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KernelResult {
+    /// The page size faulted.
+    pub page_size: PageSize,
+    /// Worker threads, each faulting a disjoint range of one memfd.
+    pub threads: usize,
+    /// Throughput over the repetitions, GB/s.
+    pub gbps: Summary,
+}
+
+/// Everything one run measured; serialises to the `--json` object.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClearBenchReport {
+    /// The policy's choice, when given.
+    pub policy: Option<PolicyChoice>,
+    /// Bytes cleared per repetition.
+    pub buffer_bytes: usize,
+    /// Whether the cleared buffer was backed by 2 MiB hugepages.
+    pub hugepage_backed: bool,
+    /// Timed repetitions per measurement (after one warm-up).
+    pub reps: usize,
+    /// The CPUs workers were pinned to, in order (n threads use the first n).
+    pub cpus: Vec<usize>,
+    /// Every method x chunk size x thread count measured.
+    pub results: Vec<MethodResult>,
+    /// The kernel fault-in baselines.
+    pub kernel: Vec<KernelResult>,
+    /// What was skipped and why.
+    pub notes: Vec<String>,
+}
+
+/// Progress of a run, for a progress bar.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchProgress {
+    /// Measurements finished.
+    pub done: usize,
+    /// Measurements planned.
+    pub total: usize,
+    /// What is being measured next.
+    pub label: String,
+}
+
+/// Runs `work` on one pinned thread per part, all released together by a barrier, and
+/// returns the time from the first start to the last finish.
+fn timed_on<T: Send>(
+    cpus: &[usize],
+    parts: Vec<T>,
+    work: impl Fn(T) -> Result<(), ClearBenchError> + Sync,
+) -> Result<Duration, ClearBenchError> {
+    let barrier = Barrier::new(parts.len());
+    let (barrier, work) = (&barrier, &work);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = parts
+            .into_iter()
+            .zip(cpus)
+            .map(|(part, &cpu)| {
+                scope.spawn(move || {
+                    // Wait at the barrier even when pinning failed, or the others would hang.
+                    let pinned = pin_current_thread(&[cpu]);
+                    barrier.wait();
+                    let start = Instant::now();
+                    pinned?;
+                    work(part)?;
+                    Ok::<_, ClearBenchError>((start, Instant::now()))
+                })
+            })
+            .collect();
+        let mut span: Option<(Instant, Instant)> = None;
+        let mut error = None;
+        for worker in workers {
+            match worker.join() {
+                Ok(Ok((start, end))) => {
+                    span = Some(span.map_or((start, end), |(s, e)| (s.min(start), e.max(end))));
+                }
+                Ok(Err(e)) => error = error.or(Some(e)),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        match (error, span) {
+            (Some(e), _) => Err(e),
+            (None, Some((start, end))) => Ok(end - start),
+            (None, None) => Ok(Duration::ZERO),
+        }
+    })
+}
+
+/// Splits `count` items into `parts` contiguous runs of nearly equal length.
+fn split_even(count: usize, parts: usize) -> Vec<Range<usize>> {
+    (0..parts)
+        .map(|i| count * i / parts..count * (i + 1) / parts)
+        .collect()
+}
+
+/// Warm-up plus `reps` timed repetitions of `once`, as GB/s over `bytes` each.
+fn repeat(
+    reps: usize,
+    bytes: usize,
+    mut once: impl FnMut() -> Result<Duration, ClearBenchError>,
+) -> Result<Summary, ClearBenchError> {
+    once()?;
+    let mut samples = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        samples.push(gbps(bytes as u64, once()?.as_secs_f64()));
+    }
+    Ok(Summary::of(&samples).unwrap_or(Summary {
+        median: 0.0,
+        min: 0.0,
+        max: 0.0,
+    }))
+}
+
+/// Clears `buf` once with `threads` pinned workers, chunk by chunk.
+fn clear_by_chunks(
+    clearer: &Clearer,
+    buf: &mut [u8],
+    chunk: usize,
+    cpus: &[usize],
+) -> Result<Duration, ClearBenchError> {
+    let chunks = buf.len() / chunk;
+    let mut parts = Vec::with_capacity(cpus.len());
+    let mut rest = buf;
+    for run in split_even(chunks, cpus.len()) {
+        let (part, tail) = rest.split_at_mut(run.len() * chunk);
+        parts.push(part);
+        rest = tail;
+    }
+    timed_on(cpus, parts, |part: &mut [u8]| {
+        for piece in part.chunks_mut(chunk) {
+            clearer.clear(piece);
+        }
+        Ok(())
+    })
+}
+
+/// Faults in a fresh memfd of `pages` pages with `threads` pinned workers on disjoint ranges.
+fn fault_in_fresh(
+    page_size: PageSize,
+    pages: usize,
+    cpus: &[usize],
+) -> Result<Duration, ClearBenchError> {
+    let page = page_size.bytes() as usize;
+    let baseline_err = |source| ClearBenchError::Baseline { page_size, source };
+    let file = BackingFile::memfd("hugeprep-bench-fault-in", (pages * page) as u64, page_size)
+        .map_err(baseline_err)?;
+    let map = file.map().map_err(baseline_err)?;
+    let map = &map;
+    timed_on(cpus, split_even(pages, cpus.len()), |run: Range<usize>| {
+        map.populate_write(run.start * page, run.len() * page)
+            .map_err(|source| ClearBenchError::Populate { page_size, source })
+    })
+}
+
+/// Runs the benchmark described by `config`, holding `lock` (the machine-wide hugepage
+/// lock) throughout, and reports each measurement to `progress` as it starts; when
+/// `progress` returns [`ControlFlow::Break`] the run stops with
+/// [`ClearBenchError::Cancelled`], after giving back what it borrowed.
+///
+/// Hugepages the kernel lacks are added to the pool for the run and given back at the end;
+/// without them the buffer falls back to ordinary memory and the baselines are skipped, with
+/// a note saying so.
+pub fn run(
+    config: &ClearBenchConfig,
+    lock: &HugepageLock,
+    progress: &mut dyn FnMut(&BenchProgress) -> ControlFlow<()>,
+) -> Result<ClearBenchReport, ClearBenchError> {
+    let cpus = allowed_cpus();
+    config.validate(&cpus)?;
+    let clearers = config
+        .methods
+        .iter()
+        .map(|&m| Clearer::new(ClearPlan::always(m)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut notes = Vec::new();
+    let buffer = config.buffer_bytes;
+    let chunks: Vec<usize> = config
+        .chunk_sizes
+        .iter()
+        .copied()
+        .filter(|&c| c <= buffer)
+        .collect();
+    for &c in config.chunk_sizes.iter().filter(|&&c| c > buffer) {
+        notes.push(format!(
+            "chunk {} skipped: larger than the {} buffer",
+            format_bytes(c as u64),
+            format_bytes(buffer as u64)
+        ));
+    }
+    let total = clearers.len() * chunks.len() * config.threads.len()
+        + config.kernel_page_sizes.len() * config.threads.len();
+    let mut done = 0;
+    let mut step = |label: String| {
+        let flow = progress(&BenchProgress { done, total, label });
+        done += 1;
+        match flow {
+            ControlFlow::Continue(()) => Ok(()),
+            ControlFlow::Break(()) => Err(ClearBenchError::Cancelled {
+                done: done - 1,
+                total,
+            }),
+        }
+    };
+
+    let page_2m = PageSize::Size2M.bytes() as usize;
+    let topup_2m = PoolTopUp::ensure_free(lock, PageSize::Size2M, (buffer / page_2m) as u64)?;
+    let mut results = Vec::new();
+    let hugepage_backed;
+    {
+        let (mut region, huge) = match MmapRegion::anonymous(buffer, Some(PageSize::Size2M)) {
+            Ok(region) => (region, true),
+            Err(err) => {
+                notes.push(format!(
+                    "buffer is ordinary anonymous memory: no {} of free 2M hugepages ({err})",
+                    format_bytes(buffer as u64)
+                ));
+                let region =
+                    MmapRegion::anonymous(buffer, None).map_err(|source| ClearBenchError::Map {
+                        len: buffer,
+                        source,
+                    })?;
+                (region, false)
+            }
+        };
+        hugepage_backed = huge;
+        let _ = region.populate_write(0, buffer);
+        region.as_mut_slice().fill(0);
+        for clearer in &clearers {
+            for &chunk in &chunks {
+                for &threads in &config.threads {
+                    let method = clearer.plan().method;
+                    step(format!(
+                        "{method} {} x{threads}",
+                        format_bytes(chunk as u64)
+                    ))?;
+                    if buffer / chunk < threads {
+                        notes.push(format!(
+                            "{method} at {} chunks with {threads} threads skipped: fewer chunks than threads",
+                            format_bytes(chunk as u64)
+                        ));
+                        continue;
+                    }
+                    let buf = region.as_mut_slice();
+                    let summary = repeat(config.reps, buffer, || {
+                        clear_by_chunks(clearer, buf, chunk, &cpus[..threads])
+                    })?;
+                    results.push(MethodResult {
+                        method,
+                        chunk_bytes: chunk,
+                        threads,
+                        gbps: summary,
+                    });
+                }
+            }
+        }
+    }
+
+    let mut kernel = Vec::new();
+    for &page_size in &config.kernel_page_sizes {
+        let max_threads = config.threads.iter().copied().max().unwrap_or(1);
+        let (wanted, topup) = match page_size {
+            // The same bytes as the cleared buffer, whose pages are free again now.
+            PageSize::Size2M => (buffer / page_2m, None),
+            // One page per worker at the largest thread count.
+            PageSize::Size1G => {
+                let topup = PoolTopUp::ensure_free(lock, page_size, max_threads as u64);
+                match topup {
+                    Ok(t) => (max_threads, Some(t)),
+                    Err(err) => {
+                        notes.push(format!("kernel fault-in of 1G pages skipped: {err}"));
+                        continue;
+                    }
+                }
+            }
+        };
+        let free = match &topup {
+            Some(t) => t.free_pages() as usize,
+            None => topup_2m.free_pages() as usize,
+        };
+        let pages = wanted.min(free);
+        for &threads in &config.threads {
+            step(format!("kernel fault-in {page_size} x{threads}"))?;
+            if pages < threads {
+                notes.push(format!(
+                    "kernel fault-in of {page_size} pages with {threads} threads skipped: the kernel could supply {free} free {page_size} pages, {} needed",
+                    wanted.max(threads)
+                ));
+                continue;
+            }
+            let bytes = pages * page_size.bytes() as usize;
+            let summary = repeat(config.reps, bytes, || {
+                fault_in_fresh(page_size, pages, &cpus[..threads])
+            })?;
+            kernel.push(KernelResult {
+                page_size,
+                threads,
+                gbps: summary,
+            });
+        }
+        drop(topup);
+    }
+    drop(topup_2m);
+    let _ = progress(&BenchProgress {
+        done: total,
+        total,
+        label: "done".into(),
+    });
+    Ok(ClearBenchReport {
+        policy: config
+            .policy
+            .clone()
+            .map(|(method, rule)| PolicyChoice { method, rule }),
+        buffer_bytes: buffer,
+        hugepage_backed,
+        reps: config.reps,
+        cpus,
+        results,
+        kernel,
+        notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn even_splits_cover_everything() {
+        assert_eq!(split_even(5, 2), vec![0..2, 2..5]);
+        assert_eq!(split_even(1, 2), vec![0..0, 0..1]);
+        assert_eq!(split_even(512, 1), vec![0..512]);
+    }
+
+    #[test]
+    fn configs_name_the_bad_field() {
+        let cpus = allowed_cpus();
+        let check = |config: ClearBenchConfig, field: &str| {
+            let err = config.validate(&cpus).unwrap_err().to_string();
+            assert!(err.contains(&format!("`{field}`")), "{err}");
+        };
+        let good = ClearBenchConfig::quick();
+        good.validate(&cpus).unwrap();
+        check(
+            ClearBenchConfig {
+                buffer_bytes: 3 << 20,
+                ..good.clone()
+            },
+            "buffer",
+        );
+        check(
+            ClearBenchConfig {
+                chunk_sizes: vec![4097],
+                ..good.clone()
+            },
+            "chunks",
+        );
+        check(
+            ClearBenchConfig {
+                threads: vec![cpus.len() + 1],
+                ..good.clone()
+            },
+            "threads",
+        );
+        check(
+            ClearBenchConfig {
+                reps: 2,
+                ..good.clone()
+            },
+            "reps",
+        );
+        check(
+            ClearBenchConfig {
+                methods: vec![],
+                ..good
+            },
+            "methods",
+        );
+    }
+}

@@ -1,0 +1,148 @@
+//! `hugeprep bench clear`: clearing methods x chunk sizes x thread counts against the
+//! kernel's fault-in of fresh hugepages.
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+use hugeprep::bench::clear::{self, BenchProgress, ClearBenchConfig};
+use hugeprep::bench::hugepages::HugepageLock;
+use hugeprep::cpu::CpuInfo;
+use hugeprep::policy::ClearingPolicy;
+use hugeprep::units::parse_bytes;
+use hugeprep::Method;
+
+/// Times every clearing method this CPU offers at chunk sizes from 4 KiB to 1 GiB and 1 to
+/// N pinned threads, next to the kernel's own zeroing of fresh 2M and 1G hugepages.
+#[derive(Debug, clap::Args)]
+pub struct BenchClearArgs {
+    /// Fewer chunk sizes, a 512 MiB buffer and 5 repetitions: done in well under a minute.
+    #[arg(long)]
+    quick: bool,
+    /// Methods to time, comma-separated (default: every method this CPU offers).
+    #[arg(long, value_delimiter = ',')]
+    methods: Vec<Method>,
+    /// Thread counts, comma-separated (default: 1 to the number of CPUs allowed).
+    #[arg(long, value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Chunk sizes (bytes per kernel call), comma-separated, e.g. 4K,2M,1G.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    chunks: Vec<usize>,
+    /// Bytes cleared per repetition, a multiple of 2M (default 1G, 512M with --quick).
+    #[arg(long, value_parser = parse_size)]
+    buffer: Option<usize>,
+    /// Timed repetitions per measurement after one warm-up (at least 5).
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Print the results as one JSON object on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Also write the JSON object to FILE.
+    #[arg(long, value_name = "FILE")]
+    json_out: Option<PathBuf>,
+    /// Write a chart (GB/s against chunk size, at the largest thread count) to FILE as SVG.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(s).map_err(|e| e.to_string())?;
+    usize::try_from(bytes).map_err(|_| format!("size {s:?} does not fit in memory"))
+}
+
+/// The policy's method and rule for this CPU.
+///
+/// The method the embedded clearing policy chooses for this CPU, and the rule that chose it,
+/// so the report can say how far the policy's choice is from the best method measured.
+fn policy_choice() -> (Method, String) {
+    let resolution = ClearingPolicy::embedded().resolve(CpuInfo::host());
+    (resolution.method(), resolution.rule)
+}
+
+/// Turns the first Ctrl-C into a flag the benchmark checks between measurements, so that it
+/// stops and gives back the hugepages it borrowed; a second Ctrl-C exits at once.
+fn stop_on_ctrl_c() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = Arc::clone(&flag);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build();
+    if let Ok(runtime) = runtime {
+        std::thread::spawn(move || {
+            runtime.block_on(async {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    eprintln!("\ninterrupted: finishing the current measurement and giving hugepages back (Ctrl-C again to quit now)");
+                    set.store(true, Ordering::Relaxed);
+                    if tokio::signal::ctrl_c().await.is_ok() {
+                        std::process::exit(130);
+                    }
+                }
+            })
+        });
+    }
+    flag
+}
+
+/// Runs the benchmark and prints or writes its results.
+pub fn run(args: BenchClearArgs) -> anyhow::Result<()> {
+    let mut config = if args.quick {
+        ClearBenchConfig::quick()
+    } else {
+        ClearBenchConfig::full()
+    };
+    if !args.methods.is_empty() {
+        config.methods = args.methods;
+    }
+    if !args.threads.is_empty() {
+        config.threads = args.threads;
+    }
+    if !args.chunks.is_empty() {
+        config.chunk_sizes = args.chunks;
+    }
+    if let Some(buffer) = args.buffer {
+        config.buffer_bytes = buffer;
+    }
+    if let Some(reps) = args.reps {
+        config.reps = reps;
+    }
+    config.policy = Some(policy_choice());
+
+    let lock = HugepageLock::acquire()?;
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
+            .context("progress bar template")?,
+    );
+    let interrupted = stop_on_ctrl_c();
+    let report = clear::run(&config, &lock, &mut |p: &BenchProgress| {
+        bar.set_length(p.total as u64);
+        bar.set_position(p.done as u64);
+        bar.set_message(p.label.clone());
+        if interrupted.load(Ordering::Relaxed) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
+    bar.finish_and_clear();
+    let report = report?;
+    drop(lock);
+
+    let json = serde_json::to_string_pretty(&report)?;
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{}", report.table());
+    }
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, format!("{json}\n"))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, report.svg())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! `hugeprep bench clear` as a library call on a small configuration: every combination is
+//! reported, skipped ones say why, and the hugepages it borrowed are given back. No speed is
+//! asserted (timing belongs to the benchmark's own output).
+
+use std::ops::ControlFlow;
+
+use hugeprep::bench::clear::{self, ClearBenchConfig};
+use hugeprep::bench::hugepages::{read_counter, HugepageLock};
+use hugeprep::sys::affinity::allowed_cpus;
+use hugeprep::{Method, PageSize};
+
+#[test]
+fn small_run_reports_every_combination_and_gives_pages_back() {
+    // The benchmark takes the machine-wide hugepage test lock itself (this is that lock), so
+    // the pool counters cannot move under us between the two reads.
+    let lock = HugepageLock::acquire().unwrap();
+    let nr_before = read_counter(PageSize::Size2M, "nr_hugepages").unwrap();
+    let threads: Vec<usize> = (1..=allowed_cpus().len()).collect();
+    let config = ClearBenchConfig {
+        methods: vec![Method::RepStosb, Method::WriteBytes],
+        chunk_sizes: vec![4 << 10, 2 << 20, 16 << 20],
+        threads: threads.clone(),
+        buffer_bytes: 8 << 20,
+        reps: 5,
+        kernel_page_sizes: vec![PageSize::Size2M],
+        policy: Some((Method::RepStosb, "test rule".into())),
+    };
+    let mut steps = Vec::new();
+    let report = clear::run(&config, &lock, &mut |p| {
+        steps.push(p.clone());
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert_eq!(
+        read_counter(PageSize::Size2M, "nr_hugepages").unwrap(),
+        nr_before,
+        "the benchmark must give back exactly the pages it added"
+    );
+
+    assert!(report.hugepage_backed, "{:?}", report.notes);
+    assert_eq!(report.results.len(), 2 * 2 * threads.len());
+    for r in &report.results {
+        assert!(r.gbps.min > 0.0 && r.gbps.min <= r.gbps.median && r.gbps.median <= r.gbps.max);
+    }
+    assert_eq!(report.kernel.len(), threads.len());
+    assert!(report
+        .kernel
+        .iter()
+        .all(|k| k.page_size == PageSize::Size2M));
+    assert!(
+        report.notes.iter().any(|n| n.contains("16 MiB skipped")),
+        "{:?}",
+        report.notes
+    );
+    let last = steps.last().unwrap();
+    assert_eq!(last.done, last.total);
+
+    let table = report.table();
+    assert!(table.contains("kernel fault-in"), "{table}");
+    assert!(
+        table.contains("Policy: rep-stosb (rule: test rule)"),
+        "{table}"
+    );
+    assert!(report.svg().contains("<polyline"));
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(
+        json["results"].as_array().unwrap().len(),
+        report.results.len()
+    );
+}
+
+#[test]
+fn bad_configuration_fails_before_touching_the_pool() {
+    let lock = HugepageLock::acquire().unwrap();
+    let nr_before = read_counter(PageSize::Size2M, "nr_hugepages").unwrap();
+    let config = ClearBenchConfig {
+        threads: vec![allowed_cpus().len() + 1],
+        ..ClearBenchConfig::quick()
+    };
+    let err = clear::run(&config, &lock, &mut |_| ControlFlow::Continue(())).unwrap_err();
+    assert!(err.to_string().contains("`threads`"), "{err}");
+    assert_eq!(
+        read_counter(PageSize::Size2M, "nr_hugepages").unwrap(),
+        nr_before
+    );
+}
+
+#[test]
+fn cancelling_stops_early_and_gives_pages_back() {
+    let lock = HugepageLock::acquire().unwrap();
+    let nr_before = read_counter(PageSize::Size2M, "nr_hugepages").unwrap();
+    let config = ClearBenchConfig {
+        methods: vec![Method::RepStosb],
+        chunk_sizes: vec![2 << 20],
+        threads: vec![1],
+        buffer_bytes: 8 << 20,
+        reps: 5,
+        kernel_page_sizes: vec![PageSize::Size2M],
+        policy: None,
+    };
+    let err = clear::run(&config, &lock, &mut |p| {
+        if p.done == 1 {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("cancelled after 1 of 2"), "{err}");
+    assert_eq!(
+        read_counter(PageSize::Size2M, "nr_hugepages").unwrap(),
+        nr_before
+    );
+}
