@@ -5,7 +5,8 @@
 use std::ops::ControlFlow;
 
 use hugeprep::bench::clear::{self, ClearBenchConfig};
-use hugeprep::bench::hugepages::{read_counter, HugepageLock};
+use hugeprep::hugetlb::lock::HugepageLock;
+use hugeprep::hugetlb::pool::{self, Scope};
 use hugeprep::sys::affinity::allowed_cpus;
 use hugeprep::{Method, PageSize};
 
@@ -14,7 +15,7 @@ fn small_run_reports_every_combination_and_gives_pages_back() {
     // The benchmark takes the machine-wide hugepage test lock itself (this is that lock), so
     // the pool counters cannot move under us between the two reads.
     let lock = HugepageLock::acquire().unwrap();
-    let nr_before = read_counter(PageSize::Size2M, "nr_hugepages").unwrap();
+    let nr_before = pool::read(Scope::System, PageSize::Size2M).unwrap().total;
     let threads: Vec<usize> = (1..=allowed_cpus().len()).collect();
     let config = ClearBenchConfig {
         methods: vec![Method::RepStosb, Method::WriteBytes],
@@ -32,7 +33,7 @@ fn small_run_reports_every_combination_and_gives_pages_back() {
     })
     .unwrap();
     assert_eq!(
-        read_counter(PageSize::Size2M, "nr_hugepages").unwrap(),
+        pool::read(Scope::System, PageSize::Size2M).unwrap().total,
         nr_before,
         "the benchmark must give back exactly the pages it added"
     );
@@ -72,7 +73,7 @@ fn small_run_reports_every_combination_and_gives_pages_back() {
 #[test]
 fn bad_configuration_fails_before_touching_the_pool() {
     let lock = HugepageLock::acquire().unwrap();
-    let nr_before = read_counter(PageSize::Size2M, "nr_hugepages").unwrap();
+    let nr_before = pool::read(Scope::System, PageSize::Size2M).unwrap().total;
     let config = ClearBenchConfig {
         threads: vec![allowed_cpus().len() + 1],
         ..ClearBenchConfig::quick()
@@ -80,7 +81,7 @@ fn bad_configuration_fails_before_touching_the_pool() {
     let err = clear::run(&config, &lock, &mut |_| ControlFlow::Continue(())).unwrap_err();
     assert!(err.to_string().contains("`threads`"), "{err}");
     assert_eq!(
-        read_counter(PageSize::Size2M, "nr_hugepages").unwrap(),
+        pool::read(Scope::System, PageSize::Size2M).unwrap().total,
         nr_before
     );
 }
@@ -88,7 +89,7 @@ fn bad_configuration_fails_before_touching_the_pool() {
 #[test]
 fn cancelling_stops_early_and_gives_pages_back() {
     let lock = HugepageLock::acquire().unwrap();
-    let nr_before = read_counter(PageSize::Size2M, "nr_hugepages").unwrap();
+    let nr_before = pool::read(Scope::System, PageSize::Size2M).unwrap().total;
     let config = ClearBenchConfig {
         methods: vec![Method::RepStosb],
         chunk_sizes: vec![2 << 20],
@@ -108,7 +109,7 @@ fn cancelling_stops_early_and_gives_pages_back() {
     .unwrap_err();
     assert!(err.to_string().contains("cancelled after 1 of 2"), "{err}");
     assert_eq!(
-        read_counter(PageSize::Size2M, "nr_hugepages").unwrap(),
+        pool::read(Scope::System, PageSize::Size2M).unwrap().total,
         nr_before
     );
 }

@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::hugepages::{HugepageError, HugepageLock, PoolTopUp};
 use super::Summary;
 use crate::clear::{ClearError, ClearPlan, Clearer, Method};
+use crate::hugetlb::lock::HugepageLock;
 use crate::hugetlb::{BackingFile, FileError};
+use crate::hugetlb::{PoolError, PoolTopUp};
 use crate::page_size::PageSize;
 use crate::sys::affinity::{allowed_cpus, pin_current_thread, AffinityError};
 use crate::sys::mmap::{MmapError, MmapRegion};
@@ -56,7 +57,7 @@ pub enum ClearBenchError {
     Clear(#[from] ClearError),
     /// The hugepage pool counters could not be read or locked.
     #[error("bench clear: {0}")]
-    Hugepages(#[from] HugepageError),
+    Hugepages(#[from] PoolError),
     /// The scratch buffer could not be mapped.
     #[error("bench clear: cannot map the {} buffer: {source}", format_bytes(*.len as u64))]
     Map {
@@ -372,7 +373,7 @@ fn fault_in_fresh(
 /// a note saying so.
 pub fn run(
     config: &ClearBenchConfig,
-    lock: &HugepageLock,
+    _lock: &HugepageLock,
     progress: &mut dyn FnMut(&BenchProgress) -> ControlFlow<()>,
 ) -> Result<ClearBenchReport, ClearBenchError> {
     let cpus = allowed_cpus();
@@ -413,7 +414,7 @@ pub fn run(
     };
 
     let page_2m = PageSize::Size2M.bytes() as usize;
-    let topup_2m = PoolTopUp::ensure_free(lock, PageSize::Size2M, (buffer / page_2m) as u64)?;
+    let topup_2m = PoolTopUp::raise(None, PageSize::Size2M, (buffer / page_2m) as u64)?;
     let mut results = Vec::new();
     let hugepage_backed;
     {
@@ -473,7 +474,7 @@ pub fn run(
             PageSize::Size2M => (buffer / page_2m, None),
             // One page per worker at the largest thread count.
             PageSize::Size1G => {
-                let topup = PoolTopUp::ensure_free(lock, page_size, max_threads as u64);
+                let topup = PoolTopUp::raise(None, page_size, max_threads as u64);
                 match topup {
                     Ok(t) => (max_threads, Some(t)),
                     Err(err) => {
@@ -484,8 +485,8 @@ pub fn run(
             }
         };
         let free = match &topup {
-            Some(t) => t.free_pages() as usize,
-            None => topup_2m.free_pages() as usize,
+            Some(t) => t.free_pages()? as usize,
+            None => topup_2m.free_pages()? as usize,
         };
         let pages = wanted.min(free);
         for &threads in &config.threads {

@@ -3,7 +3,6 @@
 
 pub mod clear;
 pub mod clear_report;
-pub mod hugepages;
 pub mod prefault;
 pub mod qemu;
 pub mod stats;

@@ -3,13 +3,12 @@
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use hugeprep::bench::clear::{self, BenchProgress, ClearBenchConfig};
-use hugeprep::bench::hugepages::HugepageLock;
 use hugeprep::cpu::CpuInfo;
+use hugeprep::hugetlb::lock::HugepageLock;
 use hugeprep::policy::ClearingPolicy;
 use hugeprep::units::parse_bytes;
 use hugeprep::Method;
@@ -61,30 +60,6 @@ fn policy_choice() -> (Method, String) {
     (resolution.method(), resolution.rule)
 }
 
-/// Turns the first Ctrl-C into a flag the benchmark checks between measurements, so that it
-/// stops and gives back the hugepages it borrowed; a second Ctrl-C exits at once.
-fn stop_on_ctrl_c() -> Arc<AtomicBool> {
-    let flag = Arc::new(AtomicBool::new(false));
-    let set = Arc::clone(&flag);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build();
-    if let Ok(runtime) = runtime {
-        std::thread::spawn(move || {
-            runtime.block_on(async {
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    eprintln!("\ninterrupted: finishing the current measurement and giving hugepages back (Ctrl-C again to quit now)");
-                    set.store(true, Ordering::Relaxed);
-                    if tokio::signal::ctrl_c().await.is_ok() {
-                        std::process::exit(130);
-                    }
-                }
-            })
-        });
-    }
-    flag
-}
-
 /// Runs the benchmark and prints or writes its results.
 pub fn run(args: BenchClearArgs) -> anyhow::Result<()> {
     let mut config = if args.quick {
@@ -115,7 +90,7 @@ pub fn run(args: BenchClearArgs) -> anyhow::Result<()> {
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
             .context("progress bar template")?,
     );
-    let interrupted = stop_on_ctrl_c();
+    let interrupted = hugeprep::sys::signals::cancel_on_signals()?;
     let report = clear::run(&config, &lock, &mut |p: &BenchProgress| {
         bar.set_length(p.total as u64);
         bar.set_position(p.done as u64);

@@ -41,7 +41,9 @@ pub struct BenchPrefaultArgs {
 
 /// Runs `hugeprep bench prefault`.
 pub fn run(args: BenchPrefaultArgs) -> anyhow::Result<()> {
-    let cancel = hugeprep::prefault::cancel_on_signals()?;
+    let cancel = hugeprep::sys::signals::cancel_on_signals()?;
+    // Borrowed pool pages and timings must not be disturbed by tests or other benchmarks.
+    let _lock = hugeprep::hugetlb::lock::HugepageLock::acquire()?;
     let cfg = PrefaultBenchConfig {
         size: args.size,
         page_size: args.page_size,

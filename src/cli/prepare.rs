@@ -41,7 +41,7 @@ pub struct PrepareArgs {
 
 /// Runs `hugeprep prepare`.
 pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
-    let cancel = prefault::cancel_on_signals()?;
+    let cancel = hugeprep::sys::signals::cancel_on_signals()?;
     let target = match (&args.path, &args.mount) {
         (Some(p), _) => Target::Path(p.clone()),
         (None, Some(m)) => Target::Mount(m.clone()),

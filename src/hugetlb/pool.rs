@@ -379,6 +379,24 @@ impl PoolTopUp {
     /// raising the pool by the shortfall. When the kernel cannot supply them, gives back
     /// whatever it added and fails with [`PoolError::Insufficient`].
     pub fn ensure_free(node: Option<u32>, page_size: PageSize, pages: u64) -> Result<PoolTopUp> {
+        let top_up = PoolTopUp::raise(node, page_size, pages)?;
+        let free = top_up.free_pages()?;
+        if free < pages {
+            return Err(PoolError::Insufficient {
+                scope: top_up.scope,
+                page_size,
+                wanted: pages,
+                free,
+                path: counter_path(top_up.scope, page_size, "nr_hugepages")?,
+            });
+        }
+        Ok(top_up)
+    }
+
+    /// Raises the pool by however many pages short of `pages` free it is, as far as the kernel
+    /// can (1 GiB pages fragment): the caller checks [`PoolTopUp::free_pages`] and decides what
+    /// fewer pages mean. Fails only when the counters cannot be read or written.
+    pub fn raise(node: Option<u32>, page_size: PageSize, pages: u64) -> Result<PoolTopUp> {
         let scope = Scope::from_node(node);
         let mut top_up = PoolTopUp {
             scope,
@@ -392,17 +410,12 @@ impl PoolTopUp {
         let before = read(scope, page_size)?.total;
         let resize = set_pages(scope, page_size, before + (pages - free))?;
         top_up.added = resize.after.saturating_sub(before);
-        let free = available(node, page_size)?;
-        if free < pages {
-            return Err(PoolError::Insufficient {
-                scope,
-                page_size,
-                wanted: pages,
-                free,
-                path: counter_path(scope, page_size, "nr_hugepages")?,
-            });
-        }
         Ok(top_up)
+    }
+
+    /// Unreserved free pages of this size in this pool now.
+    pub fn free_pages(&self) -> Result<u64> {
+        available(self.scope.node(), self.page_size)
     }
 
     /// Pages this top-up added to the pool.

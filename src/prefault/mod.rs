@@ -18,7 +18,6 @@
 //!
 //! [`BackingFile`]: crate::hugetlb::BackingFile
 
-mod cancel;
 mod engine;
 mod prepare;
 
@@ -34,7 +33,6 @@ use crate::sys::mmap::MmapError;
 use crate::sys::numa::NumaError;
 use crate::topology::TopologyError;
 
-pub use cancel::cancel_on_signals;
 pub use engine::{prefault, prefault_mapped, Prefaulted};
 pub use prepare::{grow, prepare, validate, PrepareError, PrepareSpec, Prepared, Target};
 
@@ -76,7 +74,7 @@ pub struct PrefaultOptions {
     pub lock: bool,
     /// How to fault pages.
     pub populate: Populate,
-    /// Set to `true` (e.g. by [`cancel_on_signals`]) to stop the workers between extents.
+    /// Set to `true` (e.g. by [`crate::sys::signals::cancel_on_signals`]) to stop the workers between extents.
     pub cancel: Option<Arc<AtomicBool>>,
 }
 

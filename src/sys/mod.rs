@@ -4,3 +4,4 @@
 pub mod affinity;
 pub mod mmap;
 pub mod numa;
+pub mod signals;

@@ -1,6 +1,6 @@
-//! Turning Ctrl-C and `SIGTERM` into a cancel flag, so that a one-shot command stops its
-//! workers between extents and rolls back (removes the half-filled file, gives back pool
-//! pages) instead of dying with them in place.
+//! Turning Ctrl-C and `SIGTERM` into a cancel flag, so that a one-shot command (`prepare`, a
+//! benchmark) stops its workers between steps and rolls back (removes the half-filled file,
+//! gives back borrowed pool pages) instead of dying with them in place.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
