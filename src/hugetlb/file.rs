@@ -4,10 +4,11 @@
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use nix::unistd::{Gid, Uid};
 
 use crate::page_size::PageSize;
@@ -250,19 +251,17 @@ impl BackingFile {
             path: path.clone(),
             source: io::Error::from_raw_os_error(libc::EINVAL),
         })?;
-        let flags =
+        // The page size goes in the MFD_HUGE_* bits above MFD_HUGETLB.
+        let bits =
             libc::MFD_CLOEXEC | libc::MFD_HUGETLB | (page_size.shift() << libc::MFD_HUGE_SHIFT);
-        // SAFETY: `cname` is a valid NUL-terminated string; the result is checked.
-        let fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
-        if fd < 0 {
-            return Err(FileError::Io {
+        let fd = memfd_create(&cname, MemFdCreateFlag::from_bits_retain(bits)).map_err(|e| {
+            FileError::Io {
                 op: "memfd_create",
-                path,
-                source: io::Error::last_os_error(),
-            });
-        }
-        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+                path: path.clone(),
+                source: e.into(),
+            }
+        })?;
+        let file = File::from(fd);
         let mut backing = BackingFile {
             file,
             path,
