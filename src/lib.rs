@@ -16,7 +16,10 @@
 pub mod bench;
 pub mod clear;
 pub mod hugetlb;
+pub mod journal;
 pub mod page_size;
+pub mod pool;
+pub mod scrub;
 pub mod sys;
 #[doc(hidden)]
 pub mod testing;

@@ -3,3 +3,5 @@
 
 pub mod affinity;
 pub mod mmap;
+pub mod pidfd;
+pub mod priority;
