@@ -14,7 +14,10 @@
 //! [`topology`], [`hugetlb`], [`prefault`], then the pool, journal, API and daemon.
 
 pub mod bench;
+pub mod api;
 pub mod clear;
+pub mod daemon;
+pub mod client;
 pub mod hugetlb;
 pub mod journal;
 pub mod page_size;

@@ -3,6 +3,11 @@
 
 use clap::{Parser, Subcommand};
 
+mod lease;
+mod release;
+mod serve;
+mod status;
+
 /// hugeprep: pre-zeroed, pre-faulted hugepage memory for virtual machines.
 #[derive(Debug, Parser)]
 #[command(version, about, propagate_version = true)]
@@ -17,6 +22,16 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the daemon: warm pools and leases over a unix socket.
+    Serve(serve::ServeArgs),
+    /// Take a lease from the daemon.
+    Lease(lease::LeaseArgs),
+    /// Release a lease.
+    Release(release::ReleaseArgs),
+    /// Show leases and the pool.
+    Status(status::StatusArgs),
+    /// Show the warm pool.
+    Pool(status::PoolArgs),
     /// Benchmarks: clearing methods, preallocation, recycling.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -44,6 +59,11 @@ pub fn init_tracing(verbose: u8) {
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Serve(a) => serve::run(a),
+        Command::Lease(a) => lease::run(a),
+        Command::Release(a) => release::run(a),
+        Command::Status(a) => status::run(a),
+        Command::Pool(a) => status::run_pool(a),
         Command::Bench(b) => match b {},
     }
 }

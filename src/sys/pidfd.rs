@@ -20,6 +20,18 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
+/// Waits (in tokio) until the process behind `pidfd` exits.
+pub async fn wait_exit(pidfd: OwnedFd) -> io::Result<()> {
+    use tokio::io::unix::AsyncFd;
+    use tokio::io::Interest;
+    // SAFETY: the AsyncFd takes ownership of the OwnedFd, so the descriptor stays open and
+    // names the same pidfd until the AsyncFd is dropped.
+    let afd = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
+        .map_err(|e| e.into_parts().1)?;
+    let _guard = afd.readable().await?;
+    Ok(())
+}
+
 /// The start time of `pid` in clock ticks since boot (`/proc/PID/stat` field 22), which
 /// together with the pid names one process across pid reuse. `None` when it does not exist.
 pub fn process_start_time(pid: u32) -> Option<u64> {
