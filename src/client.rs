@@ -195,7 +195,8 @@ impl Client {
 
     /// `GET /v1/leases/{id}`.
     pub async fn get_lease(&self, id: u64) -> Result<LeaseInfo> {
-        self.call(Method::GET, &format!("/v1/leases/{id}"), None).await
+        self.call(Method::GET, &format!("/v1/leases/{id}"), None)
+            .await
     }
 
     /// `GET /v1/leases`.

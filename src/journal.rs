@@ -223,7 +223,8 @@ mod tests {
     use super::*;
 
     fn temp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("hugeprep-journal-{name}-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("hugeprep-journal-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         d
     }
@@ -241,7 +242,10 @@ mod tests {
         let raw = j.load_raw::<u32>().unwrap();
         assert_eq!(raw.len(), 3);
         assert!(raw[2].1.is_err());
-        assert_eq!(j.load::<u32>().unwrap(), vec![("p1".into(), 2), ("p2".into(), 3)]);
+        assert_eq!(
+            j.load::<u32>().unwrap(),
+            vec![("p1".into(), 2), ("p2".into(), 3)]
+        );
         assert!(!dir.join("records/.p3.json.tmp").exists());
         j.remove("p1").unwrap();
         j.remove("p1").unwrap();
@@ -254,7 +258,10 @@ mod tests {
         let dir = temp("keys");
         let j = Journal::open(&dir).unwrap();
         for key in ["", "../x", "a/b", "a.b"] {
-            assert!(matches!(j.write(key, &1), Err(JournalError::Key { .. })), "{key}");
+            assert!(
+                matches!(j.write(key, &1), Err(JournalError::Key { .. })),
+                "{key}"
+            );
         }
         fs::remove_dir_all(&dir).unwrap();
     }

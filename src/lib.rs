@@ -13,11 +13,11 @@
 //! The layers, bottom to top: [`sys`] (system calls), [`cpu`], [`clear`], [`policy`],
 //! [`topology`], [`hugetlb`], [`prefault`], then the pool, journal, API and daemon.
 
-pub mod bench;
 pub mod api;
+pub mod bench;
 pub mod clear;
-pub mod daemon;
 pub mod client;
+pub mod daemon;
 pub mod hugetlb;
 pub mod journal;
 pub mod page_size;

@@ -255,7 +255,13 @@ impl Scrubber {
     ) -> Result<ScrubReport, ScrubError> {
         let mut region = file.map()?;
         let path = file.path().display().to_string();
-        self.scrub_region(&mut region, &path, file.page_size().bytes() as usize, opts, control)
+        self.scrub_region(
+            &mut region,
+            &path,
+            file.page_size().bytes() as usize,
+            opts,
+            control,
+        )
     }
 
     /// Zeroes and verifies a mapped region (see [`Scrubber::scrub_file`]); `page` is the
@@ -281,7 +287,11 @@ impl Scrubber {
         let throttle = Throttle {
             start,
             done: AtomicU64::new(0),
-            cap: if opts.background { opts.bandwidth } else { None },
+            cap: if opts.background {
+                opts.bandwidth
+            } else {
+                None
+            },
             control,
         };
         let results: Vec<Result<(), ScrubError>> = std::thread::scope(|s| {
@@ -355,7 +365,13 @@ mod tests {
         r.as_mut_slice().fill(0xa7);
         let s = Scrubber::new(ClearPlan::always(Method::WriteBytes));
         let rep = s
-            .scrub_region(&mut r, "anon", 2 << 20, &opts(Verification::Full), &ScrubControl::default())
+            .scrub_region(
+                &mut r,
+                "anon",
+                2 << 20,
+                &opts(Verification::Full),
+                &ScrubControl::default(),
+            )
             .unwrap();
         assert_eq!(rep.bytes, 6 << 20);
         assert!(r.as_slice().iter().all(|&b| b == 0));
@@ -367,7 +383,10 @@ mod tests {
         assert!(verify(&buf, 0, 2 << 20, Verification::Full).is_ok());
         assert!(verify(&buf, 0, 2 << 20, Verification::Sample).is_ok());
         buf[3 << 20 | 77] = 9;
-        assert_eq!(verify(&buf, 100, 2 << 20, Verification::Full), Err((100 + (3 << 20 | 77), 9)));
+        assert_eq!(
+            verify(&buf, 100, 2 << 20, Verification::Full),
+            Err((100 + (3 << 20 | 77), 9))
+        );
         // Sampling always checks each page's last line.
         buf[(4 << 20) - 1] = 5;
         assert!(verify(&buf, 0, 2 << 20, Verification::Sample).is_err());

@@ -90,7 +90,10 @@ fn lease_is_released_when_its_process_exits() {
         return;
     };
     let d = env.spawn(&[]);
-    let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+    let mut child = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
     let lease = d
         .lease_req(&hugeprep::pool::LeaseRequest {
             name: "vm".into(),

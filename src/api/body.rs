@@ -16,7 +16,12 @@ fn u32_field(obj: &Map<String, Value>, field: &str) -> Result<Option<u32>, ApiEr
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
             .map(Some)
-            .ok_or_else(|| ApiError::field(field, format!("expected an integer 0..=4294967295, got {v}"))),
+            .ok_or_else(|| {
+                ApiError::field(
+                    field,
+                    format!("expected an integer 0..=4294967295, got {v}"),
+                )
+            }),
     }
 }
 
@@ -51,7 +56,12 @@ pub fn parse_lease_request(body: &[u8]) -> Result<LeaseRequest, ApiError> {
     }
     let name = match obj.get("name") {
         Some(Value::String(s)) => s.clone(),
-        Some(v) => return Err(ApiError::field("name", format!("expected a string, got {v}"))),
+        Some(v) => {
+            return Err(ApiError::field(
+                "name",
+                format!("expected a string, got {v}"),
+            ))
+        }
         None => return Err(ApiError::field("name", "missing")),
     };
     let size = match obj.get("size") {
@@ -61,7 +71,12 @@ pub fn parse_lease_request(body: &[u8]) -> Result<LeaseRequest, ApiError> {
         Some(Value::String(s)) => {
             crate::units::parse_bytes(s).map_err(|e| ApiError::field("size", e.to_string()))?
         }
-        Some(v) => return Err(ApiError::field("size", format!("expected a byte count, got {v}"))),
+        Some(v) => {
+            return Err(ApiError::field(
+                "size",
+                format!("expected a byte count, got {v}"),
+            ))
+        }
         None => return Err(ApiError::field("size", "missing")),
     };
     let page_size = match obj.get("page_size") {
@@ -81,7 +96,12 @@ pub fn parse_lease_request(body: &[u8]) -> Result<LeaseRequest, ApiError> {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
         Some(Value::Number(n)) => Some(n.to_string()),
-        Some(v) => return Err(ApiError::field("owner", format!("expected a user name or uid, got {v}"))),
+        Some(v) => {
+            return Err(ApiError::field(
+                "owner",
+                format!("expected a user name or uid, got {v}"),
+            ))
+        }
     };
     Ok(LeaseRequest {
         name,
@@ -108,12 +128,30 @@ mod tests {
     fn errors_name_the_field() {
         assert_eq!(field_of(r#"{"name":"a"}"#).as_deref(), Some("size"));
         assert_eq!(field_of(r#"{"size":1}"#).as_deref(), Some("name"));
-        assert_eq!(field_of(r#"{"name":"a","size":-1}"#).as_deref(), Some("size"));
-        assert_eq!(field_of(r#"{"name":"a","size":"3 apples"}"#).as_deref(), Some("size"));
-        assert_eq!(field_of(r#"{"name":"a","size":1,"page_size":"4K"}"#).as_deref(), Some("page_size"));
-        assert_eq!(field_of(r#"{"name":"a","size":1,"node":"x"}"#).as_deref(), Some("node"));
-        assert_eq!(field_of(r#"{"name":"a","size":1,"pid":-3}"#).as_deref(), Some("pid"));
-        assert_eq!(field_of(r#"{"name":"a","size":1,"evil":true}"#).as_deref(), Some("evil"));
+        assert_eq!(
+            field_of(r#"{"name":"a","size":-1}"#).as_deref(),
+            Some("size")
+        );
+        assert_eq!(
+            field_of(r#"{"name":"a","size":"3 apples"}"#).as_deref(),
+            Some("size")
+        );
+        assert_eq!(
+            field_of(r#"{"name":"a","size":1,"page_size":"4K"}"#).as_deref(),
+            Some("page_size")
+        );
+        assert_eq!(
+            field_of(r#"{"name":"a","size":1,"node":"x"}"#).as_deref(),
+            Some("node")
+        );
+        assert_eq!(
+            field_of(r#"{"name":"a","size":1,"pid":-3}"#).as_deref(),
+            Some("pid")
+        );
+        assert_eq!(
+            field_of(r#"{"name":"a","size":1,"evil":true}"#).as_deref(),
+            Some("evil")
+        );
         assert_eq!(field_of(r#"{"name":"a","#), None);
         assert_eq!(field_of("[1]"), None);
     }

@@ -395,12 +395,11 @@ impl Pool {
         let pid = match req.pid {
             None => None,
             Some(pid) => {
-                let start = crate::sys::pidfd::process_start_time(pid).ok_or_else(|| {
-                    PoolError::Field {
+                let start =
+                    crate::sys::pidfd::process_start_time(pid).ok_or_else(|| PoolError::Field {
                         field: "pid",
                         message: format!("no process with pid {pid}"),
-                    }
-                })?;
+                    })?;
                 Some((pid, start))
             }
         };
@@ -714,8 +713,7 @@ impl Pool {
         let (id, info, mount) = {
             let mut st = self.lock();
             let found = st.files.values_mut().find(|e| {
-                e.busy.is_none()
-                    && matches!(&e.rec.state, FileState::Leased(l) if l.id == lease_id)
+                e.busy.is_none() && matches!(&e.rec.state, FileState::Leased(l) if l.id == lease_id)
             });
             let Some(entry) = found else {
                 return Err(PoolError::NotFound { id: lease_id });
@@ -824,8 +822,7 @@ impl Pool {
                     filling_bytes: filling.0,
                     kernel_free_pages: kernel::node_free_pages(n, *ps).unwrap_or(0),
                     kernel_total_pages: kernel::node_total_pages(n, *ps).unwrap_or(0),
-                    mount_used_bytes: kernel::mount_used_pages(&mount.root)
-                        .map(|p| p * ps.bytes()),
+                    mount_used_bytes: kernel::mount_used_pages(&mount.root).map(|p| p * ps.bytes()),
                 });
             }
         }
@@ -842,9 +839,9 @@ impl Pool {
     /// every target met as far as the kernel allows.
     pub fn is_idle(&self) -> bool {
         let st = self.lock();
-        st.files
-            .values()
-            .all(|e| e.busy.is_none() && matches!(e.rec.state, FileState::Warm | FileState::Leased(_)))
+        st.files.values().all(|e| {
+            e.busy.is_none() && matches!(e.rec.state, FileState::Warm | FileState::Leased(_))
+        })
     }
 
     /// Stops the worker and running scrubs; requests fail with `ShuttingDown`.

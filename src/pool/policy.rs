@@ -119,7 +119,10 @@ impl PoolPolicySpec {
         let bw = field_bytes("scrub_bandwidth".into(), &self.scrub_bandwidth)?;
         let mut targets = Vec::new();
         for (i, t) in self.targets.iter().enumerate() {
-            let warm = round_down(field_bytes(format!("target[{i}].warm"), &t.warm)?, t.page_size);
+            let warm = round_down(
+                field_bytes(format!("target[{i}].warm"), &t.warm)?,
+                t.page_size,
+            );
             let mut sizes = Vec::new();
             for (j, s) in t.sizes.iter().enumerate() {
                 let field = format!("target[{i}].sizes[{j}]");
@@ -265,14 +268,19 @@ mod tests {
         assert_eq!(p.scrub_bandwidth, None);
         assert_eq!(p.target_bytes(0, PageSize::Size2M), 1 << 30);
         assert_eq!(p.target_bytes(1, PageSize::Size2M), 2 << 30);
-        assert_eq!(p.target(0, PageSize::Size2M).unwrap().sizes, vec![256 << 20, 512 << 20]);
+        assert_eq!(
+            p.target(0, PageSize::Size2M).unwrap().sizes,
+            vec![256 << 20, 512 << 20]
+        );
         assert_eq!(p.target(1, PageSize::Size2M).unwrap().sizes, vec![1 << 30]);
     }
 
     #[test]
     fn bad_fields_are_named() {
-        let err = PoolPolicy::from_toml("[[target]]\npage_size = \"2M\"\nwarm = \"1G\"\nsizes = [\"3M\"]\n")
-            .unwrap_err();
+        let err = PoolPolicy::from_toml(
+            "[[target]]\npage_size = \"2M\"\nwarm = \"1G\"\nsizes = [\"3M\"]\n",
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("target[0].sizes[0]"), "{err}");
         let err = PoolPolicy::from_toml("colour = 1\n").unwrap_err();
         assert!(err.to_string().contains("colour"), "{err}");

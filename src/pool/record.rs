@@ -189,7 +189,11 @@ mod tests {
         assert!(json.contains("\"state\":\"leased\""), "{json}");
         assert!(json.contains("\"source\":\"warm-shrunk\""), "{json}");
         assert_eq!(serde_json::from_str::<FileRecord>(&json).unwrap(), rec);
-        let warm = serde_json::to_string(&FileRecord { state: FileState::Warm, ..rec }).unwrap();
+        let warm = serde_json::to_string(&FileRecord {
+            state: FileState::Warm,
+            ..rec
+        })
+        .unwrap();
         assert!(warm.contains("\"state\":\"warm\""), "{warm}");
     }
 }

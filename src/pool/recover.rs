@@ -71,7 +71,11 @@ pub(super) fn reconcile(
                 journal.remove(&key)?;
             }
             Err(err) => {
-                tracing::warn!(key, err, "undecodable journal record: its file will be deleted");
+                tracing::warn!(
+                    key,
+                    err,
+                    "undecodable journal record: its file will be deleted"
+                );
                 journal.remove(&key)?;
             }
         }

@@ -93,7 +93,16 @@ mod tests {
         for ok in ["a", "vm1", "pc.ram", &"x".repeat(64)] {
             assert!(check_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "a/b", "..", "a..b", ".hidden", "a\0b", &"x".repeat(65), "a\nb"] {
+        for bad in [
+            "",
+            "a/b",
+            "..",
+            "a..b",
+            ".hidden",
+            "a\0b",
+            &"x".repeat(65),
+            "a\nb",
+        ] {
             let err = check_name(bad).unwrap_err();
             assert_eq!(err.field(), Some("name"), "{bad:?}");
         }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{file_key, fault, holders, kernel, Entry, FileRecord, FileState, Pool, State, Work};
+use super::{fault, file_key, holders, kernel, Entry, FileRecord, FileState, Pool, State, Work};
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;
 use crate::scrub::{ScrubError, ScrubOptions};
@@ -75,8 +75,8 @@ impl Pool {
             .find(|e| e.busy.is_none() && e.rec.state == FileState::Dirty)
             .map(|e| e.rec.clone());
         if let Some(rec) = dirty {
-            let keep =
-                st.pool_bytes(rec.node, rec.page_size) + rec.size <= self.target(rec.node, rec.page_size);
+            let keep = st.pool_bytes(rec.node, rec.page_size) + rec.size
+                <= self.target(rec.node, rec.page_size);
             if keep {
                 let scrubbing = FileRecord {
                     state: FileState::Scrubbing,
@@ -194,7 +194,9 @@ impl Pool {
                     // Resized under a crash: scrub what is there and record it.
                     tracing::info!(id, size = f.size(), "file size differs from journal");
                 }
-                self.scrubber.scrub_file(&f, &opts, &self.control).map(|r| (r, f.size()))
+                self.scrubber
+                    .scrub_file(&f, &opts, &self.control)
+                    .map(|r| (r, f.size()))
             });
         match result {
             Ok((report, size)) => {
@@ -207,7 +209,9 @@ impl Pool {
                 match self.journal.write(&warm.key(), &warm) {
                     Ok(()) => {
                         tracing::info!(
-                            id, bytes = report.bytes, gbps = report.gbps(),
+                            id,
+                            bytes = report.bytes,
+                            gbps = report.gbps(),
                             "scrubbed and verified"
                         );
                         st.last_scrub = Some(report);

@@ -85,6 +85,7 @@ impl Env {
             .args(extra)
             .env("NOTIFY_SOCKET", &notify)
             .env("RUST_LOG", "hugeprep=debug")
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -94,14 +95,21 @@ impl Env {
         let mut buf = [0u8; 4096];
         loop {
             if let Ok(n) = listener.recv(&mut buf) {
-                if String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == "READY=1") {
+                if String::from_utf8_lossy(&buf[..n])
+                    .lines()
+                    .any(|l| l == "READY=1")
+                {
                     break;
                 }
             }
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("daemon exited before READY: {status}\n{}", self.log());
             }
-            assert!(Instant::now() < deadline, "no READY=1 within 30 s\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "no READY=1 within 30 s\n{}",
+                self.log()
+            );
         }
         Daemon {
             child,
@@ -213,13 +221,15 @@ impl Daemon {
     pub fn raw(&self, method: &str, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
         let (status, bytes) = self
             .client
-            .blocking(self.client.request(
-                method.parse().unwrap(),
-                path,
-                Some(body.to_vec()),
-            ))
+            .blocking(
+                self.client
+                    .request(method.parse().unwrap(), path, Some(body.to_vec())),
+            )
             .unwrap();
-        (status, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        )
     }
 
     /// Waits until nothing is dirty, scrubbing or filling and warm memory equals `warm`
@@ -229,10 +239,17 @@ impl Daemon {
         loop {
             let p = self.pool();
             let k = &p.kinds[0];
-            if k.dirty_bytes == 0 && k.scrubbing_bytes == 0 && k.filling_bytes == 0 && k.warm_bytes == warm {
+            if k.dirty_bytes == 0
+                && k.scrubbing_bytes == 0
+                && k.filling_bytes == 0
+                && k.warm_bytes == warm
+            {
                 return p;
             }
-            assert!(Instant::now() < deadline, "pool did not settle at {warm} warm: {k:?}");
+            assert!(
+                Instant::now() < deadline,
+                "pool did not settle at {warm} warm: {k:?}"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
