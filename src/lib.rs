@@ -17,17 +17,21 @@ pub mod api;
 pub mod bench;
 pub mod clear;
 pub mod client;
+pub mod cpu;
 pub mod daemon;
 pub mod hugetlb;
 pub mod journal;
 pub mod page_size;
+pub mod policy;
 pub mod pool;
+pub mod prefault;
 pub mod scrub;
 pub mod sys;
 #[doc(hidden)]
 pub mod testing;
 pub mod topology;
 pub mod units;
+pub mod vmm;
 
 pub use clear::{ClearPlan, Method};
 pub use page_size::PageSize;

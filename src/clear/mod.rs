@@ -1,5 +1,21 @@
-//! Zeroing memory as fast as the CPU allows (implemented by the clearing-engine work).
+//! Zeroing memory as fast as the CPU allows.
+//!
+//! A [`ClearPlan`] names a [`Method`] and its knobs; [`Clearer::new`] checks it against the
+//! running CPU once, then [`Clearer::clear`] and [`Clearer::clear_parallel`] zero extents.
+//! The kernels (the crate's only inline assembly) live in `kernels.rs`; [`calibrate`] times
+//! every available method on this machine.
 
+mod calibrate;
+mod clearer;
+mod detect;
+mod kernels;
 mod method;
+mod parallel;
 
+pub use calibrate::{
+    calibrate, calibrate_with, CalibrateError, Calibration, MethodTiming, CALIBRATION_BUFFER,
+};
+pub use clearer::{ClearError, Clearer};
+pub use detect::available_methods;
 pub use method::{ClearPlan, Method, MethodError};
+pub use parallel::CHUNK_ALIGN;

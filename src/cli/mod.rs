@@ -1,12 +1,16 @@
 //! Command-line interface: one file per subcommand, each with its clap `Args` and `run`.
 //! This is the only place (with `main.rs`) that uses `anyhow`.
 
-use clap::{Parser, Subcommand};
-
+mod bench_prefault;
+mod cpu;
 mod lease;
+mod pool;
+mod prepare;
 mod release;
 mod serve;
 mod status;
+
+use clap::{Parser, Subcommand};
 
 /// hugeprep: pre-zeroed, pre-faulted hugepage memory for virtual machines.
 #[derive(Debug, Parser)]
@@ -28,18 +32,25 @@ pub enum Command {
     Lease(lease::LeaseArgs),
     /// Release a lease.
     Release(release::ReleaseArgs),
-    /// Show leases and the pool.
+    /// Show the daemon's leases and warm pool.
     Status(status::StatusArgs),
-    /// Show the warm pool.
-    Pool(status::PoolArgs),
     /// Benchmarks: clearing methods, preallocation, recycling.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Show the CPU and the clearing method the policy chooses for it.
+    Cpu(cpu::CpuArgs),
+    /// Show or set the hugepage pools per NUMA node and page size (local sysfs).
+    Pool(pool::PoolArgs),
+    /// Create a hugetlbfs file and fault every page in, in parallel (no daemon).
+    Prepare(prepare::PrepareArgs),
 }
 
 /// `hugeprep bench ...`.
 #[derive(Debug, Subcommand)]
-pub enum BenchCommand {}
+pub enum BenchCommand {
+    /// Cold preparation: hugeprep vs QEMU prealloc-threads vs one thread.
+    Prefault(bench_prefault::BenchPrefaultArgs),
+}
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
 pub fn init_tracing(verbose: u8) {
@@ -63,7 +74,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Lease(a) => lease::run(a),
         Command::Release(a) => release::run(a),
         Command::Status(a) => status::run(a),
-        Command::Pool(a) => status::run_pool(a),
-        Command::Bench(b) => match b {},
+        Command::Bench(b) => match b {
+            BenchCommand::Prefault(args) => bench_prefault::run(args),
+        },
+        Command::Pool(args) => pool::run(args),
+        Command::Prepare(args) => prepare::run(args),
+        Command::Cpu(args) => cpu::run(args),
     }
 }

@@ -1,4 +1,4 @@
-//! `hugeprep status` (leases and pool) and `hugeprep pool` (pool only).
+//! `hugeprep status`: the daemon's leases and warm pool.
 
 use std::path::PathBuf;
 
@@ -12,17 +12,9 @@ pub struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
-    /// Daemon socket.
-    #[arg(long, env = "HUGEPREP_SOCKET", default_value = hugeprep::client::DEFAULT_SOCKET)]
-    pub socket: PathBuf,
-}
-
-/// Show the warm pool per node and page size.
-#[derive(Debug, clap::Args)]
-pub struct PoolArgs {
-    /// Print JSON.
+    /// Only the warm pool table (or JSON), no leases.
     #[arg(long)]
-    pub json: bool,
+    pub pool: bool,
     /// Daemon socket.
     #[arg(long, env = "HUGEPREP_SOCKET", default_value = hugeprep::client::DEFAULT_SOCKET)]
     pub socket: PathBuf,
@@ -53,6 +45,15 @@ fn print_pool(pool: &PoolStatus) {
 /// Runs `hugeprep status`.
 pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     let client = Client::new(&args.socket);
+    if args.pool {
+        let pool = client.blocking(client.pool())?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&pool)?);
+        } else {
+            print_pool(&pool);
+        }
+        return Ok(());
+    }
     let leases = client.blocking(client.leases())?;
     let pool = client.blocking(client.pool())?;
     let cpu = client.blocking(client.cpu())?;
@@ -65,17 +66,5 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     print_pool(&pool);
     println!();
     super::lease::print_leases(&leases);
-    Ok(())
-}
-
-/// Runs `hugeprep pool`.
-pub fn run_pool(args: PoolArgs) -> anyhow::Result<()> {
-    let client = Client::new(&args.socket);
-    let pool = client.blocking(client.pool())?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&pool)?);
-    } else {
-        print_pool(&pool);
-    }
     Ok(())
 }

@@ -250,9 +250,8 @@ impl BackingFile {
             path: path.clone(),
             source: io::Error::from_raw_os_error(libc::EINVAL),
         })?;
-        let flags = libc::MFD_CLOEXEC
-            | libc::MFD_HUGETLB
-            | (page_size.shift() << libc::MFD_HUGE_SHIFT as u32);
+        let flags =
+            libc::MFD_CLOEXEC | libc::MFD_HUGETLB | (page_size.shift() << libc::MFD_HUGE_SHIFT);
         // SAFETY: `cname` is a valid NUL-terminated string; the result is checked.
         let fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
         if fd < 0 {

@@ -2,5 +2,9 @@
 //! files that hold guest memory.
 
 mod file;
+pub mod mount;
+pub mod pool;
 
-pub use file::{BackingFile, FileError, Owner};
+pub use file::{check_size, hugetlbfs_page_size, BackingFile, FileError, Owner};
+pub use mount::{HugetlbfsMount, MountError, MountOptions, OwnedMount};
+pub use pool::{PoolCounts, PoolError, PoolTopUp, Resize, Scope};

@@ -3,5 +3,6 @@
 
 pub mod affinity;
 pub mod mmap;
+pub mod numa;
 pub mod pidfd;
 pub mod priority;

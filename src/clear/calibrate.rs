@@ -1,0 +1,208 @@
+//! Calibration: timing every available clearing method on this machine, so that a policy
+//! rule's choice can be checked (or overridden) by measurement.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::clearer::{ClearError, Clearer};
+use super::{ClearPlan, Method};
+use crate::page_size::PageSize;
+use crate::sys::mmap::{MmapError, MmapRegion};
+
+/// Default scratch buffer: at least twice the LLC of current server CPUs (32 MiB per CCD on
+/// Zen 4), so that every timed clear streams to memory rather than into the cache.
+pub const CALIBRATION_BUFFER: usize = 128 << 20;
+
+/// Fewest timed repetitions per method, however short the budget.
+const MIN_REPS: usize = 3;
+/// Most timed repetitions per method, however long the budget.
+const MAX_REPS: usize = 200;
+
+/// Calibration could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrateError {
+    /// No method was given to time.
+    #[error("calibration needs at least one clearing method")]
+    NoMethods,
+    /// The scratch buffer size is unusable.
+    #[error("calibration buffer_bytes = {buffer_bytes} is invalid: it must be at least 2 MiB")]
+    BufferTooSmall {
+        /// The size asked for.
+        buffer_bytes: usize,
+    },
+    /// Neither a hugepage-backed nor an ordinary scratch buffer could be mapped.
+    #[error("cannot map a {len}-byte calibration buffer: {source}")]
+    Map {
+        /// Bytes asked for.
+        len: usize,
+        /// The error of the anonymous (fallback) mapping.
+        source: MmapError,
+    },
+    /// A method could not be used (not available on this CPU).
+    #[error("cannot calibrate: {0}")]
+    Clear(#[from] ClearError),
+}
+
+/// One method's measured throughput.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MethodTiming {
+    /// The method timed.
+    pub method: Method,
+    /// Median throughput over the timed repetitions, GB/s (10^9 bytes per second).
+    pub gbps: f64,
+}
+
+/// What calibration measured on this machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// Size of the scratch buffer each repetition cleared in one call.
+    pub buffer_bytes: usize,
+    /// Whether the buffer was backed by 2 MiB hugepages (otherwise ordinary anonymous
+    /// memory, whose TLB misses make every method a little slower).
+    pub hugepage_backed: bool,
+    /// Every method timed, in the order asked.
+    pub methods: Vec<MethodTiming>,
+    /// The method with the highest median throughput.
+    pub fastest: Method,
+}
+
+impl Calibration {
+    /// The measured throughput of `method`, if it was timed.
+    pub fn gbps_of(&self, method: Method) -> Option<f64> {
+        self.methods
+            .iter()
+            .find(|t| t.method == method)
+            .map(|t| t.gbps)
+    }
+
+    /// Whether `method` reached at least `1 - tolerance` of the fastest method's throughput
+    /// (`tolerance` 0.10: within 10%). False for a method that was not timed.
+    ///
+    /// ```
+    /// use hugeprep::clear::{Calibration, MethodTiming};
+    /// use hugeprep::Method;
+    /// let c = Calibration {
+    ///     buffer_bytes: 128 << 20,
+    ///     hugepage_backed: true,
+    ///     methods: vec![
+    ///         MethodTiming { method: Method::Avx512Nt, gbps: 73.0 },
+    ///         MethodTiming { method: Method::Clzero, gbps: 69.0 },
+    ///         MethodTiming { method: Method::Movnti, gbps: 37.0 },
+    ///     ],
+    ///     fastest: Method::Avx512Nt,
+    /// };
+    /// assert!(c.within(Method::Clzero, 0.10));
+    /// assert!(!c.within(Method::Movnti, 0.10));
+    /// assert!(!c.within(Method::RepStosb, 0.10));
+    /// ```
+    pub fn within(&self, method: Method, tolerance: f64) -> bool {
+        match (self.gbps_of(method), self.gbps_of(self.fastest)) {
+            (Some(gbps), Some(best)) => gbps >= best * (1.0 - tolerance),
+            _ => false,
+        }
+    }
+}
+
+/// Times every available method over a [`CALIBRATION_BUFFER`]-byte scratch buffer, spending
+/// about `budget` (200 ms is plenty) on the timed repetitions after an untimed warm-up.
+/// Runs on the calling thread without changing its CPU affinity.
+pub fn calibrate(budget: Duration) -> Result<Calibration, CalibrateError> {
+    calibrate_with(&super::available_methods(), CALIBRATION_BUFFER, budget)
+}
+
+/// [`calibrate`] with a chosen set of methods and buffer size (rounded up to 2 MiB).
+///
+/// The buffer is hugepage-backed when the kernel has enough free 2 MiB pages, otherwise
+/// ordinary anonymous memory; [`Calibration::hugepage_backed`] says which. It is populated
+/// and cleared once before timing, because the first touch of memory (on a VM host: of
+/// guest-physical memory since boot) is many times slower than any clearing method. Each
+/// method then gets one untimed clear and an equal share of `budget`, at least three timed
+/// clears of the whole buffer, and reports the median.
+pub fn calibrate_with(
+    methods: &[Method],
+    buffer_bytes: usize,
+    budget: Duration,
+) -> Result<Calibration, CalibrateError> {
+    if methods.is_empty() {
+        return Err(CalibrateError::NoMethods);
+    }
+    let page = PageSize::Size2M.bytes() as usize;
+    if buffer_bytes < page {
+        return Err(CalibrateError::BufferTooSmall { buffer_bytes });
+    }
+    let clearers = methods
+        .iter()
+        .map(|&m| Clearer::new(ClearPlan::always(m)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let len = buffer_bytes.div_ceil(page) * page;
+    let (mut region, hugepage_backed) = match MmapRegion::anonymous(len, Some(PageSize::Size2M)) {
+        Ok(region) => (region, true),
+        Err(_) => {
+            let region = MmapRegion::anonymous(len, None)
+                .map_err(|source| CalibrateError::Map { len, source })?;
+            (region, false)
+        }
+    };
+    // Populating is only a speed-up (kernels before 5.14 lack it): the clear below touches
+    // every page anyway.
+    let _ = region.populate_write(0, len);
+    region.as_mut_slice().fill(0);
+
+    let share = budget / methods.len() as u32;
+    let mut timings = Vec::with_capacity(methods.len());
+    for clearer in &clearers {
+        let buf = region.as_mut_slice();
+        clearer.clear(buf);
+        let started = Instant::now();
+        let mut samples = Vec::new();
+        while samples.len() < MAX_REPS && (samples.len() < MIN_REPS || started.elapsed() < share) {
+            let t = Instant::now();
+            clearer.clear(buf);
+            samples.push(crate::units::gbps(len as u64, t.elapsed().as_secs_f64()));
+        }
+        timings.push(MethodTiming {
+            method: clearer.plan().method,
+            gbps: median(&mut samples),
+        });
+    }
+    let fastest = timings
+        .iter()
+        .max_by(|a, b| a.gbps.total_cmp(&b.gbps))
+        .map_or(methods[0], |t| t.method);
+    Ok(Calibration {
+        buffer_bytes: len,
+        hugepage_backed,
+        methods: timings,
+        fastest,
+    })
+}
+
+fn median(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let n = samples.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => samples[n / 2],
+        _ => (samples[n / 2 - 1] + samples[n / 2]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_inputs_name_the_field() {
+        let err = calibrate_with(&[], 64 << 20, Duration::from_millis(10)).unwrap_err();
+        assert!(matches!(err, CalibrateError::NoMethods), "{err}");
+        let err = calibrate_with(&[Method::WriteBytes], 4096, Duration::ZERO).unwrap_err();
+        assert!(err.to_string().contains("buffer_bytes = 4096"), "{err}");
+    }
+
+    #[test]
+    fn median_of_even_and_odd() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}

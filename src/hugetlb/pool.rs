@@ -1,0 +1,489 @@
+//! The kernel's hugepage pools, per NUMA node and page size, through sysfs:
+//! `/sys/devices/system/node/nodeN/hugepages/hugepages-<kB>kB/` for a node and
+//! `/sys/kernel/mm/hugepages/hugepages-<kB>kB/` for the whole machine.
+//!
+//! Reading gives total, free and surplus pages; the reserved count (pages promised to a
+//! mapping but not yet faulted) exists only system-wide, so a node's reading has
+//! `reserved: None`. Setting a pool never lowers it below what is in use
+//! (`total - free + reserved`), and raising it reports how many pages the kernel really
+//! gave: 1 GiB pages need 1 GiB of contiguous free memory, which fragments soon after boot.
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::page_size::PageSize;
+use crate::topology::{Topology, TopologyError};
+
+/// Machine-wide pools.
+pub const SYSTEM_ROOT: &str = "/sys/kernel/mm/hugepages";
+/// Per-node pools live under `nodeN/hugepages/` here.
+pub const NODE_ROOT: &str = "/sys/devices/system/node";
+
+/// Which pool: one NUMA node's, or the whole machine's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// The machine-wide counters (the sum over nodes, plus `resv_hugepages`).
+    System,
+    /// One node's counters.
+    Node(u32),
+}
+
+impl Scope {
+    /// `Scope::Node(n)` for `Some(n)`, `Scope::System` for `None`.
+    pub fn from_node(node: Option<u32>) -> Scope {
+        node.map_or(Scope::System, Scope::Node)
+    }
+
+    /// The node, if this is a node's pool.
+    pub fn node(self) -> Option<u32> {
+        match self {
+            Scope::System => None,
+            Scope::Node(n) => Some(n),
+        }
+    }
+
+    /// The sysfs directory of this scope's pool of `page_size`.
+    pub fn dir(self, page_size: PageSize) -> PathBuf {
+        match self {
+            Scope::System => Path::new(SYSTEM_ROOT).join(page_size.sysfs_dir()),
+            Scope::Node(n) => Path::new(NODE_ROOT)
+                .join(format!("node{n}/hugepages"))
+                .join(page_size.sysfs_dir()),
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scope::System => f.write_str("system"),
+            Scope::Node(n) => write!(f, "node {n}"),
+        }
+    }
+}
+
+/// Errors reading or resizing a hugepage pool; each names the pool and the sysfs file.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The kernel has no pool of this page size (not configured, or not x86-64 sizes).
+    #[error("{scope}: no {page_size} hugepage pool on this kernel ({path} is missing)")]
+    Unsupported {
+        /// The pool's scope.
+        scope: Scope,
+        /// The page size asked for.
+        page_size: PageSize,
+        /// The directory that does not exist.
+        path: PathBuf,
+    },
+    /// A counter could not be read.
+    #[error("{scope} {page_size}: reading {path}: {source}")]
+    Read {
+        /// The pool's scope.
+        scope: Scope,
+        /// The pool's page size.
+        page_size: PageSize,
+        /// The counter file.
+        path: PathBuf,
+        /// The kernel's answer.
+        source: io::Error,
+    },
+    /// A counter did not hold a number.
+    #[error("{path}: expected a page count, found {text:?}")]
+    Parse {
+        /// The counter file.
+        path: PathBuf,
+        /// What it held.
+        text: String,
+    },
+    /// Writing `nr_hugepages` failed and the pool did not change.
+    #[error("{scope} {page_size}: setting {path} to {value}: {source}")]
+    Write {
+        /// The pool's scope.
+        scope: Scope,
+        /// The pool's page size.
+        page_size: PageSize,
+        /// The `nr_hugepages` file.
+        path: PathBuf,
+        /// The value written.
+        value: u64,
+        /// The kernel's answer.
+        source: io::Error,
+    },
+    /// The kernel could not supply enough free pages.
+    #[error(
+        "{scope}: {wanted} free {page_size} pages needed, only {free} available after raising \
+         {path} (the kernel could not allocate more: memory is short or fragmented)"
+    )]
+    Insufficient {
+        /// The pool's scope.
+        scope: Scope,
+        /// The page size.
+        page_size: PageSize,
+        /// Free pages needed.
+        wanted: u64,
+        /// Free pages there are.
+        free: u64,
+        /// The `nr_hugepages` file.
+        path: PathBuf,
+    },
+    /// The NUMA topology could not be read or has no such node.
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+}
+
+/// Result of pool operations.
+pub type Result<T> = std::result::Result<T, PoolError>;
+
+/// One pool's counters at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PoolCounts {
+    /// Whose pool.
+    pub scope: Scope,
+    /// Page size.
+    pub page_size: PageSize,
+    /// Pages in the pool (`nr_hugepages`), surplus included.
+    pub total: u64,
+    /// Pages not faulted into any mapping (`free_hugepages`); reserved pages count as free.
+    pub free: u64,
+    /// Pages above `nr_overcommit` accounting (`surplus_hugepages`).
+    pub surplus: u64,
+    /// Pages promised to mappings but not yet faulted (`resv_hugepages`). The kernel keeps
+    /// this only system-wide: `None` for a node.
+    pub reserved: Option<u64>,
+    /// How many surplus pages may be allocated on demand (`nr_overcommit_hugepages`);
+    /// system-wide only.
+    pub overcommit: Option<u64>,
+}
+
+impl PoolCounts {
+    /// Pages in use or promised: the floor below which the pool is never lowered. For a
+    /// node, reservations are unknown (system-wide only) and counted as 0.
+    pub fn in_use(&self) -> u64 {
+        (self.total.saturating_sub(self.free) + self.reserved.unwrap_or(0)).min(self.total)
+    }
+
+    /// Free pages nobody has reserved.
+    pub fn available(&self) -> u64 {
+        self.free.saturating_sub(self.reserved.unwrap_or(0))
+    }
+
+    /// Pool size in bytes.
+    pub fn total_bytes(&self) -> u64 {
+        self.total * self.page_size.bytes()
+    }
+}
+
+/// The outcome of setting a pool's size: what was asked, what the kernel gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Resize {
+    /// Whose pool.
+    pub scope: Scope,
+    /// Page size.
+    pub page_size: PageSize,
+    /// Pages asked for.
+    pub requested: u64,
+    /// The in-use floor at the time (requests below it are raised to it).
+    pub floor: u64,
+    /// Pages before.
+    pub before: u64,
+    /// Pages after: fewer than asked when the kernel could not allocate more.
+    pub after: u64,
+}
+
+impl Resize {
+    /// The target actually written: the request, raised to the in-use floor.
+    pub fn target(&self) -> u64 {
+        self.requested.max(self.floor)
+    }
+
+    /// Whether the pool reached the target.
+    pub fn complete(&self) -> bool {
+        self.after == self.target()
+    }
+
+    /// Pages the kernel could not supply (0 when complete or shrinking).
+    pub fn shortfall(&self) -> u64 {
+        self.target().saturating_sub(self.after)
+    }
+}
+
+/// The page sizes this kernel has pools for, smallest first.
+pub fn page_sizes() -> Vec<PageSize> {
+    PageSize::ALL
+        .into_iter()
+        .filter(|p| Scope::System.dir(*p).is_dir())
+        .collect()
+}
+
+fn counter_path(scope: Scope, page_size: PageSize, name: &str) -> Result<PathBuf> {
+    let dir = scope.dir(page_size);
+    if !dir.is_dir() {
+        return Err(PoolError::Unsupported {
+            scope,
+            page_size,
+            path: dir,
+        });
+    }
+    Ok(dir.join(name))
+}
+
+fn read_counter(scope: Scope, page_size: PageSize, name: &str) -> Result<u64> {
+    let path = counter_path(scope, page_size, name)?;
+    let text = fs::read_to_string(&path).map_err(|source| PoolError::Read {
+        scope,
+        page_size,
+        path: path.clone(),
+        source,
+    })?;
+    text.trim().parse().map_err(|_| PoolError::Parse {
+        path,
+        text: text.trim().to_string(),
+    })
+}
+
+/// Reads one pool. For a node that does not exist the error lists the nodes that do.
+///
+/// ```
+/// use hugeprep::hugetlb::pool::{self, Scope};
+/// use hugeprep::PageSize;
+/// let system = pool::read(Scope::System, PageSize::Size2M).unwrap();
+/// assert!(system.free <= system.total);
+/// ```
+pub fn read(scope: Scope, page_size: PageSize) -> Result<PoolCounts> {
+    if let Scope::Node(n) = scope {
+        if !Path::new(NODE_ROOT).join(format!("node{n}")).is_dir() {
+            Topology::detect()?.node(n)?;
+        }
+    }
+    let (reserved, overcommit) = match scope {
+        Scope::System => (
+            Some(read_counter(scope, page_size, "resv_hugepages")?),
+            Some(read_counter(scope, page_size, "nr_overcommit_hugepages")?),
+        ),
+        Scope::Node(_) => (None, None),
+    };
+    Ok(PoolCounts {
+        scope,
+        page_size,
+        total: read_counter(scope, page_size, "nr_hugepages")?,
+        free: read_counter(scope, page_size, "free_hugepages")?,
+        surplus: read_counter(scope, page_size, "surplus_hugepages")?,
+        reserved,
+        overcommit,
+    })
+}
+
+/// Every pool: the system-wide ones, then each online node's, for every page size the kernel
+/// has.
+pub fn read_all() -> Result<Vec<PoolCounts>> {
+    let sizes = page_sizes();
+    let mut out = Vec::new();
+    for &size in &sizes {
+        out.push(read(Scope::System, size)?);
+    }
+    for node in Topology::detect()?.node_ids() {
+        for &size in &sizes {
+            out.push(read(Scope::Node(node), size)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Free, unreserved pages of `page_size` that a new mapping bound to `node` (or anywhere,
+/// for `None`) can get. Reservations are system-wide, so a node's figure is its free count
+/// capped by the machine's unreserved count.
+pub fn available(node: Option<u32>, page_size: PageSize) -> Result<u64> {
+    let system = read(Scope::System, page_size)?.available();
+    match node {
+        None => Ok(system),
+        Some(n) => Ok(read(Scope::Node(n), page_size)?.free.min(system)),
+    }
+}
+
+/// The lowest size the pool may be set to: pages in use plus, for a node, as many of the
+/// machine's reservations as could sit on it (they are not tracked per node, so assume the
+/// worst).
+fn floor(counts: &PoolCounts, page_size: PageSize) -> Result<u64> {
+    let reserved = match counts.reserved {
+        Some(r) => r,
+        None => read(Scope::System, page_size)?
+            .reserved
+            .unwrap_or(0)
+            .min(counts.free),
+    };
+    Ok((counts.total.saturating_sub(counts.free) + reserved).min(counts.total))
+}
+
+/// Sets a pool to `pages` pages (`nr_hugepages`), never below what is in use, and reports
+/// what the kernel gave. A raise the kernel can only partly satisfy is not an error: check
+/// [`Resize::complete`] or [`Resize::shortfall`].
+pub fn set_pages(scope: Scope, page_size: PageSize, pages: u64) -> Result<Resize> {
+    let counts = read(scope, page_size)?;
+    let floor = floor(&counts, page_size)?;
+    let target = pages.max(floor);
+    let path = counter_path(scope, page_size, "nr_hugepages")?;
+    let written = if target == counts.total {
+        Ok(())
+    } else {
+        fs::write(&path, target.to_string())
+    };
+    let after = read_counter(scope, page_size, "nr_hugepages")?;
+    if let Err(source) = written {
+        // A partial raise can still report an error (ENOMEM); what counts is the result.
+        if after == counts.total {
+            return Err(PoolError::Write {
+                scope,
+                page_size,
+                path,
+                value: target,
+                source,
+            });
+        }
+    }
+    Ok(Resize {
+        scope,
+        page_size,
+        requested: pages,
+        floor,
+        before: counts.total,
+        after,
+    })
+}
+
+/// Pages added to a pool for one task and given back when it ends (on drop, or with
+/// [`PoolTopUp::release`]). It raises the pool only by the shortfall, so pages other
+/// processes use are never touched, and gives back exactly what it added (never below what
+/// is in use at that time).
+///
+/// ```no_run
+/// use hugeprep::hugetlb::pool::PoolTopUp;
+/// use hugeprep::PageSize;
+/// let top_up = PoolTopUp::ensure_free(None, PageSize::Size2M, 512).unwrap();
+/// // ... 512 pages of 2 MiB are free here ...
+/// top_up.release().unwrap();
+/// ```
+#[derive(Debug)]
+pub struct PoolTopUp {
+    scope: Scope,
+    page_size: PageSize,
+    added: u64,
+}
+
+impl PoolTopUp {
+    /// Makes at least `pages` unreserved pages of `page_size` free on `node` (or anywhere),
+    /// raising the pool by the shortfall. When the kernel cannot supply them, gives back
+    /// whatever it added and fails with [`PoolError::Insufficient`].
+    pub fn ensure_free(node: Option<u32>, page_size: PageSize, pages: u64) -> Result<PoolTopUp> {
+        let scope = Scope::from_node(node);
+        let mut top_up = PoolTopUp {
+            scope,
+            page_size,
+            added: 0,
+        };
+        let free = available(node, page_size)?;
+        if free >= pages {
+            return Ok(top_up);
+        }
+        let before = read(scope, page_size)?.total;
+        let resize = set_pages(scope, page_size, before + (pages - free))?;
+        top_up.added = resize.after.saturating_sub(before);
+        let free = available(node, page_size)?;
+        if free < pages {
+            return Err(PoolError::Insufficient {
+                scope,
+                page_size,
+                wanted: pages,
+                free,
+                path: counter_path(scope, page_size, "nr_hugepages")?,
+            });
+        }
+        Ok(top_up)
+    }
+
+    /// Pages this top-up added to the pool.
+    pub fn added(&self) -> u64 {
+        self.added
+    }
+
+    /// The pool topped up.
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
+    /// Gives the added pages back now and reports the resize.
+    pub fn release(mut self) -> Result<Option<Resize>> {
+        self.give_back()
+    }
+
+    fn give_back(&mut self) -> Result<Option<Resize>> {
+        if self.added == 0 {
+            return Ok(None);
+        }
+        let total = read(self.scope, self.page_size)?.total;
+        let resize = set_pages(self.scope, self.page_size, total.saturating_sub(self.added))?;
+        self.added = 0;
+        Ok(Some(resize))
+    }
+}
+
+impl Drop for PoolTopUp {
+    fn drop(&mut self) {
+        if let Err(e) = self.give_back() {
+            tracing::warn!("giving back {} hugepages: {e}", self.added);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_name_their_sysfs_directories() {
+        assert_eq!(
+            Scope::Node(3).dir(PageSize::Size2M),
+            PathBuf::from("/sys/devices/system/node/node3/hugepages/hugepages-2048kB")
+        );
+        assert_eq!(
+            Scope::System.dir(PageSize::Size1G),
+            PathBuf::from("/sys/kernel/mm/hugepages/hugepages-1048576kB")
+        );
+        assert_eq!(Scope::Node(1).to_string(), "node 1");
+    }
+
+    #[test]
+    fn in_use_counts_reservations_and_resize_reports_shortfall() {
+        let c = PoolCounts {
+            scope: Scope::System,
+            page_size: PageSize::Size2M,
+            total: 10,
+            free: 6,
+            surplus: 0,
+            reserved: Some(2),
+            overcommit: Some(0),
+        };
+        assert_eq!(c.in_use(), 6);
+        assert_eq!(c.available(), 4);
+        let r = Resize {
+            scope: Scope::System,
+            page_size: PageSize::Size1G,
+            requested: 4,
+            floor: 1,
+            before: 1,
+            after: 3,
+        };
+        assert!(!r.complete());
+        assert_eq!(r.shortfall(), 1);
+    }
+
+    #[test]
+    fn a_missing_node_lists_the_online_ones() {
+        let err = read(Scope::Node(999), PageSize::Size2M).unwrap_err();
+        assert!(err.to_string().contains("node 999"), "{err}");
+    }
+}

@@ -1,0 +1,25 @@
+//! Policies: which clearing method, extent, fence interval and thread count to use on which
+//! CPU ([`ClearingPolicy`], from `policies/clearing.toml`), and whether calibration may
+//! override it ([`Resolution::apply_calibration`]).
+//!
+//! ```
+//! use hugeprep::cpu::CpuInfo;
+//! use hugeprep::policy::{ClearingPolicy, DecidedBy};
+//!
+//! let resolution = ClearingPolicy::embedded().resolve(CpuInfo::host());
+//! assert_eq!(resolution.decided_by, DecidedBy::Rule);
+//! assert!(!resolution.source.is_empty());
+//! ```
+
+mod clearing;
+mod error;
+mod resolution;
+mod schema;
+mod validate;
+
+pub use clearing::{
+    CalibrationMode, ClearingPolicy, IdMatch, NtMinExtent, Rule, Threads, BUILTIN_FALLBACK_RULE,
+    EMBEDDED_CLEARING_POLICY, EMBEDDED_CLEARING_POLICY_PATH, FALLBACK_LLC_BYTES,
+};
+pub use error::PolicyError;
+pub use resolution::{CalibrationOutcome, DecidedBy, Resolution, Timings, CALIBRATION_TOLERANCE};

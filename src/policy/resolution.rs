@@ -1,0 +1,239 @@
+//! What the policy chose for one CPU, and how a calibration run confirms or overrides it.
+
+use serde::Serialize;
+
+use super::clearing::{CalibrationMode, Threads};
+use crate::clear::{ClearPlan, Method};
+
+/// How much slower than the fastest measured method the rule's method may be and still be
+/// kept: 10%.
+pub const CALIBRATION_TOLERANCE: f64 = 0.10;
+
+/// Who chose the clearing method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecidedBy {
+    /// The first matching policy rule.
+    Rule,
+    /// Calibration, because the rule's method was more than [`CALIBRATION_TOLERANCE`]
+    /// slower than the fastest method measured (`calibration = "override"`).
+    Calibration,
+}
+
+/// Measured clearing bandwidth per method. [`crate::clear::Calibration`] implements it;
+/// so does a plain slice of `(method, GB/s)` pairs.
+pub trait Timings {
+    /// GB/s measured for `method`; `None` when it was not timed (e.g. the CPU lacks it).
+    fn gbps_of(&self, method: Method) -> Option<f64>;
+
+    /// The fastest timed method and its GB/s, ignoring non-finite and non-positive figures.
+    fn fastest(&self) -> Option<(Method, f64)> {
+        Method::ALL
+            .into_iter()
+            .filter_map(|m| self.gbps_of(m).map(|g| (m, g)))
+            .filter(|(_, g)| g.is_finite() && *g > 0.0)
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+    }
+}
+
+impl Timings for [(Method, f64)] {
+    fn gbps_of(&self, method: Method) -> Option<f64> {
+        self.iter().find(|(m, _)| *m == method).map(|(_, g)| *g)
+    }
+}
+
+impl Timings for crate::clear::Calibration {
+    fn gbps_of(&self, method: Method) -> Option<f64> {
+        crate::clear::Calibration::gbps_of(self, method)
+    }
+
+    fn fastest(&self) -> Option<(Method, f64)> {
+        self.gbps_of(self.fastest).map(|g| (self.fastest, g))
+    }
+}
+
+impl<const N: usize> Timings for [(Method, f64); N] {
+    fn gbps_of(&self, method: Method) -> Option<f64> {
+        self.as_slice().gbps_of(method)
+    }
+}
+
+impl Timings for Vec<(Method, f64)> {
+    fn gbps_of(&self, method: Method) -> Option<f64> {
+        self.as_slice().gbps_of(method)
+    }
+}
+
+/// What a calibration run said about the rule's method.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CalibrationOutcome {
+    /// The mode it ran in (`report` or `override`).
+    pub mode: CalibrationMode,
+    /// The method the rule chose.
+    pub rule_method: Method,
+    /// Its measured GB/s; `None` if it was not timed.
+    pub rule_gbps: Option<f64>,
+    /// The fastest method measured.
+    pub fastest: Method,
+    /// Its GB/s.
+    pub fastest_gbps: f64,
+    /// Whether the rule's method is at most [`CALIBRATION_TOLERANCE`] slower than the fastest.
+    pub within_tolerance: bool,
+    /// Whether the fastest method replaced the rule's (`override` mode only).
+    pub overridden: bool,
+}
+
+/// The clearing decision for one CPU: the plan, the default thread count, and who decided.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Resolution {
+    /// The name of the rule that matched (`builtin-fallback` if none did).
+    pub rule: String,
+    /// How to clear. `plan.method` is the rule's method unless calibration overrode it.
+    pub plan: ClearPlan,
+    /// Default number of clearing threads per NUMA node.
+    pub threads: Threads,
+    /// Where the rule's choice comes from.
+    pub source: String,
+    /// Whether the rule or calibration chose `plan.method`.
+    pub decided_by: DecidedBy,
+    /// The last calibration applied, if any.
+    pub calibration: Option<CalibrationOutcome>,
+}
+
+impl Resolution {
+    /// The method to clear with.
+    pub fn method(&self) -> Method {
+        self.plan.method
+    }
+
+    /// The method the rule chose, even if calibration has replaced it.
+    pub fn rule_method(&self) -> Method {
+        self.calibration.map_or(self.plan.method, |c| c.rule_method)
+    }
+
+    /// Compares the rule's method with calibration's timings. `Off` changes nothing;
+    /// `Report` records whether the rule's method is within [`CALIBRATION_TOLERANCE`] of the
+    /// fastest; `Override` also switches to the fastest method when it is not, and sets
+    /// [`DecidedBy::Calibration`]. Timings with no usable figure change nothing. Applying a
+    /// second calibration judges the rule's method again, not the previous winner.
+    ///
+    /// ```
+    /// use hugeprep::clear::Method;
+    /// use hugeprep::cpu::CpuInfo;
+    /// use hugeprep::policy::{CalibrationMode, ClearingPolicy, DecidedBy};
+    ///
+    /// let mut r = ClearingPolicy::embedded().resolve(CpuInfo::host());
+    /// let rule_method = r.method();
+    /// let fastest = if rule_method == Method::Clzero { Method::Avx2Nt } else { Method::Clzero };
+    /// let timings = [(rule_method, 50.0), (fastest, 80.0)];
+    ///
+    /// r.apply_calibration(CalibrationMode::Report, &timings);
+    /// assert_eq!((r.method(), r.decided_by), (rule_method, DecidedBy::Rule));
+    /// assert!(!r.calibration.unwrap().within_tolerance);
+    ///
+    /// r.apply_calibration(CalibrationMode::Override, &timings);
+    /// assert_eq!((r.method(), r.decided_by), (fastest, DecidedBy::Calibration));
+    /// ```
+    pub fn apply_calibration<T: Timings + ?Sized>(&mut self, mode: CalibrationMode, cal: &T) {
+        if mode == CalibrationMode::Off {
+            return;
+        }
+        let Some((fastest, fastest_gbps)) = cal.fastest() else {
+            tracing::warn!("calibration measured no method; keeping rule {}", self.rule);
+            return;
+        };
+        let rule_method = self.rule_method();
+        let rule_gbps = cal.gbps_of(rule_method).filter(|g| g.is_finite());
+        let within_tolerance =
+            rule_gbps.is_some_and(|g| g >= fastest_gbps * (1.0 - CALIBRATION_TOLERANCE));
+        let overridden = mode == CalibrationMode::Override && !within_tolerance;
+        if overridden {
+            self.plan.method = fastest;
+            self.decided_by = DecidedBy::Calibration;
+        } else {
+            self.plan.method = rule_method;
+            self.decided_by = DecidedBy::Rule;
+        }
+        self.calibration = Some(CalibrationOutcome {
+            mode,
+            rule_method,
+            rule_gbps,
+            fastest,
+            fastest_gbps,
+            within_tolerance,
+            overridden,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolution(method: Method) -> Resolution {
+        Resolution {
+            rule: "r".into(),
+            plan: ClearPlan::always(method),
+            threads: Threads::All,
+            source: "s".into(),
+            decided_by: DecidedBy::Rule,
+            calibration: None,
+        }
+    }
+
+    #[test]
+    fn within_ten_percent_is_kept_even_in_override() {
+        let mut r = resolution(Method::Avx512Nt);
+        r.apply_calibration(
+            CalibrationMode::Override,
+            &[(Method::Avx512Nt, 66.0), (Method::Clzero, 73.0)],
+        );
+        let c = r.calibration.unwrap();
+        assert!(c.within_tolerance && !c.overridden);
+        assert_eq!(
+            (r.method(), r.decided_by),
+            (Method::Avx512Nt, DecidedBy::Rule)
+        );
+    }
+
+    #[test]
+    fn more_than_ten_percent_slower_is_overridden() {
+        let mut r = resolution(Method::RepStosb);
+        r.apply_calibration(
+            CalibrationMode::Override,
+            &[(Method::RepStosb, 29.0), (Method::Avx512Nt, 73.0)],
+        );
+        assert_eq!(r.method(), Method::Avx512Nt);
+        assert_eq!(r.decided_by, DecidedBy::Calibration);
+        assert_eq!(r.rule_method(), Method::RepStosb);
+        // A later calibration judges the rule's method again.
+        r.apply_calibration(
+            CalibrationMode::Override,
+            &[(Method::RepStosb, 72.0), (Method::Avx512Nt, 73.0)],
+        );
+        assert_eq!(
+            (r.method(), r.decided_by),
+            (Method::RepStosb, DecidedBy::Rule)
+        );
+    }
+
+    #[test]
+    fn report_only_records() {
+        let mut r = resolution(Method::Clzero);
+        r.apply_calibration(CalibrationMode::Report, &vec![(Method::Movnti, 37.0)]);
+        let c = r.calibration.unwrap();
+        assert_eq!(c.rule_gbps, None);
+        assert!(!c.within_tolerance && !c.overridden);
+        assert_eq!(r.method(), Method::Clzero);
+    }
+
+    #[test]
+    fn off_and_empty_timings_change_nothing() {
+        let mut r = resolution(Method::Clzero);
+        r.apply_calibration(CalibrationMode::Off, &[(Method::Movnti, 99.0)]);
+        let empty: [(Method, f64); 0] = [];
+        r.apply_calibration(CalibrationMode::Override, &empty);
+        r.apply_calibration(CalibrationMode::Override, &[(Method::Movnti, f64::NAN)]);
+        assert_eq!(r, resolution(Method::Clzero));
+    }
+}

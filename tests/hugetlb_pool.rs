@@ -1,0 +1,147 @@
+//! Hugepage pools through sysfs: readings checked against `hugeadm --pool-list` (a tool we
+//! did not write), resizing by the shortfall, the in-use floor and giving pages back.
+
+mod hugetlb_support;
+
+use std::process::Command;
+
+use hugeprep::hugetlb::pool::{self, PoolTopUp, Scope};
+use hugeprep::hugetlb::BackingFile;
+use hugeprep::PageSize;
+use hugetlb_support::HugeEnv;
+
+/// `hugeadm --pool-list` rows: (page bytes, minimum, current, maximum).
+fn hugeadm_pools() -> Option<Vec<(u64, u64, u64, u64)>> {
+    let out = Command::new("hugeadm").arg("--pool-list").output().ok()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    Some(
+        text.lines()
+            .skip(1)
+            .filter_map(|l| {
+                let v: Vec<u64> = l
+                    .split_whitespace()
+                    .take(4)
+                    .filter_map(|f| f.parse().ok())
+                    .collect();
+                (v.len() == 4).then(|| (v[0], v[1], v[2], v[3]))
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn readings_agree_with_hugeadm() {
+    // Hold pages in the pool (and the test lock) so the figures are not all zero.
+    let Some(env) = HugeEnv::new(PageSize::Size2M, 3) else {
+        return;
+    };
+    let file = BackingFile::create(&env.dir().join("f"), 2 << 20, PageSize::Size2M, None).unwrap();
+    let _map = file.map().unwrap(); // one page reserved, not yet faulted
+    let Some(rows) = hugeadm_pools() else {
+        eprintln!("SKIPPED: hugeadm not installed (apt install libhugetlbfs-bin)");
+        return;
+    };
+    for size in pool::page_sizes() {
+        let ours = pool::read(Scope::System, size).unwrap();
+        let theirs = rows
+            .iter()
+            .find(|r| r.0 == size.bytes())
+            .unwrap_or_else(|| panic!("hugeadm lists no {size} pool: {rows:?}"));
+        // hugeadm: minimum = total - surplus, current = total, maximum = minimum + overcommit.
+        assert_eq!(theirs.2, ours.total, "{size}: current");
+        assert_eq!(theirs.1, ours.total - ours.surplus, "{size}: minimum");
+        assert_eq!(
+            theirs.3,
+            ours.total - ours.surplus + ours.overcommit.unwrap(),
+            "{size}: maximum"
+        );
+    }
+    let two = pool::read(Scope::System, PageSize::Size2M).unwrap();
+    assert!(two.reserved.unwrap() >= 1, "{two:?}");
+    assert!(two.in_use() >= 1);
+}
+
+#[test]
+fn nodes_add_up_to_the_system_pool() {
+    let Some(_env) = HugeEnv::new(PageSize::Size2M, 2) else {
+        return;
+    };
+    let all = pool::read_all().unwrap();
+    for size in pool::page_sizes() {
+        let system = all
+            .iter()
+            .find(|p| p.scope == Scope::System && p.page_size == size)
+            .unwrap();
+        let nodes: Vec<_> = all
+            .iter()
+            .filter(|p| p.scope != Scope::System && p.page_size == size)
+            .collect();
+        assert!(!nodes.is_empty());
+        assert!(nodes.iter().all(|n| n.reserved.is_none()));
+        assert_eq!(nodes.iter().map(|n| n.total).sum::<u64>(), system.total);
+        assert_eq!(nodes.iter().map(|n| n.free).sum::<u64>(), system.free);
+    }
+}
+
+#[test]
+fn the_pool_is_never_lowered_below_what_is_in_use() {
+    let Some(env) = HugeEnv::new(PageSize::Size2M, 4) else {
+        return;
+    };
+    let before = pool::read(Scope::Node(0), PageSize::Size2M).unwrap();
+    let file = BackingFile::create(&env.dir().join("f"), 4 << 20, PageSize::Size2M, None).unwrap();
+    let mut map = file.map().unwrap();
+    map.as_mut_slice()[0] = 1; // one page faulted, one reserved
+    let resize = pool::set_pages(Scope::Node(0), PageSize::Size2M, 0).unwrap();
+    assert_eq!(resize.requested, 0);
+    assert!(resize.floor >= 2, "{resize:?}");
+    assert!(resize.after >= resize.floor, "{resize:?}");
+    assert_eq!(map.as_slice()[0], 1);
+    // Give back what the test lowered, so the reservation's own accounting stays right.
+    let back = pool::set_pages(Scope::Node(0), PageSize::Size2M, before.total).unwrap();
+    assert!(back.complete(), "{back:?}");
+    drop(map);
+    file.remove().unwrap();
+}
+
+#[test]
+fn a_top_up_adds_the_shortfall_and_gives_exactly_it_back() {
+    let _lock = hugeprep::testing::lock().unwrap();
+    let before = pool::read(Scope::System, PageSize::Size2M).unwrap();
+    let want = before.available() + 3;
+    let top_up = PoolTopUp::ensure_free(Some(0), PageSize::Size2M, want).unwrap();
+    assert_eq!(top_up.added(), 3);
+    assert!(pool::available(Some(0), PageSize::Size2M).unwrap() >= want);
+    let resize = top_up.release().unwrap().unwrap();
+    assert_eq!(resize.after, before.total);
+    assert_eq!(
+        pool::read(Scope::System, PageSize::Size2M).unwrap().total,
+        before.total
+    );
+}
+
+#[test]
+fn a_one_gib_raise_reports_what_the_kernel_gave() {
+    let _lock = hugeprep::testing::lock().unwrap();
+    let before = pool::read(Scope::System, PageSize::Size1G).unwrap();
+    let resize = pool::set_pages(Scope::System, PageSize::Size1G, before.total + 2).unwrap();
+    assert!(resize.after <= before.total + 2);
+    assert_eq!(resize.shortfall(), before.total + 2 - resize.after);
+    if resize.after < before.total + 2 {
+        eprintln!(
+            "the kernel gave {} of 2 extra 1G pages",
+            resize.after - before.total
+        );
+    }
+    let back = pool::set_pages(Scope::System, PageSize::Size1G, before.total).unwrap();
+    assert_eq!(back.after, before.total);
+    assert_eq!(
+        pool::read(Scope::System, PageSize::Size1G).unwrap().total,
+        before.total
+    );
+}

@@ -1,0 +1,60 @@
+//! Shared helpers for the hugetlbfs tests: a hugetlbfs of our own in a temporary directory,
+//! a reservation of pages held for the whole test, and pool readings.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use hugeprep::hugetlb::pool::{self, Scope};
+use hugeprep::hugetlb::{MountOptions, OwnedMount};
+use hugeprep::testing::HugepageReservation;
+use hugeprep::PageSize;
+
+/// Everything a hugepage test holds: the reservation (and with it the machine-wide test
+/// lock) and a hugetlbfs mounted for this test. Field order matters: the mount goes first,
+/// then the pages.
+pub struct HugeEnv {
+    pub mount: OwnedMount,
+    pub reservation: HugepageReservation,
+}
+
+impl HugeEnv {
+    /// Reserves `pages` free pages and mounts a hugetlbfs of `page_size`; `None` (after
+    /// printing why) when the kernel cannot supply the pages, e.g. 1 GiB pages on a
+    /// fragmented host.
+    pub fn new(page_size: PageSize, pages: u64) -> Option<HugeEnv> {
+        let reservation = HugepageReservation::ensure_free(page_size, pages)
+            .expect("reading/writing the hugepage pool (run as root)");
+        let Some(reservation) = reservation else {
+            eprintln!(
+                "SKIPPED: the kernel cannot supply {pages} free {page_size} hugepages \
+                 (memory fragmented or too small)"
+            );
+            return None;
+        };
+        let mount = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(page_size))
+            .expect("mounting hugetlbfs (run as root)");
+        Some(HugeEnv { mount, reservation })
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.mount.path()
+    }
+
+    /// Free pages of the test's page size, machine-wide.
+    pub fn free(&self) -> u64 {
+        self.reservation.free_pages()
+    }
+
+    /// Names in the mount directory.
+    pub fn files(&self) -> Vec<String> {
+        std::fs::read_dir(self.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+}
+
+/// Free pages of `page_size` on the whole machine.
+pub fn system_free(page_size: PageSize) -> u64 {
+    pool::read(Scope::System, page_size).unwrap().free
+}

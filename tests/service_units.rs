@@ -1,0 +1,44 @@
+//! The systemd units in `service/` pass `systemd-analyze verify` with this build's binary.
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn hugeprep_service_verifies() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP: systemd-analyze is not installed (scripts/test installs it)");
+        return;
+    }
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("service/hugeprep.service"),
+    )
+    .expect("service/hugeprep.service is readable");
+    // verify checks that ExecStart= exists: point it at the binary under test.
+    let unit = unit.replace("/usr/bin/hugeprep", env!("CARGO_BIN_EXE_hugeprep"));
+    let dir = std::env::temp_dir().join(format!("hugeprep-units-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("hugeprep.service");
+    std::fs::write(&path, unit).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze runs");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Units this one orders against (libvirtd.service) may be absent on a test machine.
+    let problems: Vec<&str> = stderr
+        .lines()
+        .filter(|l| {
+            l.contains("hugeprep.service") && !l.contains("libvirtd") && !l.contains("virtqemud")
+        })
+        .collect();
+    assert!(
+        out.status.success() && problems.is_empty(),
+        "systemd-analyze verify:\n{stderr}"
+    );
+}
