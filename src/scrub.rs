@@ -3,16 +3,16 @@
 //! clean (sampled or full verification).
 //!
 //! This is the one place where hugeprep clears guest memory, so switching the clearing
-//! engine is one edit in [`Scrubber::clear_extent`].
+//! engine is one edit in `Scrubber::clear_extent`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::clear::{ClearPlan, Method};
+use crate::clear::{ClearError, ClearPlan, Clearer, Method};
 use crate::hugetlb::{BackingFile, FileError};
-use crate::pool::policy::Verification;
+use crate::policy::pool::Verification;
 use crate::sys::affinity::pin_current_thread;
 use crate::sys::mmap::MmapRegion;
 use crate::sys::priority;
@@ -37,6 +37,14 @@ pub enum ScrubError {
         offset: u64,
         /// Its value.
         value: u8,
+    },
+    /// The clearing engine failed (a worker could not be pinned).
+    #[error("scrub of {path}: {source}")]
+    Clear {
+        /// The file.
+        path: String,
+        /// The engine's error.
+        source: ClearError,
     },
     /// The daemon is shutting down.
     #[error("scrub of {path} cancelled")]
@@ -120,7 +128,7 @@ impl ScrubReport {
 /// Zeroes memory with a clearing plan.
 #[derive(Debug, Clone)]
 pub struct Scrubber {
-    plan: ClearPlan,
+    clearer: Clearer,
 }
 
 struct Throttle<'a> {
@@ -225,28 +233,29 @@ fn set_priority(background: bool, control: &ScrubControl) {
 }
 
 impl Scrubber {
-    /// A scrubber that clears with `plan`.
-    pub fn new(plan: ClearPlan) -> Scrubber {
-        Scrubber { plan }
+    /// A scrubber that clears with `plan`; fails when this CPU lacks the plan's method.
+    pub fn new(plan: ClearPlan) -> Result<Scrubber, ClearError> {
+        Ok(Scrubber {
+            clearer: Clearer::new(plan)?,
+        })
     }
 
-    /// The method used.
+    /// The method used for extents of [`STEP`] bytes and more.
     pub fn method(&self) -> Method {
-        // Until the clearing engine lands, every plan clears with the compiler's memset.
-        Method::WriteBytes
+        self.clearer.plan().method
     }
 
-    /// The plan asked for.
+    /// The plan.
     pub fn plan(&self) -> ClearPlan {
-        self.plan
+        *self.clearer.plan()
     }
 
-    /// Zeroes one extent. The only call into the clearing engine.
-    fn clear_extent(&self, buf: &mut [u8]) {
-        buf.fill(0);
+    /// Zeroes one extent with every worker. The only call into the clearing engine.
+    fn clear_extent(&self, buf: &mut [u8], cpus: &[usize]) -> Result<(), ClearError> {
+        self.clearer.clear_parallel(buf, cpus)
     }
 
-    /// Maps `file` and zeroes it in parallel and verifies it.
+    /// Maps `file` and zeroes it in parallel, then verifies it.
     pub fn scrub_file(
         &self,
         file: &BackingFile,
@@ -255,17 +264,15 @@ impl Scrubber {
     ) -> Result<ScrubReport, ScrubError> {
         let mut region = file.map()?;
         let path = file.path().display().to_string();
-        self.scrub_region(
-            &mut region,
-            &path,
-            file.page_size().bytes() as usize,
-            opts,
-            control,
-        )
+        self.scrub_region(&mut region, &path, file.page_size().bytes() as usize, opts, control)
     }
 
     /// Zeroes and verifies a mapped region (see [`Scrubber::scrub_file`]); `page` is the
     /// page size in bytes, `what` names it in errors.
+    ///
+    /// Pages that are not present (a crash in the middle of a fill) are faulted by the
+    /// clearing stores themselves: a shared hugetlb mapping reserved them at mmap time, so
+    /// such a fault cannot fail with SIGBUS.
     pub fn scrub_region(
         &self,
         region: &mut MmapRegion,
@@ -275,66 +282,61 @@ impl Scrubber {
         control: &ScrubControl,
     ) -> Result<ScrubReport, ScrubError> {
         let start = Instant::now();
-        let len = region.len();
-        let workers = opts.cpus.len().max(1);
-        let pages = len.div_ceil(page);
-        let per_worker = pages.div_ceil(workers) * page;
-        // Pages that are not present (a crash in the middle of a fill) are faulted by the
-        // clearing stores themselves: the shared mapping reserved them at mmap time, so a
-        // fault cannot fail with SIGBUS.
-        // Clearing: disjoint mutable slices, one per worker.
-        let buf = region.as_mut_slice();
+        let cpus = if opts.cpus.is_empty() {
+            crate::sys::affinity::allowed_cpus()
+        } else {
+            opts.cpus.clone()
+        };
+        let workers = cpus.len().max(1);
         let throttle = Throttle {
             start,
             done: AtomicU64::new(0),
-            cap: if opts.background {
-                opts.bandwidth
-            } else {
-                None
-            },
+            cap: if opts.background { opts.bandwidth } else { None },
             control,
         };
-        let results: Vec<Result<(), ScrubError>> = std::thread::scope(|s| {
+        let buf = region.as_mut_slice();
+        let len = buf.len();
+        // Extents of STEP bytes per worker: each call streams (>= the LLC size per call),
+        // and the cap, urgency and cancellation are looked at between calls. Threads the
+        // clearer starts inherit this thread's scheduling class.
+        for extent in buf.chunks_mut(STEP * workers) {
+            if control.is_cancelled() {
+                return Err(ScrubError::Cancelled { path: what.into() });
+            }
+            set_priority(opts.background, control);
+            self.clear_extent(extent, &cpus)
+                .map_err(|source| ScrubError::Clear {
+                    path: what.into(),
+                    source,
+                })?;
+            throttle.account(extent.len() as u64);
+        }
+        let per_worker = len.div_ceil(page).div_ceil(workers) * page;
+        let results: Vec<Result<(), (u64, u8)>> = std::thread::scope(|s| {
             let handles: Vec<_> = buf
-                .chunks_mut(per_worker.max(page))
+                .chunks(per_worker.max(page))
                 .enumerate()
                 .map(|(w, chunk)| {
-                    let cpu = opts.cpus.get(w).copied();
-                    let throttle = &throttle;
-                    s.spawn(move || -> Result<(), ScrubError> {
+                    let cpu = cpus.get(w).copied();
+                    s.spawn(move || {
                         if let Some(cpu) = cpu {
                             let _ = pin_current_thread(&[cpu]);
                         }
-                        let base = (w * per_worker) as u64;
-                        for step in chunk.chunks_mut(STEP) {
-                            if control.is_cancelled() {
-                                return Err(ScrubError::Cancelled { path: what.into() });
-                            }
-                            set_priority(opts.background, control);
-                            self.clear_extent(step);
-                            throttle.account(step.len() as u64);
-                        }
-                        verify(chunk, base, page, opts.verify).map_err(|(offset, value)| {
-                            ScrubError::Verify {
-                                path: what.into(),
-                                offset,
-                                value,
-                            }
-                        })
+                        verify(chunk, (w * per_worker) as u64, page, opts.verify)
                     })
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or(Err(ScrubError::Cancelled {
-                        path: what.to_string(),
-                    }))
-                })
+                .map(|h| h.join().unwrap_or(Err((u64::MAX, 0))))
                 .collect()
         });
         for r in results {
-            r?;
+            r.map_err(|(offset, value)| ScrubError::Verify {
+                path: what.into(),
+                offset,
+                value,
+            })?;
         }
         Ok(ScrubReport {
             bytes: len as u64,
@@ -363,7 +365,7 @@ mod tests {
     fn scrub_zeroes_every_byte_of_a_region() {
         let mut r = MmapRegion::anonymous(6 << 20, None).unwrap();
         r.as_mut_slice().fill(0xa7);
-        let s = Scrubber::new(ClearPlan::always(Method::WriteBytes));
+        let s = Scrubber::new(ClearPlan::always(Method::WriteBytes)).unwrap();
         let rep = s
             .scrub_region(
                 &mut r,
@@ -397,7 +399,7 @@ mod tests {
         let mut r = MmapRegion::anonymous(4 << 20, None).unwrap();
         let c = ScrubControl::default();
         c.cancel();
-        let s = Scrubber::new(ClearPlan::always(Method::WriteBytes));
+        let s = Scrubber::new(ClearPlan::always(Method::WriteBytes)).unwrap();
         let err = s
             .scrub_region(&mut r, "anon", 2 << 20, &opts(Verification::Sample), &c)
             .unwrap_err();
@@ -412,7 +414,7 @@ mod tests {
         let mut o = opts(Verification::Sample);
         o.background = true;
         o.bandwidth = Some(1); // one byte per second: only urgency lets this finish
-        let s = Scrubber::new(ClearPlan::always(Method::WriteBytes));
+        let s = Scrubber::new(ClearPlan::always(Method::WriteBytes)).unwrap();
         s.scrub_region(&mut r, "anon", 2 << 20, &o, &c).unwrap();
         c.end_urgent();
         assert!(!c.is_urgent());

@@ -4,10 +4,11 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use hugeprep::api::CpuReport;
-use hugeprep::clear::{ClearPlan, Method};
+use hugeprep::cpu::CpuInfo;
+use hugeprep::policy::{ClearingPolicy, Threads};
 use hugeprep::daemon::config::ConfigFile;
 use hugeprep::daemon::{self, DaemonConfig};
-use hugeprep::pool::policy::Verification;
+use hugeprep::policy::pool::Verification;
 use hugeprep::pool::PoolPolicy;
 use hugeprep::units::parse_bytes;
 use hugeprep::PageSize;
@@ -90,7 +91,13 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
     if let Some(t) = args.threads {
         policy.threads = t;
     }
-    let plan = ClearPlan::always(Method::WriteBytes);
+    let resolution = ClearingPolicy::embedded().resolve(CpuInfo::host());
+    let plan = resolution.plan;
+    if policy.threads == 0 {
+        if let Threads::Count(n) = resolution.threads {
+            policy.threads = n.get();
+        }
+    }
     Ok(DaemonConfig {
         socket: args
             .socket
@@ -115,8 +122,10 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
         cpu: CpuReport {
             method: plan.method,
             plan,
-            rule: "fallback (no clearing policy built in)".into(),
-            calibration: None,
+            rule: format!("{} ({})", resolution.rule, resolution.source),
+            calibration: resolution
+                .calibration
+                .and_then(|c| serde_json::to_value(c).ok()),
         },
     })
 }

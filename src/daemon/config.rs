@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::pool::policy::PoolPolicySpec;
+use crate::policy::pool::PoolPolicySpec;
 
 /// The configuration file as written.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]

@@ -20,7 +20,6 @@ mod error;
 pub mod fault;
 mod holders;
 mod kernel;
-pub mod policy;
 mod record;
 mod recover;
 mod request;
@@ -44,7 +43,8 @@ use crate::scrub::{ScrubControl, ScrubReport, Scrubber};
 use crate::topology::Topology;
 
 pub use error::{PoolError, Result};
-pub use policy::{PoolPolicy, Verification};
+pub use crate::policy::pool as policy;
+pub use crate::policy::pool::{PoolPolicy, Verification};
 pub use record::{file_key, FileRecord, FileState, LeaseInfo, LeaseRecord, LeaseSource};
 pub use recover::RecoveryReport;
 pub use request::{check_name, LeaseRequest, ValidRequest, MAX_NAME};
@@ -310,7 +310,10 @@ impl Pool {
         Ok(Arc::new(Pool {
             mounts,
             topology,
-            scrubber: Scrubber::new(config.plan),
+            scrubber: Scrubber::new(config.plan).map_err(|e| PoolError::Field {
+                field: "method",
+                message: e.to_string(),
+            })?,
             policy: config.policy,
             journal,
             control: ScrubControl::default(),

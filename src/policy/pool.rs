@@ -12,7 +12,7 @@ pub const EMBEDDED: &str = include_str!("../../policies/pool.toml");
 
 /// A policy file that does not parse or names impossible values.
 #[derive(Debug, thiserror::Error)]
-pub enum PolicyError {
+pub enum PoolPolicyError {
     /// The TOML is malformed or has unknown keys.
     #[error("pool policy: {0}")]
     Toml(#[from] toml::de::Error),
@@ -102,8 +102,8 @@ pub struct PoolPolicy {
     pub targets: Vec<Target>,
 }
 
-fn field_bytes(field: String, text: &str) -> Result<u64, PolicyError> {
-    parse_bytes(text).map_err(|e| PolicyError::Field {
+fn field_bytes(field: String, text: &str) -> Result<u64, PoolPolicyError> {
+    parse_bytes(text).map_err(|e| PoolPolicyError::Field {
         field,
         message: e.to_string(),
     })
@@ -115,7 +115,7 @@ fn round_down(bytes: u64, page: PageSize) -> u64 {
 
 impl PoolPolicySpec {
     /// Validates sizes and fills defaults.
-    pub fn validate(&self) -> Result<PoolPolicy, PolicyError> {
+    pub fn validate(&self) -> Result<PoolPolicy, PoolPolicyError> {
         let bw = field_bytes("scrub_bandwidth".into(), &self.scrub_bandwidth)?;
         let mut targets = Vec::new();
         for (i, t) in self.targets.iter().enumerate() {
@@ -128,7 +128,7 @@ impl PoolPolicySpec {
                 let field = format!("target[{i}].sizes[{j}]");
                 let bytes = field_bytes(field.clone(), s)?;
                 if bytes == 0 || bytes % t.page_size.bytes() != 0 {
-                    return Err(PolicyError::Field {
+                    return Err(PoolPolicyError::Field {
                         field,
                         message: format!(
                             "{s} is not a positive multiple of the {} page size",
@@ -161,11 +161,11 @@ impl PoolPolicy {
     /// Parses and validates a policy from TOML text.
     ///
     /// ```
-    /// use hugeprep::pool::PoolPolicy;
+    /// use hugeprep::policy::PoolPolicy;
     /// let p = PoolPolicy::from_toml("[[target]]\npage_size = \"2M\"\nwarm = \"64M\"\n").unwrap();
     /// assert_eq!(p.target_bytes(0, hugeprep::PageSize::Size2M), 64 << 20);
     /// ```
-    pub fn from_toml(text: &str) -> Result<PoolPolicy, PolicyError> {
+    pub fn from_toml(text: &str) -> Result<PoolPolicy, PoolPolicyError> {
         toml::from_str::<PoolPolicySpec>(text)?.validate()
     }
 
