@@ -59,26 +59,3 @@ pub fn available_bytes(node: u32, page_size: PageSize, mount: &Path) -> u64 {
     pages * page_size.bytes()
 }
 
-/// The page size of the hugetlbfs mount holding `path`, `None` when it is not hugetlbfs.
-pub fn hugetlbfs_page_size(path: &Path) -> std::io::Result<Option<PageSize>> {
-    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
-    let st = nix::sys::statfs::statfs(path).map_err(std::io::Error::from)?;
-    if st.filesystem_type().0 as i64 != HUGETLBFS_MAGIC {
-        return Ok(None);
-    }
-    Ok(PageSize::from_bytes(st.block_size() as u64))
-}
-
-/// Checks a lease size: positive and a whole number of pages.
-pub fn check_size(size: u64, page_size: PageSize) -> super::Result<()> {
-    if size == 0 || size % page_size.bytes() != 0 {
-        return Err(super::PoolError::Field {
-            field: "size",
-            message: format!(
-                "{size} is not a positive multiple of the {page_size} page size ({} bytes)",
-                page_size.bytes()
-            ),
-        });
-    }
-    Ok(())
-}

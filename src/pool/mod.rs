@@ -273,7 +273,7 @@ impl Pool {
         })?;
         let mut mounts = BTreeMap::new();
         for root in &config.mounts {
-            let ps = kernel::hugetlbfs_page_size(root)
+            let ps = crate::hugetlb::hugetlbfs_page_size(root)
                 .map_err(|source| PoolError::Io {
                     op: "statfs",
                     path: root.clone(),
@@ -387,7 +387,10 @@ impl Pool {
             field: "node",
             message: e.to_string(),
         })?;
-        kernel::check_size(req.size, page_size)?;
+        crate::hugetlb::check_size(req.size, page_size).map_err(|e| PoolError::Field {
+            field: "size",
+            message: e.to_string(),
+        })?;
         let owner = match &req.owner {
             None => None,
             Some(user) => Some(Owner::lookup(user).map_err(|e| PoolError::Field {
@@ -571,7 +574,7 @@ impl Pool {
     ) -> std::result::Result<bool, (PoolError, Option<bool>)> {
         let mount = self.mount(v.page_size).map_err(|e| (e, None))?;
         let path = mount.file_path(id);
-        let cpus = self.cpus(v.node);
+        let threads = self.cpus(v.node).len();
         let file = (|| -> Result<BackingFile> {
             match source {
                 LeaseSource::WarmExact => Ok(BackingFile::open(&path, v.page_size)?),
@@ -583,7 +586,7 @@ impl Pool {
                 LeaseSource::WarmGrown => {
                     let mut f = BackingFile::open(&path, v.page_size)?;
                     f.set_len(v.size)?;
-                    let grown = fault::fault_range(&f, old_size, v.size - old_size, &cpus, false);
+                    let grown = fault::fault_range(&f, old_size..v.size, v.node, threads);
                     if let Err(e) = grown {
                         let _ = f.set_len(old_size);
                         return Err(e.into());
@@ -592,7 +595,7 @@ impl Pool {
                 }
                 LeaseSource::Cold => {
                     let f = BackingFile::create(&path, v.size, v.page_size, None)?;
-                    if let Err(e) = fault::fault_range(&f, 0, v.size, &cpus, false) {
+                    if let Err(e) = fault::fault_range(&f, 0..v.size, v.node, threads) {
                         let _ = fs::remove_file(&path);
                         return Err(e.into());
                     }

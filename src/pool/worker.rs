@@ -279,11 +279,11 @@ impl Pool {
             return;
         };
         let path = mount.file_path(id);
-        let cpus = self.cpus(rec.node);
+        let threads = self.cpus(rec.node).len();
         let made = BackingFile::create(&path, rec.size, rec.page_size, None)
             .map_err(|e| e.to_string())
             .and_then(|f| {
-                fault::fault_range(&f, 0, rec.size, &cpus, true).map_err(|e| e.to_string())
+                fault::fault_range(&f, 0..rec.size, rec.node, threads).map_err(|e| e.to_string())
             });
         let mut st = self.lock();
         match made {
