@@ -264,7 +264,13 @@ impl Scrubber {
     ) -> Result<ScrubReport, ScrubError> {
         let mut region = file.map()?;
         let path = file.path().display().to_string();
-        self.scrub_region(&mut region, &path, file.page_size().bytes() as usize, opts, control)
+        self.scrub_region(
+            &mut region,
+            &path,
+            file.page_size().bytes() as usize,
+            opts,
+            control,
+        )
     }
 
     /// Zeroes and verifies a mapped region (see [`Scrubber::scrub_file`]); `page` is the
@@ -291,7 +297,11 @@ impl Scrubber {
         let throttle = Throttle {
             start,
             done: AtomicU64::new(0),
-            cap: if opts.background { opts.bandwidth } else { None },
+            cap: if opts.background {
+                opts.bandwidth
+            } else {
+                None
+            },
             control,
         };
         let buf = region.as_mut_slice();

@@ -3,6 +3,7 @@
 
 pub mod prefault;
 pub mod qemu;
+pub mod recycle;
 pub mod stats;
 
 pub use stats::Summary;

@@ -2,6 +2,7 @@
 //! This is the only place (with `main.rs`) that uses `anyhow`.
 
 mod bench_prefault;
+mod bench_recycle;
 mod cpu;
 mod lease;
 mod pool;
@@ -50,6 +51,8 @@ pub enum Command {
 pub enum BenchCommand {
     /// Cold preparation: hugeprep vs QEMU prealloc-threads vs one thread.
     Prefault(bench_prefault::BenchPrefaultArgs),
+    /// Recycling: scrub-and-return vs delete-and-refault, and warm lease latency.
+    Recycle(bench_recycle::BenchRecycleArgs),
 }
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
@@ -76,6 +79,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(a) => status::run(a),
         Command::Bench(b) => match b {
             BenchCommand::Prefault(args) => bench_prefault::run(args),
+            BenchCommand::Recycle(args) => bench_recycle::run(args),
         },
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),

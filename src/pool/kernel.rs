@@ -58,4 +58,3 @@ pub fn available_bytes(node: u32, page_size: PageSize, mount: &Path) -> u64 {
     }
     pages * page_size.bytes()
 }
-

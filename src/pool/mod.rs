@@ -12,9 +12,10 @@
 //!   (cold lease) Filling ──fault──> Leased              Dirty ──(above target, or held)──> deleted
 //! ```
 //!
-//! A lease taken from a warm file passes through `Dirty` in the journal while it is resized
-//! and linked, so a crash in between leaves a file that is scrubbed, never one that is
-//! trusted. See `docs/pool.md`.
+//! A lease taken from a warm file is resized and linked before the lease is journaled; a
+//! crash in between leaves a `Warm` record, which is only trusted after a clean shutdown
+//! (and a clean shutdown waits for requests in flight), so the file is scrubbed, never
+//! handed out unproven. See `docs/pool.md`.
 
 mod error;
 pub mod fault;
@@ -42,9 +43,9 @@ use crate::page_size::PageSize;
 use crate::scrub::{ScrubControl, ScrubReport, Scrubber};
 use crate::topology::Topology;
 
-pub use error::{PoolError, Result};
 pub use crate::policy::pool as policy;
 pub use crate::policy::pool::{PoolPolicy, Verification};
+pub use error::{PoolError, Result};
 pub use record::{file_key, FileRecord, FileState, LeaseInfo, LeaseRecord, LeaseSource};
 pub use recover::RecoveryReport;
 pub use request::{check_name, LeaseRequest, ValidRequest, MAX_NAME};
@@ -516,19 +517,13 @@ impl Pool {
             }
             let reserved = match choice {
                 Some((id, old)) => {
-                    let e = st.files.get_mut(&id).map(|e| {
-                        e.rec.state = FileState::Dirty;
-                        e.busy = Some(Work::Leasing);
-                        e.rec.clone()
-                    });
-                    let Some(rec) = e else { continue };
-                    if let Err(err) = self.journal.write(&rec.key(), &rec) {
-                        if let Some(e) = st.files.get_mut(&id) {
-                            e.rec.state = FileState::Warm;
-                            e.busy = None;
-                        }
-                        break Err(err.into());
-                    }
+                    // No journal write here: until the lease is journaled the record still
+                    // says warm, and a warm record is only trusted after a clean shutdown,
+                    // which waits for this request. A crash in between makes it dirty.
+                    let Some(e) = st.files.get_mut(&id) else {
+                        continue;
+                    };
+                    e.busy = Some(Work::Leasing);
                     (id, source, old)
                 }
                 None => {
@@ -681,12 +676,13 @@ impl Pool {
                 st.files.remove(&id);
             }
         } else if let Some(e) = st.files.get_mut(&id) {
-            // Journaled as dirty already; its size may have changed.
+            // It may have been resized or handed to the owner: scrub it before reuse.
             if let Ok(m) = fs::metadata(&path) {
-                if m.len() != e.rec.size {
-                    e.rec.size = m.len();
-                    let _ = self.journal.write(&e.rec.key(), &e.rec);
-                }
+                e.rec.size = m.len();
+            }
+            e.rec.state = FileState::Dirty;
+            if let Err(err) = self.journal.write(&e.rec.key(), &e.rec) {
+                tracing::error!(%err, "cannot journal an aborted lease as dirty");
             }
             e.busy = None;
         }
