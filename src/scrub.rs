@@ -304,12 +304,38 @@ impl Scrubber {
             },
             control,
         };
+        // Map every page table entry in one call first: a fresh mapping of a faulted file
+        // would otherwise take one minor fault per page inside the clearing loop.
+        let len = region.len();
+        let per_worker = len.div_ceil(page).div_ceil(workers) * page;
+        std::thread::scope(|s| {
+            let region = &*region;
+            for (w, &cpu) in cpus.iter().enumerate() {
+                let off = (w * per_worker).min(len);
+                let n = per_worker.min(len - off);
+                if n == 0 {
+                    continue;
+                }
+                s.spawn(move || {
+                    let _ = pin_current_thread(&[cpu]);
+                    if let Err(err) = region.populate_write(off, n) {
+                        tracing::debug!(%err, "populate before scrub failed; clearing faults pages in");
+                    }
+                });
+            }
+        });
         let buf = region.as_mut_slice();
-        let len = buf.len();
         // Extents of STEP bytes per worker: each call streams (>= the LLC size per call),
         // and the cap, urgency and cancellation are looked at between calls. Threads the
         // clearer starts inherit this thread's scheduling class.
-        for extent in buf.chunks_mut(STEP * workers) {
+        // A foreground scrub (a VM waits) clears the whole file in one parallel call: no
+        // pauses to take, and fewer thread starts.
+        let extent_len = if opts.background {
+            STEP * workers
+        } else {
+            len.max(1)
+        };
+        for extent in buf.chunks_mut(extent_len) {
             if control.is_cancelled() {
                 return Err(ScrubError::Cancelled { path: what.into() });
             }
@@ -321,7 +347,6 @@ impl Scrubber {
                 })?;
             throttle.account(extent.len() as u64);
         }
-        let per_worker = len.div_ceil(page).div_ceil(workers) * page;
         let results: Vec<Result<(), (u64, u8)>> = std::thread::scope(|s| {
             let handles: Vec<_> = buf
                 .chunks(per_worker.max(page))
