@@ -13,13 +13,19 @@
 //! The layers, bottom to top: [`sys`] (system calls), [`cpu`], [`clear`], [`policy`],
 //! [`topology`], [`hugetlb`], [`prefault`], then the pool, journal, API and daemon.
 
+pub mod api;
 pub mod bench;
 pub mod clear;
+pub mod client;
 pub mod cpu;
+pub mod daemon;
 pub mod hugetlb;
+pub mod journal;
 pub mod page_size;
 pub mod policy;
+pub mod pool;
 pub mod prefault;
+pub mod scrub;
 pub mod sys;
 #[doc(hidden)]
 pub mod testing;

@@ -5,6 +5,7 @@ pub mod clear;
 pub mod clear_report;
 pub mod prefault;
 pub mod qemu;
+pub mod recycle;
 pub mod stats;
 pub mod svg;
 

@@ -3,9 +3,14 @@
 
 mod bench_clear;
 mod bench_prefault;
+mod bench_recycle;
 mod cpu;
+mod lease;
 mod pool;
 mod prepare;
+mod release;
+mod serve;
+mod status;
 
 use clap::{Parser, Subcommand};
 
@@ -23,6 +28,14 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the daemon: warm pools and leases over a unix socket.
+    Serve(serve::ServeArgs),
+    /// Take a lease from the daemon.
+    Lease(lease::LeaseArgs),
+    /// Release a lease.
+    Release(release::ReleaseArgs),
+    /// Show the daemon's leases and warm pool.
+    Status(status::StatusArgs),
     /// Benchmarks: clearing methods, preallocation, recycling.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -41,6 +54,8 @@ pub enum BenchCommand {
     Clear(bench_clear::BenchClearArgs),
     /// Cold preparation: hugeprep vs QEMU prealloc-threads vs one thread.
     Prefault(bench_prefault::BenchPrefaultArgs),
+    /// Recycling: scrub-and-return vs delete-and-refault, and warm lease latency.
+    Recycle(bench_recycle::BenchRecycleArgs),
 }
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
@@ -61,9 +76,14 @@ pub fn init_tracing(verbose: u8) {
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Serve(a) => serve::run(a),
+        Command::Lease(a) => lease::run(a),
+        Command::Release(a) => release::run(a),
+        Command::Status(a) => status::run(a),
         Command::Bench(b) => match b {
             BenchCommand::Clear(args) => bench_clear::run(args),
             BenchCommand::Prefault(args) => bench_prefault::run(args),
+            BenchCommand::Recycle(args) => bench_recycle::run(args),
         },
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),

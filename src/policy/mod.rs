@@ -13,6 +13,7 @@
 
 mod clearing;
 mod error;
+pub mod pool;
 mod resolution;
 mod schema;
 mod validate;
@@ -22,4 +23,5 @@ pub use clearing::{
     EMBEDDED_CLEARING_POLICY, EMBEDDED_CLEARING_POLICY_PATH, FALLBACK_LLC_BYTES,
 };
 pub use error::PolicyError;
+pub use pool::{PoolPolicy, PoolPolicyError, Verification};
 pub use resolution::{CalibrationOutcome, DecidedBy, Resolution, Timings, CALIBRATION_TOLERANCE};

@@ -4,4 +4,6 @@
 pub mod affinity;
 pub mod mmap;
 pub mod numa;
+pub mod pidfd;
+pub mod priority;
 pub mod signals;

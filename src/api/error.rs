@@ -1,0 +1,114 @@
+//! API errors and the one function that maps them to HTTP status codes.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use crate::pool::PoolError;
+
+/// The JSON body of every error response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong, with the limit that was crossed.
+    pub error: String,
+    /// The request field at fault, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// An API request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body or a path parameter is malformed or names an unknown field.
+    #[error("{message}")]
+    BadRequest {
+        /// The field at fault.
+        field: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+    /// No such route.
+    #[error("no route for {method} {path}")]
+    NoRoute {
+        /// Method.
+        method: String,
+        /// Path.
+        path: String,
+    },
+    /// The pool refused or failed.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// A blocking task died.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// A bad-request error about `field`.
+    pub fn field(field: &str, message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest {
+            field: Some(field.to_string()),
+            message: message.into(),
+        }
+    }
+
+    fn field_name(&self) -> Option<String> {
+        match self {
+            ApiError::BadRequest { field, .. } => field.clone(),
+            ApiError::Pool(e) => e.field().map(str::to_string),
+            _ => None,
+        }
+    }
+}
+
+/// The HTTP status for an error: 4xx for anything the client can fix, 5xx for the host.
+pub fn status_of(err: &ApiError) -> StatusCode {
+    match err {
+        ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+        ApiError::NoRoute { .. } => StatusCode::NOT_FOUND,
+        ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        ApiError::Pool(e) => match e {
+            PoolError::Field { .. } => StatusCode::BAD_REQUEST,
+            PoolError::DuplicateName { .. } => StatusCode::CONFLICT,
+            PoolError::Insufficient { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            PoolError::NotFound { .. } => StatusCode::NOT_FOUND,
+            PoolError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            PoolError::Journal(_)
+            | PoolError::File(_)
+            | PoolError::Fault(_)
+            | PoolError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        },
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = status_of(&self);
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        }
+        let body = ErrorBody {
+            error: self.to_string(),
+            field: self.field_name(),
+        };
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_mistakes_are_4xx_naming_the_field() {
+        let e = ApiError::Pool(PoolError::DuplicateName { name: "a".into() });
+        assert_eq!(status_of(&e), StatusCode::CONFLICT);
+        assert_eq!(e.field_name().as_deref(), Some("name"));
+        let e = ApiError::field("size", "too big");
+        assert_eq!(status_of(&e), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            status_of(&ApiError::Pool(PoolError::NotFound { id: 1 })),
+            StatusCode::NOT_FOUND
+        );
+    }
+}

@@ -1,0 +1,35 @@
+//! The HTTP/JSON API, served on a unix socket (see `docs/api.md` and `docs/openapi.yaml`).
+//!
+//! | route | action |
+//! |---|---|
+//! | `POST /v1/leases` | take a lease ([`LeaseRequest`](crate::pool::LeaseRequest)) |
+//! | `GET /v1/leases` | list leases |
+//! | `GET /v1/leases/{id}` | one lease |
+//! | `DELETE /v1/leases/{id}` | release a lease |
+//! | `GET /v1/pool` | pool counts per node and page size |
+//! | `GET /v1/cpu` | the clearing method and which rule chose it |
+//!
+//! Errors are `{"error": "...", "field": "..."}` with a status from [`status_of`].
+
+mod body;
+mod error;
+pub mod pidwatch;
+mod routes;
+
+pub use body::{parse_lease_request, LEASE_FIELDS};
+pub use error::{status_of, ApiError, ErrorBody};
+pub use routes::{router, ApiState, CpuReport};
+
+use std::future::Future;
+
+/// Serves the API on `listener` until `shutdown` completes, then waits for requests in
+/// flight.
+pub async fn serve(
+    listener: tokio::net::UnixListener,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,383 @@
+//! `hugeprep bench recycle`: what recycling a stopped VM's memory costs.
+//!
+//! 1. Release-to-warm throughput: scrubbing a dirty, faulted file in place (the daemon's
+//!    release path: map, clear in parallel, sample-verify) against deleting the file and
+//!    faulting a fresh one (the kernel zeroes every page at fault), at equal threads, side by
+//!    side, alternating order, after a warm-up round of each.
+//! 2. Lease latency from the warm pool over the API: an in-process daemon (pool, worker,
+//!    axum on a unix socket) and a client taking and releasing leases; each lease is timed
+//!    from request to answer, with the pool settled (warm) before each one.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::api::{self, ApiState, CpuReport};
+use crate::bench::Summary;
+use crate::clear::ClearPlan;
+use crate::client::Client;
+use crate::hugetlb::{BackingFile, MountOptions, OwnedMount, PoolTopUp};
+use crate::page_size::PageSize;
+use crate::policy::pool::Verification;
+use crate::pool::{fault, LeaseRequest, LeaseSource, Pool, PoolConfig, PoolPolicy};
+use crate::scrub::{ScrubControl, ScrubOptions, Scrubber};
+use crate::units::{format_bytes, gbps};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct RecycleBenchConfig {
+    /// Bytes per file for the throughput part.
+    pub size: u64,
+    /// Page size.
+    pub page_size: PageSize,
+    /// Threads for both paths.
+    pub threads: usize,
+    /// Measured repetitions per path.
+    pub reps: usize,
+    /// Leases for the latency part (0 skips it).
+    pub leases: usize,
+    /// Bytes per lease.
+    pub lease_size: u64,
+    /// Clearing plan.
+    pub plan: ClearPlan,
+    /// Directory for the journal of the latency part (fsync cost depends on it).
+    pub state_dir: Option<PathBuf>,
+}
+
+/// A recycle benchmark failed.
+#[derive(Debug, thiserror::Error)]
+#[error("bench recycle: {0}")]
+pub struct RecycleBenchError(pub String);
+
+fn err(e: impl std::fmt::Display) -> RecycleBenchError {
+    RecycleBenchError(e.to_string())
+}
+
+/// Throughput of one path.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathResult {
+    /// `scrub` or `delete-refault`.
+    pub path: &'static str,
+    /// GB/s per repetition.
+    pub samples_gbps: Vec<f64>,
+    /// Median and range.
+    pub gbps: Summary,
+}
+
+/// Lease latency over the API.
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyResult {
+    /// Leases timed.
+    pub leases: usize,
+    /// Bytes per lease.
+    pub lease_size: u64,
+    /// Median latency, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// Largest, ms.
+    pub max_ms: f64,
+    /// Leases served warm-exact.
+    pub warm_exact: usize,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecycleBenchReport {
+    /// Bytes per file.
+    pub size: u64,
+    /// Page size.
+    pub page_size: PageSize,
+    /// Threads for both paths.
+    pub threads: usize,
+    /// The scrubber's method.
+    pub method: String,
+    /// Scrub (release-to-warm) throughput.
+    pub scrub: PathResult,
+    /// Delete-and-refault throughput.
+    pub delete_refault: PathResult,
+    /// Median scrub / median delete-refault.
+    pub ratio: f64,
+    /// Lease latency, when run.
+    pub latency: Option<LatencyResult>,
+}
+
+fn cpus(threads: usize) -> Vec<usize> {
+    let mut c = crate::sys::affinity::allowed_cpus();
+    c.truncate(threads.max(1));
+    c
+}
+
+fn dirty(file: &BackingFile, seed: u8) -> Result<(), RecycleBenchError> {
+    let mut m = file.map().map_err(err)?;
+    // One byte per 4 KiB is enough to make every page dirty without spending the run on it.
+    for (i, b) in m.as_mut_slice().iter_mut().step_by(4096).enumerate() {
+        *b = seed ^ (i as u8) | 1;
+    }
+    Ok(())
+}
+
+fn scrub_once(s: &Scrubber, file: &BackingFile, cpus: &[usize]) -> Result<f64, RecycleBenchError> {
+    dirty(file, 0xa5)?;
+    let opts = ScrubOptions {
+        cpus: cpus.to_vec(),
+        bandwidth: None,
+        background: false,
+        verify: Verification::Sample,
+    };
+    let t = Instant::now();
+    s.scrub_file(file, &opts, &ScrubControl::default())
+        .map_err(err)?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn delete_refault_once(
+    dir: &Path,
+    old: BackingFile,
+    cfg: &RecycleBenchConfig,
+) -> Result<(f64, BackingFile), RecycleBenchError> {
+    dirty(&old, 0x5a)?;
+    let path = old.path().to_path_buf();
+    let t = Instant::now();
+    old.remove().map_err(err)?; // unlink + close: the pages go back to the kernel
+    let fresh = BackingFile::create(&path, cfg.size, cfg.page_size, None).map_err(err)?;
+    fault::fault_range(&fresh, 0..cfg.size, 0, cfg.threads).map_err(err)?;
+    let s = t.elapsed().as_secs_f64();
+    let _ = dir;
+    Ok((s, fresh))
+}
+
+fn throughput(
+    cfg: &RecycleBenchConfig,
+    dir: &Path,
+    log: &dyn Fn(&str),
+) -> Result<(PathResult, PathResult, String), RecycleBenchError> {
+    let scrubber = Scrubber::new(cfg.plan).map_err(err)?;
+    let cpus = cpus(cfg.threads);
+    let a = BackingFile::create(&dir.join("scrub"), cfg.size, cfg.page_size, None).map_err(err)?;
+    fault::fault_range(&a, 0..cfg.size, 0, cfg.threads).map_err(err)?;
+    let mut b =
+        BackingFile::create(&dir.join("refault"), cfg.size, cfg.page_size, None).map_err(err)?;
+    fault::fault_range(&b, 0..cfg.size, 0, cfg.threads).map_err(err)?;
+    let w1 = scrub_once(&scrubber, &a, &cpus)?;
+    let (w2, nb) = delete_refault_once(dir, b, cfg)?;
+    b = nb;
+    log(&format!(
+        "warm-up  scrub {:.1} GB/s  delete+refault {:.1} GB/s",
+        gbps(cfg.size, w1),
+        gbps(cfg.size, w2)
+    ));
+    let (mut s1, mut s2) = (Vec::new(), Vec::new());
+    for rep in 0..cfg.reps {
+        let scrub_first = rep % 2 == 0;
+        if scrub_first {
+            s1.push(gbps(cfg.size, scrub_once(&scrubber, &a, &cpus)?));
+        }
+        let (t, nb) = delete_refault_once(dir, b, cfg)?;
+        b = nb;
+        s2.push(gbps(cfg.size, t));
+        if !scrub_first {
+            s1.push(gbps(cfg.size, scrub_once(&scrubber, &a, &cpus)?));
+        }
+        log(&format!(
+            "rep {}/{}  scrub {:.1} GB/s  delete+refault {:.1} GB/s",
+            rep + 1,
+            cfg.reps,
+            s1[rep],
+            s2[rep]
+        ));
+    }
+    let summary = |v: &Vec<f64>| Summary::of(v).ok_or_else(|| err("no samples"));
+    Ok((
+        PathResult {
+            path: "scrub",
+            gbps: summary(&s1)?,
+            samples_gbps: s1,
+        },
+        PathResult {
+            path: "delete-refault",
+            gbps: summary(&s2)?,
+            samples_gbps: s2,
+        },
+        scrubber.method().name().to_string(),
+    ))
+}
+
+fn latency(
+    cfg: &RecycleBenchConfig,
+    mount: &Path,
+    log: &dyn Fn(&str),
+) -> Result<LatencyResult, RecycleBenchError> {
+    let base = match &cfg.state_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("hugeprep-bench-recycle-{}", std::process::id())),
+    };
+    let _ = std::fs::remove_dir_all(&base);
+    let mut policy = PoolPolicy::embedded();
+    policy.set_warm(cfg.page_size, 4 * cfg.lease_size, vec![cfg.lease_size]);
+    policy.scrub_bandwidth = None;
+    policy.threads = cfg.threads;
+    let pool = Pool::open(PoolConfig {
+        state_dir: base.join("state"),
+        mounts: vec![mount.to_path_buf()],
+        policy,
+        plan: cfg.plan,
+    })
+    .map_err(err)?;
+    let worker = pool.spawn_worker().map_err(err)?;
+    let socket = base.join("bench.sock");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(err)?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let listener = rt
+        .block_on(async { tokio::net::UnixListener::bind(&socket) })
+        .map_err(err)?;
+    let state = ApiState {
+        pool: Arc::clone(&pool),
+        cpu: Arc::new(CpuReport {
+            method: cfg.plan.method,
+            plan: cfg.plan,
+            rule: "bench".into(),
+            calibration: None,
+        }),
+    };
+    let server = rt.spawn(api::serve(listener, state, async {
+        let _ = stop_rx.await;
+    }));
+    let client = Client::new(&socket);
+    let settle = || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !(pool.is_idle()
+            && pool
+                .status()
+                .kinds
+                .iter()
+                .all(|k| k.warm_bytes >= k.target_bytes))
+        {
+            if Instant::now() > deadline {
+                return Err(err("pool did not refill within 60 s"));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    };
+    let mut samples = Vec::with_capacity(cfg.leases);
+    let mut warm_exact = 0;
+    let result = rt.block_on(async {
+        // Warm-up: 20 leases untimed.
+        for i in 0..cfg.leases + 20 {
+            settle()?;
+            let req = LeaseRequest {
+                name: format!("bench{i}"),
+                size: cfg.lease_size,
+                page_size: Some(cfg.page_size),
+                node: Some(0),
+                owner: None,
+                pid: None,
+            };
+            let t = Instant::now();
+            let lease = client.lease(&req).await.map_err(err)?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            if i >= 20 {
+                samples.push(ms);
+                warm_exact += usize::from(lease.source == LeaseSource::WarmExact);
+            }
+            client.release(lease.id).await.map_err(err)?;
+        }
+        Ok::<(), RecycleBenchError>(())
+    });
+    let _ = stop_tx.send(());
+    let _ = rt.block_on(server);
+    pool.shutdown();
+    let _ = worker.join();
+    drop(pool);
+    let _ = std::fs::remove_dir_all(&base);
+    result?;
+    let out = LatencyResult {
+        leases: samples.len(),
+        lease_size: cfg.lease_size,
+        p50_ms: Summary::quantile(&samples, 0.5).unwrap_or(f64::NAN),
+        p99_ms: Summary::quantile(&samples, 0.99).unwrap_or(f64::NAN),
+        max_ms: samples.iter().copied().fold(0.0, f64::max),
+        warm_exact,
+    };
+    log(&format!(
+        "lease latency over the API: p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms ({} of {} warm-exact)",
+        out.p50_ms, out.p99_ms, out.max_ms, out.warm_exact, out.leases
+    ));
+    Ok(out)
+}
+
+/// Runs the benchmark; `log` gets progress lines.
+pub fn run(
+    cfg: &RecycleBenchConfig,
+    log: &dyn Fn(&str),
+) -> Result<RecycleBenchReport, RecycleBenchError> {
+    if cfg.reps == 0 {
+        return Err(err("--reps must be at least 1"));
+    }
+    crate::hugetlb::check_size(cfg.size, cfg.page_size).map_err(err)?;
+    crate::hugetlb::check_size(cfg.lease_size, cfg.page_size).map_err(err)?;
+    let mut options = MountOptions::new(cfg.page_size);
+    options.mode = 0o755;
+    let mount = OwnedMount::new_temp(&std::env::temp_dir(), &options).map_err(err)?;
+    let pages = (2 * cfg.size).max(6 * cfg.lease_size) / cfg.page_size.bytes();
+    let top_up = PoolTopUp::ensure_free(None, cfg.page_size, pages).map_err(err)?;
+    let (scrub, refault, method) = throughput(cfg, mount.path(), log)?;
+    for f in ["scrub", "refault"] {
+        let _ = std::fs::remove_file(mount.path().join(f));
+    }
+    let latency = if cfg.leases > 0 {
+        Some(latency(cfg, mount.path(), log)?)
+    } else {
+        None
+    };
+    drop(top_up);
+    let _ = mount.unmount();
+    Ok(RecycleBenchReport {
+        size: cfg.size,
+        page_size: cfg.page_size,
+        threads: cfg.threads,
+        method,
+        ratio: scrub.gbps.median / refault.gbps.median,
+        scrub,
+        delete_refault: refault,
+        latency,
+    })
+}
+
+impl RecycleBenchReport {
+    /// The report as a table.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "recycle {} of {} pages, {} threads, method {}\n{:<16} {:>24}\n",
+            format_bytes(self.size),
+            self.page_size,
+            self.threads,
+            self.method,
+            "path",
+            "GB/s median (min-max)"
+        );
+        for p in [&self.scrub, &self.delete_refault] {
+            s += &format!("{:<16} {:>24}\n", p.path, p.gbps.to_string());
+        }
+        s += &format!("scrub / delete-refault: {:.2}x\n", self.ratio);
+        if let Some(l) = &self.latency {
+            s += &format!(
+                "warm lease over the API ({} x {}): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms, {} warm-exact\n",
+                l.leases,
+                format_bytes(l.lease_size),
+                l.p50_ms,
+                l.p99_ms,
+                l.max_ms,
+                l.warm_exact
+            );
+        }
+        s
+    }
+}

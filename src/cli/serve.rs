@@ -1,0 +1,137 @@
+//! `hugeprep serve`: run the daemon.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use hugeprep::api::CpuReport;
+use hugeprep::cpu::CpuInfo;
+use hugeprep::daemon::config::ConfigFile;
+use hugeprep::daemon::{self, DaemonConfig};
+use hugeprep::policy::pool::Verification;
+use hugeprep::policy::{ClearingPolicy, Threads};
+use hugeprep::pool::PoolPolicy;
+use hugeprep::units::parse_bytes;
+use hugeprep::PageSize;
+
+/// Run the daemon: keep warm pools, serve leases on a unix socket.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Configuration file (TOML; flags override it).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// API socket.
+    #[arg(long, env = "HUGEPREP_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// Group allowed to use the socket (mode 0660).
+    #[arg(long)]
+    pub socket_group: Option<String>,
+    /// Journal directory.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Runtime directory (own hugetlbfs mounts).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// hugetlbfs mount to use (repeat for several page sizes); default: find or mount.
+    #[arg(long = "mount")]
+    pub mounts: Vec<PathBuf>,
+    /// Keep this much memory warm (e.g. 4G), on every node.
+    #[arg(long, value_parser = parse_bytes)]
+    pub warm: Option<u64>,
+    /// Page size of the --warm target.
+    #[arg(long, default_value = "2M")]
+    pub page_size: PageSize,
+    /// File sizes to keep warm, comma-separated (e.g. 1G,2G); default: min(warm, 1G).
+    #[arg(long, value_delimiter = ',', value_parser = parse_bytes)]
+    pub sizes: Vec<u64>,
+    /// Verification of scrubbed memory: sample or full.
+    #[arg(long, value_parser = parse_verify)]
+    pub verify: Option<Verification>,
+    /// Background scrub cap in bytes per second (0 = none).
+    #[arg(long, value_parser = parse_bytes)]
+    pub scrub_bandwidth: Option<u64>,
+    /// Worker threads per node (0 = every CPU of the node).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+fn parse_verify(s: &str) -> Result<Verification, String> {
+    match s {
+        "sample" => Ok(Verification::Sample),
+        "full" => Ok(Verification::Full),
+        _ => Err(format!("{s:?}: expected sample or full")),
+    }
+}
+
+/// Merges the config file, the embedded policy and the flags.
+pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
+    let file = match &args.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => ConfigFile::default(),
+    };
+    let mut policy = match &file.pool {
+        Some(spec) => spec.validate()?,
+        None => PoolPolicy::embedded(),
+    };
+    if let Some(warm) = args.warm {
+        for &s in &args.sizes {
+            anyhow::ensure!(
+                s > 0 && s % args.page_size.bytes() == 0,
+                "--sizes: {s} is not a positive multiple of the {} page size",
+                args.page_size
+            );
+        }
+        policy.set_warm(args.page_size, warm, args.sizes.clone());
+    }
+    if let Some(v) = args.verify {
+        policy.verify = v;
+    }
+    if let Some(bw) = args.scrub_bandwidth {
+        policy.scrub_bandwidth = (bw > 0).then_some(bw);
+    }
+    if let Some(t) = args.threads {
+        policy.threads = t;
+    }
+    let resolution = ClearingPolicy::embedded().resolve(CpuInfo::host());
+    let plan = resolution.plan;
+    if policy.threads == 0 {
+        if let Threads::Count(n) = resolution.threads {
+            policy.threads = n.get();
+        }
+    }
+    Ok(DaemonConfig {
+        socket: args
+            .socket
+            .or(file.socket)
+            .unwrap_or_else(|| daemon::DEFAULT_SOCKET.into()),
+        socket_group: args.socket_group.or(file.socket_group),
+        state_dir: args
+            .state_dir
+            .or(file.state_dir)
+            .unwrap_or_else(|| daemon::DEFAULT_STATE_DIR.into()),
+        run_dir: args
+            .run_dir
+            .or(file.run_dir)
+            .unwrap_or_else(|| daemon::DEFAULT_RUN_DIR.into()),
+        mounts: if args.mounts.is_empty() {
+            file.mounts
+        } else {
+            args.mounts
+        },
+        policy,
+        plan,
+        cpu: CpuReport {
+            method: plan.method,
+            plan,
+            rule: format!("{} ({})", resolution.rule, resolution.source),
+            calibration: resolution
+                .calibration
+                .and_then(|c| serde_json::to_value(c).ok()),
+        },
+    })
+}
+
+/// Runs `hugeprep serve`.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = config(args)?;
+    daemon::run(config).context("hugeprep serve")
+}

@@ -1,0 +1,216 @@
+//! A small client for the daemon's API over its unix socket, used by the CLI and the
+//! libvirt hook. No connection pooling: one request per connection, with a timeout.
+//!
+//! ```no_run
+//! use hugeprep::client::Client;
+//! let client = Client::new("/run/hugeprep/hugeprep.sock");
+//! let pool = client.blocking(client.pool()).unwrap();
+//! println!("{} kinds", pool.kinds.len());
+//! ```
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+
+use crate::api::{CpuReport, ErrorBody};
+use crate::pool::{LeaseInfo, LeaseRequest, PoolStatus};
+
+/// The default socket path.
+pub const DEFAULT_SOCKET: &str = "/run/hugeprep/hugeprep.sock";
+
+/// A request to the daemon failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The socket could not be reached (is the daemon running?).
+    #[error("cannot connect to {socket}: {source} (is `hugeprep serve` running?)")]
+    Connect {
+        /// The socket.
+        socket: PathBuf,
+        /// The kernel's answer.
+        source: std::io::Error,
+    },
+    /// The HTTP exchange failed.
+    #[error("{method} {path}: {message}")]
+    Http {
+        /// Method.
+        method: Method,
+        /// Path.
+        path: String,
+        /// What failed.
+        message: String,
+    },
+    /// The daemon answered with an error.
+    #[error("{status}: {}{}", body.error, body.field.as_ref().map(|f| format!(" (field {f})")).unwrap_or_default())]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// The daemon's error body.
+        body: ErrorBody,
+    },
+    /// No answer in time.
+    #[error("no answer from {socket} within {timeout:?}")]
+    Timeout {
+        /// The socket.
+        socket: PathBuf,
+        /// The limit.
+        timeout: Duration,
+    },
+    /// The runtime for blocking calls could not start.
+    #[error("cannot start an I/O runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Result of client calls.
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// A client for one daemon socket.
+#[derive(Debug, Clone)]
+pub struct Client {
+    socket: PathBuf,
+    timeout: Duration,
+}
+
+impl Client {
+    /// A client for `socket`, with a 60 s timeout (a cold lease of a large VM faults all of
+    /// its memory before answering).
+    pub fn new(socket: impl AsRef<Path>) -> Client {
+        Client {
+            socket: socket.as_ref().to_path_buf(),
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// Sets the timeout per request.
+    pub fn with_timeout(mut self, timeout: Duration) -> Client {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Runs one of this client's futures to completion on a private runtime, for callers
+    /// that are not async (the CLI, the libvirt hook).
+    pub fn blocking<T>(&self, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(ClientError::Runtime)?
+            .block_on(fut)
+    }
+
+    /// Sends one request; returns the status and body.
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Bytes)> {
+        let fut = self.exchange(method.clone(), path, body);
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .map_err(|_| ClientError::Timeout {
+                socket: self.socket.clone(),
+                timeout: self.timeout,
+            })?
+    }
+
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Bytes)> {
+        let http = |message: String| ClientError::Http {
+            method: method.clone(),
+            path: path.to_string(),
+            message,
+        };
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|source| ClientError::Connect {
+                socket: self.socket.clone(),
+                source,
+            })?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| http(e.to_string()))?;
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| http(e.to_string()))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| http(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| http(e.to_string()))?
+            .to_bytes();
+        Ok((status, bytes))
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T> {
+        let (status, bytes) = self.request(method.clone(), path, body).await?;
+        if !(200..300).contains(&status) {
+            let body = serde_json::from_slice::<ErrorBody>(&bytes).unwrap_or(ErrorBody {
+                error: String::from_utf8_lossy(&bytes).into_owned(),
+                field: None,
+            });
+            return Err(ClientError::Api { status, body });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Http {
+            method,
+            path: path.to_string(),
+            message: format!("undecodable answer: {e}"),
+        })
+    }
+
+    /// `POST /v1/leases`.
+    pub async fn lease(&self, req: &LeaseRequest) -> Result<LeaseInfo> {
+        let body = serde_json::to_vec(req).unwrap_or_default();
+        self.call(Method::POST, "/v1/leases", Some(body)).await
+    }
+
+    /// `DELETE /v1/leases/{id}`.
+    pub async fn release(&self, id: u64) -> Result<LeaseInfo> {
+        self.call(Method::DELETE, &format!("/v1/leases/{id}"), None)
+            .await
+    }
+
+    /// `GET /v1/leases/{id}`.
+    pub async fn get_lease(&self, id: u64) -> Result<LeaseInfo> {
+        self.call(Method::GET, &format!("/v1/leases/{id}"), None)
+            .await
+    }
+
+    /// `GET /v1/leases`.
+    pub async fn leases(&self) -> Result<Vec<LeaseInfo>> {
+        self.call(Method::GET, "/v1/leases", None).await
+    }
+
+    /// `GET /v1/pool`.
+    pub async fn pool(&self) -> Result<PoolStatus> {
+        self.call(Method::GET, "/v1/pool", None).await
+    }
+
+    /// `GET /v1/cpu`.
+    pub async fn cpu(&self) -> Result<CpuReport> {
+        self.call(Method::GET, "/v1/cpu", None).await
+    }
+}

@@ -1,0 +1,82 @@
+//! The daemon's configuration file (`hugeprep serve --config FILE`), TOML:
+//!
+//! ```toml
+//! socket = "/run/hugeprep/hugeprep.sock"
+//! socket_group = "kvm"
+//! state_dir = "/var/lib/hugeprep"
+//! run_dir = "/run/hugeprep"
+//! mounts = ["/dev/hugepages"]
+//!
+//! [pool]
+//! verify = "sample"
+//! scrub_bandwidth = "8G"
+//! [[pool.target]]
+//! page_size = "2M"
+//! warm = "4G"
+//! sizes = ["1G", "2G"]
+//! ```
+//!
+//! Command-line options override the file.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::policy::pool::PoolPolicySpec;
+
+/// The configuration file as written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// API socket path.
+    pub socket: Option<PathBuf>,
+    /// Group that may use the socket (mode 0660).
+    pub socket_group: Option<String>,
+    /// Journal directory.
+    pub state_dir: Option<PathBuf>,
+    /// Runtime directory (own hugetlbfs mounts).
+    pub run_dir: Option<PathBuf>,
+    /// hugetlbfs mounts to use (one per page size); empty: find or mount them.
+    #[serde(default)]
+    pub mounts: Vec<PathBuf>,
+    /// The pool policy (same keys as `policies/pool.toml`).
+    pub pool: Option<PoolPolicySpec>,
+}
+
+/// A configuration file that cannot be read or parsed.
+#[derive(Debug, thiserror::Error)]
+#[error("config file {path}: {message}")]
+pub struct ConfigError {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl ConfigFile {
+    /// Reads and parses `path`.
+    pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
+        let err = |message: String| ConfigError {
+            path: path.to_path_buf(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        toml::from_str(&text).map_err(|e| err(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_parses_and_unknown_keys_are_refused() {
+        let c: ConfigFile = toml::from_str(
+            "socket = \"/tmp/s\"\n[pool]\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\n",
+        )
+        .unwrap();
+        let p = c.pool.unwrap().validate().unwrap();
+        assert_eq!(p.target_bytes(0, crate::PageSize::Size2M), 64 << 20);
+        assert!(toml::from_str::<ConfigFile>("sockets = 1\n").is_err());
+    }
+}

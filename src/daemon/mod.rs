@@ -1,0 +1,179 @@
+//! `hugeprep serve`: the daemon. Start-up order: lock the state directory, find or mount
+//! hugetlbfs, reconcile the journal (pool), start the worker, bind the socket, re-arm the
+//! pid watches of journaled leases, tell systemd READY. SIGTERM/SIGINT: STOPPING, cancel
+//! scrubs, finish requests in flight, stop the worker, write the clean-shutdown marker,
+//! remove the socket.
+
+pub mod config;
+pub mod mounts;
+mod notify;
+mod socket;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::api::{self, ApiState, CpuReport};
+use crate::clear::ClearPlan;
+use crate::pool::{Pool, PoolConfig, PoolError, PoolPolicy};
+use crate::units::format_bytes;
+
+/// Default API socket.
+pub const DEFAULT_SOCKET: &str = crate::client::DEFAULT_SOCKET;
+/// Default journal directory.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/hugeprep";
+/// Default runtime directory.
+pub const DEFAULT_RUN_DIR: &str = "/run/hugeprep";
+
+/// The daemon could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Another daemon holds the state directory's lock.
+    #[error("another hugeprep daemon is running on this state directory (lock {lock} is held)")]
+    AlreadyRunning {
+        /// The lock file.
+        lock: PathBuf,
+    },
+    /// Something answers on the socket path already.
+    #[error("socket {socket} is in use by a running process")]
+    SocketInUse {
+        /// The socket.
+        socket: PathBuf,
+    },
+    /// The socket group does not exist.
+    #[error("socket group {group:?}: no such group")]
+    UnknownGroup {
+        /// The group.
+        group: String,
+    },
+    /// No hugetlbfs mount could be found or made.
+    #[error("no hugetlbfs mount found and none could be mounted under {run_dir}")]
+    NoMount {
+        /// Where mounts were tried.
+        run_dir: PathBuf,
+    },
+    /// A file system call failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The kernel's answer.
+        source: std::io::Error,
+    },
+    /// The pool could not start.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}
+
+/// Everything the daemon needs, after config file and flags are merged.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// API socket.
+    pub socket: PathBuf,
+    /// Group for the socket.
+    pub socket_group: Option<String>,
+    /// Journal directory.
+    pub state_dir: PathBuf,
+    /// Runtime directory for own mounts.
+    pub run_dir: PathBuf,
+    /// hugetlbfs mounts; empty: find or mount one per page size.
+    pub mounts: Vec<PathBuf>,
+    /// Pool policy.
+    pub policy: PoolPolicy,
+    /// Clearing plan.
+    pub plan: ClearPlan,
+    /// What `/v1/cpu` reports.
+    pub cpu: CpuReport,
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|source| DaemonError::Io {
+            op: "start runtime",
+            path: PathBuf::new(),
+            source,
+        })?;
+    rt.block_on(run_async(config))
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {}
+                _ = i.recv() => {}
+            }
+        }
+        _ => std::future::pending::<()>().await,
+    }
+}
+
+async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
+    let _lock = socket::lock_state_dir(&config.state_dir)?;
+    let mounts = if config.mounts.is_empty() {
+        mounts::find_or_mount(&config.run_dir)?
+    } else {
+        config.mounts.clone()
+    };
+    let pool = Pool::open(PoolConfig {
+        state_dir: config.state_dir.clone(),
+        mounts,
+        policy: config.policy.clone(),
+        plan: config.plan,
+    })?;
+    let worker = pool.spawn_worker().map_err(|source| DaemonError::Io {
+        op: "spawn worker",
+        path: PathBuf::new(),
+        source,
+    })?;
+    let listener = socket::bind(&config.socket, config.socket_group.as_deref())?;
+    api::pidwatch::watch_existing(&pool);
+    let served: Vec<String> = pool
+        .mounts()
+        .values()
+        .map(|m| format!("{} on {}", m.page_size, m.root.display()))
+        .collect();
+    tracing::info!(
+        socket = %config.socket.display(),
+        mounts = %served.join(", "),
+        policy = %pool.policy().describe(),
+        "listening"
+    );
+    notify::ready(&format!(
+        "serving {} ({}); {} warm target",
+        config.socket.display(),
+        served.join(", "),
+        format_bytes(pool.policy().targets.iter().map(|t| t.warm).sum())
+    ));
+    notify::spawn_watchdog();
+    let state = ApiState {
+        pool: Arc::clone(&pool),
+        cpu: Arc::new(config.cpu.clone()),
+    };
+    let pool_for_signal = Arc::clone(&pool);
+    let shutdown = async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        notify::stopping();
+        // Waiting leases and running scrubs stop now; requests in flight finish.
+        pool_for_signal.shutdown();
+    };
+    let served = api::serve(listener, state, shutdown).await;
+    pool.shutdown();
+    let _ = tokio::task::spawn_blocking(move || worker.join()).await;
+    pool.mark_clean_shutdown()?;
+    let _ = std::fs::remove_file(&config.socket);
+    served.map_err(|source| DaemonError::Io {
+        op: "serve",
+        path: config.socket.clone(),
+        source,
+    })
+}

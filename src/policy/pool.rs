@@ -1,0 +1,288 @@
+//! The pool policy: how much memory to keep warm per (node, page size), which file sizes to
+//! keep, how fast to scrub in the background and how to verify. Parsed from TOML
+//! (`policies/pool.toml`, embedded as the default, or the `[pool]` table of a config file).
+
+use serde::{Deserialize, Serialize};
+
+use crate::page_size::PageSize;
+use crate::units::{format_bytes, parse_bytes};
+
+/// The embedded default policy (keeps nothing warm).
+pub const EMBEDDED: &str = include_str!("../../policies/pool.toml");
+
+/// A policy file that does not parse or names impossible values.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolPolicyError {
+    /// The TOML is malformed or has unknown keys.
+    #[error("pool policy: {0}")]
+    Toml(#[from] toml::de::Error),
+    /// A byte size field does not parse.
+    #[error("pool policy field {field}: {message}")]
+    Field {
+        /// The field, e.g. `target[0].warm`.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+/// How a scrubbed file is checked before it is trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verification {
+    /// Random cache lines of every page (plus its first and last line).
+    #[default]
+    Sample,
+    /// Every byte.
+    Full,
+}
+
+/// One warm target as written in TOML.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetSpec {
+    /// Page size of the warm files.
+    pub page_size: PageSize,
+    /// NUMA node; `None` applies to every node.
+    #[serde(default)]
+    pub node: Option<u32>,
+    /// Bytes to keep warm, e.g. `"4G"`.
+    pub warm: String,
+    /// File sizes to keep (a mix of VM sizes), e.g. `["1G", "2G"]`; empty: files of
+    /// `min(warm, 1G)`.
+    #[serde(default)]
+    pub sizes: Vec<String>,
+}
+
+/// The policy as written in TOML.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolPolicySpec {
+    /// `sample` or `full`.
+    #[serde(default)]
+    pub verify: Verification,
+    /// Background scrub cap in bytes per second, `"0"` for none.
+    #[serde(default = "default_bandwidth")]
+    pub scrub_bandwidth: String,
+    /// Worker threads; 0 = every CPU of the node.
+    #[serde(default)]
+    pub threads: usize,
+    /// Warm targets.
+    #[serde(default, rename = "target")]
+    pub targets: Vec<TargetSpec>,
+}
+
+fn default_bandwidth() -> String {
+    "8G".to_string()
+}
+
+/// A validated warm target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Target {
+    /// Page size of the warm files.
+    pub page_size: PageSize,
+    /// Node, or `None` for every node.
+    pub node: Option<u32>,
+    /// Bytes to keep warm (a whole number of pages).
+    pub warm: u64,
+    /// File sizes to create when refilling, whole pages each, never empty.
+    pub sizes: Vec<u64>,
+}
+
+/// A validated pool policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PoolPolicy {
+    /// How scrubbed files are verified.
+    pub verify: Verification,
+    /// Background scrub cap in bytes per second; `None` = no cap.
+    pub scrub_bandwidth: Option<u64>,
+    /// Worker threads; 0 = every CPU of the node.
+    pub threads: usize,
+    /// Warm targets.
+    pub targets: Vec<Target>,
+}
+
+fn field_bytes(field: String, text: &str) -> Result<u64, PoolPolicyError> {
+    parse_bytes(text).map_err(|e| PoolPolicyError::Field {
+        field,
+        message: e.to_string(),
+    })
+}
+
+fn round_down(bytes: u64, page: PageSize) -> u64 {
+    bytes / page.bytes() * page.bytes()
+}
+
+impl PoolPolicySpec {
+    /// Validates sizes and fills defaults.
+    pub fn validate(&self) -> Result<PoolPolicy, PoolPolicyError> {
+        let bw = field_bytes("scrub_bandwidth".into(), &self.scrub_bandwidth)?;
+        let mut targets = Vec::new();
+        for (i, t) in self.targets.iter().enumerate() {
+            let warm = round_down(
+                field_bytes(format!("target[{i}].warm"), &t.warm)?,
+                t.page_size,
+            );
+            let mut sizes = Vec::new();
+            for (j, s) in t.sizes.iter().enumerate() {
+                let field = format!("target[{i}].sizes[{j}]");
+                let bytes = field_bytes(field.clone(), s)?;
+                if bytes == 0 || bytes % t.page_size.bytes() != 0 {
+                    return Err(PoolPolicyError::Field {
+                        field,
+                        message: format!(
+                            "{s} is not a positive multiple of the {} page size",
+                            t.page_size
+                        ),
+                    });
+                }
+                sizes.push(bytes);
+            }
+            if sizes.is_empty() && warm > 0 {
+                sizes.push(warm.min(round_down(1 << 30, t.page_size).max(t.page_size.bytes())));
+            }
+            targets.push(Target {
+                page_size: t.page_size,
+                node: t.node,
+                warm,
+                sizes,
+            });
+        }
+        Ok(PoolPolicy {
+            verify: self.verify,
+            scrub_bandwidth: (bw > 0).then_some(bw),
+            threads: self.threads,
+            targets,
+        })
+    }
+}
+
+impl PoolPolicy {
+    /// Parses and validates a policy from TOML text.
+    ///
+    /// ```
+    /// use hugeprep::policy::PoolPolicy;
+    /// let p = PoolPolicy::from_toml("[[target]]\npage_size = \"2M\"\nwarm = \"64M\"\n").unwrap();
+    /// assert_eq!(p.target_bytes(0, hugeprep::PageSize::Size2M), 64 << 20);
+    /// ```
+    pub fn from_toml(text: &str) -> Result<PoolPolicy, PoolPolicyError> {
+        toml::from_str::<PoolPolicySpec>(text)?.validate()
+    }
+
+    /// The embedded default: keeps nothing warm.
+    pub fn embedded() -> PoolPolicy {
+        // The embedded file is tested to parse; fall back to an empty policy regardless.
+        PoolPolicy::from_toml(EMBEDDED).unwrap_or(PoolPolicy {
+            verify: Verification::Sample,
+            scrub_bandwidth: Some(8 << 30),
+            threads: 0,
+            targets: Vec::new(),
+        })
+    }
+
+    /// The target for `(node, page_size)`: a node-specific one wins over a catch-all.
+    pub fn target(&self, node: u32, page_size: PageSize) -> Option<&Target> {
+        self.targets
+            .iter()
+            .find(|t| t.page_size == page_size && t.node == Some(node))
+            .or_else(|| {
+                self.targets
+                    .iter()
+                    .find(|t| t.page_size == page_size && t.node.is_none())
+            })
+    }
+
+    /// Bytes to keep warm for `(node, page_size)`.
+    pub fn target_bytes(&self, node: u32, page_size: PageSize) -> u64 {
+        self.target(node, page_size).map_or(0, |t| t.warm)
+    }
+
+    /// Sets (or replaces) a catch-all target, as `hugeprep serve --warm 4G` does.
+    pub fn set_warm(&mut self, page_size: PageSize, warm: u64, sizes: Vec<u64>) {
+        self.targets
+            .retain(|t| !(t.page_size == page_size && t.node.is_none()));
+        let warm = round_down(warm, page_size);
+        let sizes = if sizes.is_empty() {
+            vec![warm.min(round_down(1 << 30, page_size).max(page_size.bytes()))]
+        } else {
+            sizes
+        };
+        self.targets.push(Target {
+            page_size,
+            node: None,
+            warm,
+            sizes,
+        });
+    }
+
+    /// A one-line description for logs.
+    pub fn describe(&self) -> String {
+        if self.targets.is_empty() {
+            return "no warm targets".into();
+        }
+        self.targets
+            .iter()
+            .map(|t| {
+                format!(
+                    "{} of {} pages on {}",
+                    format_bytes(t.warm),
+                    t.page_size,
+                    t.node.map_or("every node".into(), |n| format!("node {n}"))
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_keeps_nothing_warm() {
+        let p = PoolPolicy::from_toml(EMBEDDED).unwrap();
+        assert!(p.targets.is_empty());
+        assert_eq!(p.target_bytes(0, PageSize::Size2M), 0);
+        assert_eq!(p.verify, Verification::Sample);
+    }
+
+    #[test]
+    fn targets_parse_and_node_specific_wins() {
+        let p = PoolPolicy::from_toml(
+            r#"
+            verify = "full"
+            scrub_bandwidth = "0"
+            [[target]]
+            page_size = "2M"
+            warm = "1G"
+            sizes = ["256M", "512M"]
+            [[target]]
+            page_size = "2M"
+            node = 1
+            warm = "2G"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(p.verify, Verification::Full);
+        assert_eq!(p.scrub_bandwidth, None);
+        assert_eq!(p.target_bytes(0, PageSize::Size2M), 1 << 30);
+        assert_eq!(p.target_bytes(1, PageSize::Size2M), 2 << 30);
+        assert_eq!(
+            p.target(0, PageSize::Size2M).unwrap().sizes,
+            vec![256 << 20, 512 << 20]
+        );
+        assert_eq!(p.target(1, PageSize::Size2M).unwrap().sizes, vec![1 << 30]);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let err = PoolPolicy::from_toml(
+            "[[target]]\npage_size = \"2M\"\nwarm = \"1G\"\nsizes = [\"3M\"]\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("target[0].sizes[0]"), "{err}");
+        let err = PoolPolicy::from_toml("colour = 1\n").unwrap_err();
+        assert!(err.to_string().contains("colour"), "{err}");
+    }
+}

@@ -1,0 +1,83 @@
+//! Errors of pool operations. Each says which request field was wrong, when one was.
+
+use crate::hugetlb::FileError;
+use crate::journal::JournalError;
+use crate::page_size::PageSize;
+use crate::pool::fault::FaultError;
+
+/// A pool operation failed. When it did, nothing was allocated or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// A request field is invalid.
+    #[error("{field}: {message}")]
+    Field {
+        /// The field, as named in the request.
+        field: &'static str,
+        /// What is wrong, with the limit.
+        message: String,
+    },
+    /// A live lease already has this name.
+    #[error("name: a lease named {name:?} already exists")]
+    DuplicateName {
+        /// The name.
+        name: String,
+    },
+    /// The node cannot supply the memory, even counting warm and dirty files.
+    #[error(
+        "size: {size} bytes of {page_size} pages on node {node} asked for, at most {available} available"
+    )]
+    Insufficient {
+        /// Bytes asked for.
+        size: u64,
+        /// Page size.
+        page_size: PageSize,
+        /// Node.
+        node: u32,
+        /// Bytes the node could supply (free pages plus warm and dirty pool files).
+        available: u64,
+    },
+    /// No lease with this id.
+    #[error("no lease with id {id}")]
+    NotFound {
+        /// The id.
+        id: u64,
+    },
+    /// The daemon is shutting down.
+    #[error("shutting down")]
+    ShuttingDown,
+    /// The journal could not record the change (so it was not made).
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// A file operation failed.
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// Faulting pages failed.
+    #[error(transparent)]
+    Fault(#[from] FaultError),
+    /// The pool directory could not be set up or read.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path.
+        path: std::path::PathBuf,
+        /// The kernel's answer.
+        source: std::io::Error,
+    },
+}
+
+impl PoolError {
+    /// The request field this error is about, if any (for the API's `field`).
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            PoolError::Field { field, .. } => Some(field),
+            PoolError::DuplicateName { .. } => Some("name"),
+            PoolError::Insufficient { .. } => Some("size"),
+            PoolError::NotFound { .. } => Some("id"),
+            _ => None,
+        }
+    }
+}
+
+/// Result of pool operations.
+pub type Result<T> = std::result::Result<T, PoolError>;

@@ -1,0 +1,457 @@
+//! Scrubbing: zeroing a released file's memory in parallel with the policy's method, under a
+//! bandwidth cap when in the background and at full speed when a VM waits, then proving it
+//! clean (sampled or full verification).
+//!
+//! This is the one place where hugeprep clears guest memory, so switching the clearing
+//! engine is one edit in `Scrubber::clear_extent`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::clear::{ClearError, ClearPlan, Clearer, Method};
+use crate::hugetlb::{BackingFile, FileError};
+use crate::policy::pool::Verification;
+use crate::sys::affinity::pin_current_thread;
+use crate::sys::mmap::MmapRegion;
+use crate::sys::priority;
+
+/// Extent each worker populates, clears and accounts for at a time: large enough for the
+/// streaming paths of every method (`rep stosb` needs >= 32 MiB per call), small enough to
+/// throttle and cancel promptly.
+const STEP: usize = 64 << 20;
+
+/// A scrub failed; the file must not be handed out.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrubError {
+    /// Mapping or opening the file failed.
+    #[error("scrub: {0}")]
+    File(#[from] FileError),
+    /// A byte was still non-zero after clearing.
+    #[error("scrub: verification found byte {value:#04x} at offset {offset} of {path}")]
+    Verify {
+        /// The file.
+        path: String,
+        /// Offset of the first non-zero byte found.
+        offset: u64,
+        /// Its value.
+        value: u8,
+    },
+    /// The clearing engine failed (a worker could not be pinned).
+    #[error("scrub of {path}: {source}")]
+    Clear {
+        /// The file.
+        path: String,
+        /// The engine's error.
+        source: ClearError,
+    },
+    /// The daemon is shutting down.
+    #[error("scrub of {path} cancelled")]
+    Cancelled {
+        /// The file.
+        path: String,
+    },
+}
+
+/// Shared switches for running scrubs: how many leases are waiting (any waiting lease lifts
+/// the bandwidth cap and the idle priority) and whether to stop.
+#[derive(Debug, Default)]
+pub struct ScrubControl {
+    waiters: AtomicUsize,
+    cancel: AtomicBool,
+}
+
+impl ScrubControl {
+    /// A lease starts waiting for scrubbed memory: scrubs run at full speed until
+    /// [`ScrubControl::end_urgent`].
+    pub fn begin_urgent(&self) {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The waiting lease got its memory (or gave up).
+    pub fn end_urgent(&self) {
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Whether a lease is waiting.
+    pub fn is_urgent(&self) -> bool {
+        self.waiters.load(Ordering::SeqCst) > 0
+    }
+
+    /// Makes running and future scrubs stop with [`ScrubError::Cancelled`].
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether scrubs are cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst)
+    }
+}
+
+/// How to scrub.
+#[derive(Debug, Clone)]
+pub struct ScrubOptions {
+    /// CPUs to run on, one worker each (the file's node's CPUs); empty = one unpinned worker.
+    pub cpus: Vec<usize>,
+    /// Bandwidth cap in bytes per second while no lease waits; `None` = none.
+    pub bandwidth: Option<u64>,
+    /// Run at idle priority (background) unless a lease waits.
+    pub background: bool,
+    /// How to check the result.
+    pub verify: Verification,
+}
+
+/// What a scrub did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScrubReport {
+    /// Bytes cleared.
+    pub bytes: u64,
+    /// Wall time of clearing and verifying.
+    pub seconds: f64,
+    /// Workers used.
+    pub threads: usize,
+    /// The clearing method.
+    pub method: Method,
+    /// The verification done.
+    pub verify: Verification,
+}
+
+impl ScrubReport {
+    /// Throughput in GB/s (10^9 bytes per second).
+    pub fn gbps(&self) -> f64 {
+        crate::units::gbps(self.bytes, self.seconds)
+    }
+}
+
+/// Zeroes memory with a clearing plan.
+#[derive(Debug, Clone)]
+pub struct Scrubber {
+    clearer: Clearer,
+}
+
+struct Throttle<'a> {
+    start: Instant,
+    done: AtomicU64,
+    cap: Option<u64>,
+    control: &'a ScrubControl,
+}
+
+impl Throttle<'_> {
+    /// Accounts `bytes` and sleeps as long as the cap asks, waking early when a lease starts
+    /// waiting.
+    fn account(&self, bytes: u64) {
+        let done = self.done.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let Some(cap) = self.cap else { return };
+        let due = Duration::from_secs_f64(done as f64 / cap as f64);
+        while !self.control.is_urgent() && !self.control.is_cancelled() {
+            let elapsed = self.start.elapsed();
+            if elapsed >= due {
+                break;
+            }
+            std::thread::sleep((due - elapsed).min(Duration::from_millis(10)));
+        }
+    }
+}
+
+/// A small xorshift generator: verification samples need spread, not secrecy.
+struct XorShift(u64);
+
+impl XorShift {
+    fn seeded() -> XorShift {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0x9e37_79b9, |d| d.as_nanos() as u64);
+        XorShift(t | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// 4 KiB of zeroes to compare against: slice equality is `memcmp`, fast in every build.
+static ZERO_BLOCK: [u8; 4096] = [0; 4096];
+
+/// The first non-zero byte of `buf`, as (offset, value).
+pub fn first_nonzero(buf: &[u8]) -> Option<(usize, u8)> {
+    let mut off = 0;
+    for block in buf.chunks(ZERO_BLOCK.len()) {
+        if block != &ZERO_BLOCK[..block.len()] {
+            let i = block.iter().position(|&b| b != 0).unwrap_or(0);
+            return Some((off + i, block[i]));
+        }
+        off += block.len();
+    }
+    None
+}
+
+/// Checks `buf` (the part of a file starting at `base`) per `level`; `page` is the page size
+/// in bytes.
+pub fn verify(buf: &[u8], base: u64, page: usize, level: Verification) -> Result<(), (u64, u8)> {
+    match level {
+        Verification::Full => match first_nonzero(buf) {
+            Some((off, value)) => Err((base + off as u64, value)),
+            None => Ok(()),
+        },
+        Verification::Sample => {
+            let mut rng = XorShift::seeded();
+            let lines_per_page = (page / 64).max(1);
+            // 1 GiB pages hold 512 times the lines of a 2 MiB page: sample more of them.
+            let samples = if page > (2 << 20) { 256 } else { 16 };
+            for (p, page_buf) in buf.chunks(page).enumerate() {
+                let lines = page_buf.len().div_ceil(64);
+                let picks = (0..samples)
+                    .map(|_| (rng.next() % lines_per_page as u64) as usize)
+                    .chain([0, lines.saturating_sub(1)]);
+                for line in picks {
+                    let start = (line * 64).min(page_buf.len().saturating_sub(1));
+                    let end = (start + 64).min(page_buf.len());
+                    if let Some((off, value)) = first_nonzero(&page_buf[start..end]) {
+                        return Err((base + (p * page + start + off) as u64, value));
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn set_priority(background: bool, control: &ScrubControl) {
+    let want_idle = background && !control.is_urgent();
+    if want_idle != priority::current_thread_is_idle() {
+        let _ = if want_idle {
+            priority::set_current_thread_idle()
+        } else {
+            priority::set_current_thread_normal()
+        };
+    }
+}
+
+impl Scrubber {
+    /// A scrubber that clears with `plan`; fails when this CPU lacks the plan's method.
+    pub fn new(plan: ClearPlan) -> Result<Scrubber, ClearError> {
+        Ok(Scrubber {
+            clearer: Clearer::new(plan)?,
+        })
+    }
+
+    /// The method used for extents of [`STEP`] bytes and more.
+    pub fn method(&self) -> Method {
+        self.clearer.plan().method
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> ClearPlan {
+        *self.clearer.plan()
+    }
+
+    /// Zeroes one extent with every worker. The only call into the clearing engine.
+    fn clear_extent(&self, buf: &mut [u8], cpus: &[usize]) -> Result<(), ClearError> {
+        self.clearer.clear_parallel(buf, cpus)
+    }
+
+    /// Maps `file` and zeroes it in parallel, then verifies it.
+    pub fn scrub_file(
+        &self,
+        file: &BackingFile,
+        opts: &ScrubOptions,
+        control: &ScrubControl,
+    ) -> Result<ScrubReport, ScrubError> {
+        let mut region = file.map()?;
+        let path = file.path().display().to_string();
+        self.scrub_region(
+            &mut region,
+            &path,
+            file.page_size().bytes() as usize,
+            opts,
+            control,
+        )
+    }
+
+    /// Zeroes and verifies a mapped region (see [`Scrubber::scrub_file`]); `page` is the
+    /// page size in bytes, `what` names it in errors.
+    ///
+    /// Pages that are not present (a crash in the middle of a fill) are faulted by the
+    /// clearing stores themselves: a shared hugetlb mapping reserved them at mmap time, so
+    /// such a fault cannot fail with SIGBUS.
+    pub fn scrub_region(
+        &self,
+        region: &mut MmapRegion,
+        what: &str,
+        page: usize,
+        opts: &ScrubOptions,
+        control: &ScrubControl,
+    ) -> Result<ScrubReport, ScrubError> {
+        let start = Instant::now();
+        let cpus = if opts.cpus.is_empty() {
+            crate::sys::affinity::allowed_cpus()
+        } else {
+            opts.cpus.clone()
+        };
+        let workers = cpus.len().max(1);
+        let throttle = Throttle {
+            start,
+            done: AtomicU64::new(0),
+            cap: if opts.background {
+                opts.bandwidth
+            } else {
+                None
+            },
+            control,
+        };
+        // Map every page table entry in one call first: a fresh mapping of a faulted file
+        // would otherwise take one minor fault per page inside the clearing loop.
+        let len = region.len();
+        let per_worker = len.div_ceil(page).div_ceil(workers) * page;
+        std::thread::scope(|s| {
+            let region = &*region;
+            for (w, &cpu) in cpus.iter().enumerate() {
+                let off = (w * per_worker).min(len);
+                let n = per_worker.min(len - off);
+                if n == 0 {
+                    continue;
+                }
+                s.spawn(move || {
+                    let _ = pin_current_thread(&[cpu]);
+                    if let Err(err) = region.populate_write(off, n) {
+                        tracing::debug!(%err, "populate before scrub failed; clearing faults pages in");
+                    }
+                });
+            }
+        });
+        let buf = region.as_mut_slice();
+        // Extents of STEP bytes per worker: each call streams (>= the LLC size per call),
+        // and the cap, urgency and cancellation are looked at between calls. Threads the
+        // clearer starts inherit this thread's scheduling class.
+        // A foreground scrub (a VM waits) clears the whole file in one parallel call: no
+        // pauses to take, and fewer thread starts.
+        let extent_len = if opts.background {
+            STEP * workers
+        } else {
+            len.max(1)
+        };
+        for extent in buf.chunks_mut(extent_len) {
+            if control.is_cancelled() {
+                return Err(ScrubError::Cancelled { path: what.into() });
+            }
+            set_priority(opts.background, control);
+            self.clear_extent(extent, &cpus)
+                .map_err(|source| ScrubError::Clear {
+                    path: what.into(),
+                    source,
+                })?;
+            throttle.account(extent.len() as u64);
+        }
+        let results: Vec<Result<(), (u64, u8)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = buf
+                .chunks(per_worker.max(page))
+                .enumerate()
+                .map(|(w, chunk)| {
+                    let cpu = cpus.get(w).copied();
+                    s.spawn(move || {
+                        if let Some(cpu) = cpu {
+                            let _ = pin_current_thread(&[cpu]);
+                        }
+                        verify(chunk, (w * per_worker) as u64, page, opts.verify)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(Err((u64::MAX, 0))))
+                .collect()
+        });
+        for r in results {
+            r.map_err(|(offset, value)| ScrubError::Verify {
+                path: what.into(),
+                offset,
+                value,
+            })?;
+        }
+        Ok(ScrubReport {
+            bytes: len as u64,
+            seconds: start.elapsed().as_secs_f64(),
+            threads: workers,
+            method: self.method(),
+            verify: opts.verify,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(verify: Verification) -> ScrubOptions {
+        ScrubOptions {
+            cpus: vec![0, 0],
+            bandwidth: None,
+            background: false,
+            verify,
+        }
+    }
+
+    #[test]
+    fn scrub_zeroes_every_byte_of_a_region() {
+        let mut r = MmapRegion::anonymous(6 << 20, None).unwrap();
+        r.as_mut_slice().fill(0xa7);
+        let s = Scrubber::new(ClearPlan::always(Method::WriteBytes)).unwrap();
+        let rep = s
+            .scrub_region(
+                &mut r,
+                "anon",
+                2 << 20,
+                &opts(Verification::Full),
+                &ScrubControl::default(),
+            )
+            .unwrap();
+        assert_eq!(rep.bytes, 6 << 20);
+        assert!(r.as_slice().iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn verification_finds_a_dirty_byte() {
+        let mut buf = vec![0u8; 4 << 20];
+        assert!(verify(&buf, 0, 2 << 20, Verification::Full).is_ok());
+        assert!(verify(&buf, 0, 2 << 20, Verification::Sample).is_ok());
+        buf[3 << 20 | 77] = 9;
+        assert_eq!(
+            verify(&buf, 100, 2 << 20, Verification::Full),
+            Err((100 + (3 << 20 | 77), 9))
+        );
+        // Sampling always checks each page's last line.
+        buf[(4 << 20) - 1] = 5;
+        assert!(verify(&buf, 0, 2 << 20, Verification::Sample).is_err());
+    }
+
+    #[test]
+    fn cancelled_scrub_stops() {
+        let mut r = MmapRegion::anonymous(4 << 20, None).unwrap();
+        let c = ScrubControl::default();
+        c.cancel();
+        let s = Scrubber::new(ClearPlan::always(Method::WriteBytes)).unwrap();
+        let err = s
+            .scrub_region(&mut r, "anon", 2 << 20, &opts(Verification::Sample), &c)
+            .unwrap_err();
+        assert!(matches!(err, ScrubError::Cancelled { .. }), "{err}");
+    }
+
+    #[test]
+    fn capped_scrub_is_lifted_by_a_waiting_lease() {
+        let mut r = MmapRegion::anonymous(8 << 20, None).unwrap();
+        let c = ScrubControl::default();
+        c.begin_urgent();
+        let mut o = opts(Verification::Sample);
+        o.background = true;
+        o.bandwidth = Some(1); // one byte per second: only urgency lets this finish
+        let s = Scrubber::new(ClearPlan::always(Method::WriteBytes)).unwrap();
+        s.scrub_region(&mut r, "anon", 2 << 20, &o, &c).unwrap();
+        c.end_urgent();
+        assert!(!c.is_urgent());
+    }
+}

@@ -1,0 +1,119 @@
+//! Lease and release round trips through the real daemon, every `source` path.
+
+mod daemon_util;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use daemon_util::{lease_is_zero, write_pattern, Env, MIB};
+use hugeprep::pool::LeaseSource;
+
+#[test]
+fn lease_and_release_through_every_source() {
+    let Some(env) = Env::new("leases", 64 * MIB) else {
+        return;
+    };
+    let d = env.spawn(&["--warm", "16M", "--sizes", "8M", "--verify", "full"]);
+    d.settle(16 * MIB);
+    assert_eq!(env.mount_used(), 16 * MIB);
+
+    let a = d.lease("a", 8 * MIB).unwrap();
+    assert_eq!(a.source, LeaseSource::WarmExact);
+    let b = d.lease("b", 4 * MIB).unwrap();
+    assert_eq!(b.source, LeaseSource::WarmShrunk);
+    for l in [&a, &b] {
+        let meta = std::fs::metadata(&l.path).unwrap();
+        assert_eq!(meta.len(), l.size);
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert!(lease_is_zero(l));
+        write_pattern(l, 1);
+    }
+    d.settle(16 * MIB);
+    let c = d.lease("c", 12 * MIB).unwrap();
+    assert_eq!(c.source, LeaseSource::WarmGrown);
+    assert!(lease_is_zero(&c));
+    let got = d.client.blocking(d.client.get_lease(c.id)).unwrap();
+    assert_eq!(got, c);
+    assert_eq!(d.leases().len(), 3);
+
+    // Releasing: back to warm up to the target, the rest deleted; nothing left over.
+    for l in [&a, &b, &c] {
+        d.release(l.id).unwrap();
+        assert!(!l.path.exists());
+    }
+    assert_eq!(d.raw("GET", &format!("/v1/leases/{}", a.id), b"").0, 404);
+    let p = d.settle(16 * MIB);
+    assert_eq!(p.kinds[0].leased_bytes, 0);
+    assert_eq!(env.mount_used(), 16 * MIB);
+    assert!(Env::names(&env.lease_dir()).is_empty());
+    drop(d);
+
+    // Without a warm target every lease is cold.
+    let d = env.spawn(&[]);
+    d.settle(0);
+    let cold = d.lease("cold", 6 * MIB).unwrap();
+    assert_eq!(cold.source, LeaseSource::Cold);
+    assert!(lease_is_zero(&cold));
+    d.release(cold.id).unwrap();
+    d.settle(0);
+    assert_eq!(env.mount_used(), 0);
+}
+
+#[test]
+fn deleting_the_lease_path_frees_nothing_and_owner_gets_the_file() {
+    let Some(env) = Env::new("owner", 16 * MIB) else {
+        return;
+    };
+    let d = env.spawn(&[]);
+    let nobody = hugeprep::hugetlb::Owner::lookup("nobody").unwrap();
+    let lease = d
+        .lease_req(&hugeprep::pool::LeaseRequest {
+            name: "vm".into(),
+            size: 4 * MIB,
+            page_size: Some(hugeprep::PageSize::Size2M),
+            node: Some(0),
+            owner: Some("nobody".into()),
+            pid: None,
+        })
+        .unwrap();
+    let meta = std::fs::metadata(&lease.path).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (nobody.uid, 0o600));
+    std::fs::remove_file(&lease.path).unwrap();
+    assert_eq!(env.mount_used(), 4 * MIB);
+    d.release(lease.id).unwrap();
+    d.settle(0);
+    assert_eq!(env.mount_used(), 0);
+}
+
+#[test]
+fn lease_is_released_when_its_process_exits() {
+    let Some(env) = Env::new("pidexit", 16 * MIB) else {
+        return;
+    };
+    let d = env.spawn(&[]);
+    let mut child = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let lease = d
+        .lease_req(&hugeprep::pool::LeaseRequest {
+            name: "vm".into(),
+            size: 4 * MIB,
+            page_size: None,
+            node: None,
+            owner: None,
+            pid: Some(child.id()),
+        })
+        .unwrap();
+    assert_eq!(lease.pid, Some(child.id()));
+    assert_eq!(d.leases().len(), 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !d.leases().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "lease not released");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    d.settle(0);
+    assert_eq!(env.mount_used(), 0);
+    assert!(Env::names(&env.lease_dir()).is_empty());
+}

@@ -1,0 +1,289 @@
+//! Harness for tests of the real daemon process: a hugepage reservation, a private
+//! hugetlbfs mount with a size limit (so `statfs` counts the daemon's pages), temp state and
+//! socket paths, and the `hugeprep serve` child, waited for through its sd-notify READY.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hugeprep::client::{Client, ClientError};
+use hugeprep::pool::{LeaseInfo, LeaseRequest, PoolStatus};
+use hugeprep::sys::mmap::MmapRegion;
+use hugeprep::testing::HugepageReservation;
+use hugeprep::PageSize;
+
+pub const MIB: u64 = 1 << 20;
+
+/// A test's private world: hugepages, a mount, directories.
+pub struct Env {
+    pub dir: PathBuf,
+    pub mount: PathBuf,
+    pub state: PathBuf,
+    pub socket: PathBuf,
+    pub mount_bytes: u64,
+    _reservation: HugepageReservation,
+}
+
+impl Env {
+    /// Reserves `mount_bytes` of 2 MiB pages and mounts a hugetlbfs limited to that size.
+    /// `None` (test skipped) when the kernel cannot supply them.
+    pub fn new(name: &str, mount_bytes: u64) -> Option<Env> {
+        let pages = mount_bytes / PageSize::Size2M.bytes();
+        let Some(reservation) = HugepageReservation::ensure_free(PageSize::Size2M, pages).unwrap()
+        else {
+            eprintln!("skipping {name}: the kernel cannot supply {pages} 2 MiB pages");
+            return None;
+        };
+        let dir = std::env::temp_dir().join(format!("hugeprep-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mount = dir.join("mnt");
+        let state = dir.join("state");
+        fs::create_dir_all(&mount).unwrap();
+        nix::mount::mount(
+            Some("hugetlbfs"),
+            &mount,
+            Some("hugetlbfs"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("pagesize=2M,size={mount_bytes}").as_str()),
+        )
+        .unwrap();
+        Some(Env {
+            socket: dir.join("hugeprep.sock"),
+            dir,
+            mount,
+            state,
+            mount_bytes,
+            _reservation: reservation,
+        })
+    }
+
+    /// Starts `hugeprep serve` on this world with `extra` flags and waits for READY=1.
+    pub fn spawn(&self, extra: &[&str]) -> Daemon {
+        let notify = self.dir.join("notify.sock");
+        let _ = fs::remove_file(&notify);
+        let listener = UnixDatagram::bind(&notify).unwrap();
+        listener
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("daemon.log"))
+            .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+            .arg("serve")
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .arg("--mount")
+            .arg(&self.mount)
+            .args(extra)
+            .env("NOTIFY_SOCKET", &notify)
+            .env("RUST_LOG", "hugeprep=debug")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Ok(n) = listener.recv(&mut buf) {
+                if String::from_utf8_lossy(&buf[..n])
+                    .lines()
+                    .any(|l| l == "READY=1")
+                {
+                    break;
+                }
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("daemon exited before READY: {status}\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no READY=1 within 30 s\n{}",
+                self.log()
+            );
+        }
+        Daemon {
+            child,
+            client: Client::new(&self.socket).with_timeout(Duration::from_secs(30)),
+        }
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    /// Bytes of the mount in use (its size limit minus free blocks).
+    pub fn mount_used(&self) -> u64 {
+        let st = nix::sys::statfs::statfs(&self.mount).unwrap();
+        (st.blocks() - st.blocks_free()) * st.block_size() as u64
+    }
+
+    pub fn pool_dir(&self) -> PathBuf {
+        self.mount.join("hugeprep/pool")
+    }
+
+    pub fn lease_dir(&self) -> PathBuf {
+        self.mount.join("hugeprep/leases")
+    }
+
+    /// Names in a directory.
+    pub fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.mount, nix::mount::MntFlags::MNT_DETACH);
+        if std::thread::panicking() {
+            eprintln!("daemon log:\n{}", self.log());
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The daemon child process; killed (by its pid) on drop.
+pub struct Daemon {
+    pub child: Child,
+    pub client: Client,
+}
+
+impl Daemon {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub fn stop(&mut self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "daemon exited with {status}");
+    }
+
+    pub fn lease(&self, name: &str, size: u64) -> Result<LeaseInfo, ClientError> {
+        self.lease_req(&LeaseRequest {
+            name: name.into(),
+            size,
+            page_size: None,
+            node: None,
+            owner: None,
+            pid: None,
+        })
+    }
+
+    pub fn lease_req(&self, req: &LeaseRequest) -> Result<LeaseInfo, ClientError> {
+        self.client.blocking(self.client.lease(req))
+    }
+
+    pub fn release(&self, id: u64) -> Result<LeaseInfo, ClientError> {
+        self.client.blocking(self.client.release(id))
+    }
+
+    pub fn leases(&self) -> Vec<LeaseInfo> {
+        self.client.blocking(self.client.leases()).unwrap()
+    }
+
+    pub fn pool(&self) -> PoolStatus {
+        self.client.blocking(self.client.pool()).unwrap()
+    }
+
+    /// Raw request: (status, body).
+    pub fn raw(&self, method: &str, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
+        let (status, bytes) = self
+            .client
+            .blocking(
+                self.client
+                    .request(method.parse().unwrap(), path, Some(body.to_vec())),
+            )
+            .unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    /// Waits until nothing is dirty, scrubbing or filling and warm memory equals `warm`
+    /// (a liveness bound, not a speed assertion).
+    pub fn settle(&self, warm: u64) -> PoolStatus {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let p = self.pool();
+            let k = &p.kinds[0];
+            if k.dirty_bytes == 0
+                && k.scrubbing_bytes == 0
+                && k.filling_bytes == 0
+                && k.warm_bytes == warm
+            {
+                return p;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pool did not settle at {warm} warm: {k:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
+
+/// Maps a lease file.
+pub fn map_lease(lease: &LeaseInfo) -> (fs::File, MmapRegion) {
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&lease.path)
+        .unwrap();
+    let r = MmapRegion::shared_file(std::os::fd::AsFd::as_fd(&f), 0, lease.size as usize).unwrap();
+    (f, r)
+}
+
+/// Whether every byte of the lease reads zero (full scan).
+pub fn lease_is_zero(lease: &LeaseInfo) -> bool {
+    let (_f, r) = map_lease(lease);
+    hugeprep::scrub::first_nonzero(r.as_slice()).is_none()
+}
+
+/// Fills the lease with a distinctive pattern.
+pub fn write_pattern(lease: &LeaseInfo, seed: u8) {
+    let (_f, mut r) = map_lease(lease);
+    for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
+        *b = seed ^ (i as u8) | 0x80;
+    }
+}
