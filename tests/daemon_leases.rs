@@ -9,9 +9,7 @@ use hugeprep::pool::LeaseSource;
 
 #[test]
 fn lease_and_release_through_every_source() {
-    let Some(env) = Env::new("leases", 64 * MIB) else {
-        return;
-    };
+    let env = Env::new("leases", 64 * MIB);
     let d = env.spawn(&["--warm", "16M", "--sizes", "8M", "--verify", "full"]);
     d.settle(16 * MIB);
     assert_eq!(env.mount_used(), 16 * MIB);
@@ -60,9 +58,7 @@ fn lease_and_release_through_every_source() {
 
 #[test]
 fn deleting_the_lease_path_frees_nothing_and_owner_gets_the_file() {
-    let Some(env) = Env::new("owner", 16 * MIB) else {
-        return;
-    };
+    let env = Env::new("owner", 16 * MIB);
     let d = env.spawn(&[]);
     let nobody = hugeprep::hugetlb::Owner::lookup("nobody").unwrap();
     let lease = d
@@ -86,9 +82,7 @@ fn deleting_the_lease_path_frees_nothing_and_owner_gets_the_file() {
 
 #[test]
 fn lease_is_released_when_its_process_exits() {
-    let Some(env) = Env::new("pidexit", 16 * MIB) else {
-        return;
-    };
+    let env = Env::new("pidexit", 16 * MIB);
     let d = env.spawn(&[]);
     let mut child = std::process::Command::new("sleep")
         .arg("60")
@@ -116,4 +110,27 @@ fn lease_is_released_when_its_process_exits() {
     d.settle(0);
     assert_eq!(env.mount_used(), 0);
     assert!(Env::names(&env.lease_dir()).is_empty());
+}
+
+#[test]
+fn pool_command_shows_the_running_daemons_pool() {
+    let env = Env::new("pool-cli", 32 * MIB);
+    let d = env.spawn(&["--warm", "8M", "--sizes", "8M"]);
+    d.settle(8 * MIB);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .args(["pool", "--json", "--socket"])
+        .arg(&env.socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds = all["daemon"]["kinds"]
+        .as_array()
+        .expect("the daemon's pool");
+    assert!(kinds.iter().any(|k| k["warm_bytes"] == 8 * MIB), "{all}");
+    assert!(!all["kernel"].as_array().unwrap().is_empty(), "{all}");
 }

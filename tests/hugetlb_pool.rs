@@ -43,7 +43,7 @@ fn readings_agree_with_hugeadm() {
     let file = BackingFile::create(&env.dir().join("f"), 2 << 20, PageSize::Size2M, None).unwrap();
     let _map = file.map().unwrap(); // one page reserved, not yet faulted
     let Some(rows) = hugeadm_pools() else {
-        eprintln!("SKIPPED: hugeadm not installed (apt install libhugetlbfs-bin)");
+        hugeprep::testing::missing_tool("hugeadm not installed (apt install libhugetlbfs-bin)");
         return;
     };
     for size in pool::page_sizes() {

@@ -113,20 +113,24 @@ fn bad_arguments_name_the_flag_and_leave_nothing_behind() {
 
 #[test]
 fn pool_prints_every_node_and_page_size() {
-    let out = hugeprep(&["pool", "--json"]);
+    // No daemon listens on this socket: only the kernel's pools, and `daemon` is null.
+    let no_daemon = "/nonexistent/hugeprep.sock";
+    let out = hugeprep(&["pool", "--json", "--socket", no_daemon]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let json: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(all["daemon"].is_null(), "{all}");
+    let json = all["kernel"].as_array().unwrap();
     assert!(json
         .iter()
         .any(|p| p["scope"] == "system" && p["page_size"] == "2M"));
     assert!(json
         .iter()
         .any(|p| p["scope"]["node"] == 0 && p["reserved"].is_null()));
-    let out = hugeprep(&["pool"]);
+    let out = hugeprep(&["pool", "--socket", no_daemon]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("node 0") && text.contains("system"), "{text}");
 }

@@ -13,7 +13,9 @@ use hugetlb_support::HugeEnv;
 #[test]
 fn qemu_maps_a_prepared_file_without_taking_new_pages() {
     let Some(binary) = qemu::find_binary() else {
-        eprintln!("SKIPPED: qemu-system-x86_64 not installed (apt install qemu-system-x86)");
+        hugeprep::testing::missing_tool(
+            "qemu-system-x86_64 not installed (apt install qemu-system-x86)",
+        );
         return;
     };
     if !std::path::Path::new("/dev/kvm").exists() {

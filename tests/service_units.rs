@@ -10,7 +10,9 @@ fn hugeprep_service_verifies() {
         .output()
         .is_err()
     {
-        eprintln!("SKIP: systemd-analyze is not installed (scripts/test installs it)");
+        hugeprep::testing::missing_tool(
+            "systemd-analyze is not installed (scripts/test installs it)",
+        );
         return;
     }
     let unit = std::fs::read_to_string(

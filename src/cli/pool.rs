@@ -1,8 +1,13 @@
-//! `hugeprep pool`: the hugepage pools of this machine, read from sysfs (no daemon needed),
-//! and `--set` to resize one.
+//! `hugeprep pool`: the hugepage pools of this machine, read from sysfs, and, when the daemon
+//! runs, its warm pool (warm, leased, dirty and scrubbing bytes per node and page size);
+//! `--set` resizes a kernel pool.
+
+use std::path::PathBuf;
 
 use anyhow::Context;
+use hugeprep::client::{Client, ClientError};
 use hugeprep::hugetlb::pool::{self, PoolCounts, Scope};
+use hugeprep::pool::PoolStatus;
 use hugeprep::units::format_bytes;
 use hugeprep::PageSize;
 
@@ -22,6 +27,12 @@ pub struct PoolArgs {
     /// over nodes).
     #[arg(long, requires = "set")]
     pub node: Option<u32>,
+    /// Only the kernel's pools: do not ask the daemon.
+    #[arg(long)]
+    pub local: bool,
+    /// Daemon socket.
+    #[arg(long, env = "HUGEPREP_SOCKET", default_value = hugeprep::client::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
 }
 
 /// Runs `hugeprep pool`.
@@ -46,19 +57,58 @@ pub fn run(args: PoolArgs) -> anyhow::Result<()> {
             );
         }
     }
-    print!("{}", render_local(args.json)?);
+    let daemon = if args.local {
+        None
+    } else {
+        daemon_pool(&args.socket)?
+    };
+    let kernel = pool::read_all().context("reading hugepage pools")?;
+    if args.json {
+        let all = serde_json::json!({ "daemon": daemon, "kernel": kernel });
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(());
+    }
+    if let Some(daemon) = &daemon {
+        print!("{}", render_daemon_table(daemon));
+        println!();
+    }
+    print!("{}", render_table(&kernel));
     Ok(())
 }
 
-/// The pools of this machine as a table or JSON, read from sysfs (a daemon-backed
-/// `hugeprep pool` can call this for the local view).
-pub fn render_local(json: bool) -> anyhow::Result<String> {
-    let pools = pool::read_all().context("reading hugepage pools")?;
-    if json {
-        Ok(serde_json::to_string_pretty(&pools)? + "\n")
-    } else {
-        Ok(render_table(&pools))
+/// The daemon's pool, or `None` when no daemon listens on `socket` (then only the kernel's
+/// pools are shown). Any other failure is an error: a daemon that answers badly is news.
+fn daemon_pool(socket: &std::path::Path) -> anyhow::Result<Option<PoolStatus>> {
+    let client = Client::new(socket);
+    match client.blocking(client.pool()) {
+        Ok(status) => Ok(Some(status)),
+        Err(ClientError::Connect { .. }) => Ok(None),
+        Err(e) => Err(e).context("asking the daemon for its pool"),
     }
+}
+
+/// The daemon's warm pool, one line per node and page size.
+pub fn render_daemon_table(pool: &PoolStatus) -> String {
+    let mut out = format!(
+        "{:>4} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}  mount\n",
+        "node", "page", "target", "warm", "leased", "dirty", "scrubbing", "filling", "kernel free"
+    );
+    for k in &pool.kinds {
+        out.push_str(&format!(
+            "{:>4} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}  {}\n",
+            k.node,
+            k.page_size,
+            format_bytes(k.target_bytes),
+            format_bytes(k.warm_bytes),
+            format_bytes(k.leased_bytes),
+            format_bytes(k.dirty_bytes),
+            format_bytes(k.scrubbing_bytes),
+            format_bytes(k.filling_bytes),
+            format_bytes(k.kernel_free_pages * k.page_size.bytes()),
+            k.mount.display()
+        ));
+    }
+    out
 }
 
 /// A table of pools, one line per scope and page size.

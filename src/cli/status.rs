@@ -3,8 +3,6 @@
 use std::path::PathBuf;
 
 use hugeprep::client::Client;
-use hugeprep::pool::PoolStatus;
-use hugeprep::units::format_bytes;
 
 /// Show the daemon's leases and pool.
 #[derive(Debug, clap::Args)]
@@ -12,48 +10,14 @@ pub struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
-    /// Only the warm pool table (or JSON), no leases.
-    #[arg(long)]
-    pub pool: bool,
     /// Daemon socket.
     #[arg(long, env = "HUGEPREP_SOCKET", default_value = hugeprep::client::DEFAULT_SOCKET)]
     pub socket: PathBuf,
 }
 
-fn print_pool(pool: &PoolStatus) {
-    println!(
-        "{:>4} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}  mount",
-        "node", "page", "target", "warm", "leased", "dirty", "scrubbing", "filling", "kernel free"
-    );
-    for k in &pool.kinds {
-        println!(
-            "{:>4} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}  {}",
-            k.node,
-            k.page_size,
-            format_bytes(k.target_bytes),
-            format_bytes(k.warm_bytes),
-            format_bytes(k.leased_bytes),
-            format_bytes(k.dirty_bytes),
-            format_bytes(k.scrubbing_bytes),
-            format_bytes(k.filling_bytes),
-            format_bytes(k.kernel_free_pages * k.page_size.bytes()),
-            k.mount.display()
-        );
-    }
-}
-
 /// Runs `hugeprep status`.
 pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     let client = Client::new(&args.socket);
-    if args.pool {
-        let pool = client.blocking(client.pool())?;
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&pool)?);
-        } else {
-            print_pool(&pool);
-        }
-        return Ok(());
-    }
     let leases = client.blocking(client.leases())?;
     let pool = client.blocking(client.pool())?;
     let cpu = client.blocking(client.cpu())?;
@@ -63,7 +27,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("clearing: {} ({})", cpu.method, cpu.rule);
-    print_pool(&pool);
+    print!("{}", super::pool::render_daemon_table(&pool));
     println!();
     super::lease::print_leases(&leases);
     Ok(())

@@ -30,14 +30,13 @@ pub struct Env {
 
 impl Env {
     /// Reserves `mount_bytes` of 2 MiB pages and mounts a hugetlbfs limited to that size.
-    /// `None` (test skipped) when the kernel cannot supply them.
-    pub fn new(name: &str, mount_bytes: u64) -> Option<Env> {
+    /// A machine that cannot supply a few MiB of 2 MiB pages cannot run the suite: that fails
+    /// the test rather than skipping it.
+    pub fn new(name: &str, mount_bytes: u64) -> Env {
         let pages = mount_bytes / PageSize::Size2M.bytes();
-        let Some(reservation) = HugepageReservation::ensure_free(PageSize::Size2M, pages).unwrap()
-        else {
-            eprintln!("skipping {name}: the kernel cannot supply {pages} 2 MiB pages");
-            return None;
-        };
+        let reservation = HugepageReservation::ensure_free(PageSize::Size2M, pages)
+            .expect("reading/writing the hugepage pool (run as root)")
+            .unwrap_or_else(|| panic!("{name}: the kernel cannot supply {pages} 2 MiB pages"));
         let dir = std::env::temp_dir().join(format!("hugeprep-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let mount = dir.join("mnt");
@@ -51,14 +50,14 @@ impl Env {
             Some(format!("pagesize=2M,size={mount_bytes}").as_str()),
         )
         .unwrap();
-        Some(Env {
+        Env {
             socket: dir.join("hugeprep.sock"),
             dir,
             mount,
             state,
             mount_bytes,
             _reservation: reservation,
-        })
+        }
     }
 
     /// Starts `hugeprep serve` on this world with `extra` flags and waits for READY=1.
