@@ -113,11 +113,17 @@ fn churn(
 #[test]
 fn sigkill_at_random_moments_never_hands_out_dirty_memory() {
     let env = Env::new("crash", 64 * MIB);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("crash test seed {seed}");
+    // A failing run prints its seed; HUGEPREP_CRASH_SEED=<seed> replays the same kills.
+    let seed = std::env::var("HUGEPREP_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("crash test seed {seed} (replay with HUGEPREP_CRASH_SEED={seed})");
     let mut rng = Rng(seed | 1);
     let args = [
         "--warm",

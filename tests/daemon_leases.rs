@@ -134,3 +134,15 @@ fn pool_command_shows_the_running_daemons_pool() {
     assert!(kinds.iter().any(|k| k["warm_bytes"] == 8 * MIB), "{all}");
     assert!(!all["kernel"].as_array().unwrap().is_empty(), "{all}");
 }
+
+/// Regression: the refill only made files from the size mix, so a deficit smaller than every
+/// size (here 2 MiB, with sizes of 8 MiB) left the pool below its target for good; after a
+/// crash loop, leases coming back at their own sizes made that common.
+#[test]
+fn refill_fills_a_deficit_smaller_than_every_size() {
+    let env = Env::new("deficit", 32 * MIB);
+    let d = env.spawn(&["--warm", "10M", "--sizes", "8M"]);
+    let status = d.settle(10 * MIB);
+    assert_eq!(status.kinds[0].warm_files, 2, "{:?}", status.kinds[0]);
+    assert_eq!(env.mount_used(), 10 * MIB);
+}

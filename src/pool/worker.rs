@@ -119,9 +119,15 @@ impl Pool {
                 };
                 let deficit = target.warm.saturating_sub(st.pool_bytes(node, *ps));
                 let n = target.sizes.len();
+                // Files come back from leases at their own sizes, so the deficit can be
+                // smaller than every size in the mix: fill it exactly then, or the pool would
+                // stay below its target for good (a small warm file still serves a grown lease).
+                let page = ps.bytes();
                 let size = (0..n)
                     .map(|i| target.sizes[(st.refill_turn + i) % n])
-                    .find(|&s| s <= deficit);
+                    .find(|&s| s <= deficit)
+                    .or(Some(deficit / page * page))
+                    .filter(|&s| s > 0);
                 let Some(size) = size else { continue };
                 if kernel::available_bytes(node, *ps, &mount.root) < size {
                     st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
