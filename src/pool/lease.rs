@@ -1,0 +1,385 @@
+//! Taking and giving back leases: choosing the source (warm exact, shrunk, grown, or cold),
+//! journaling each step before it takes effect, and rolling back a failed lease so that it
+//! leaves no file, link or pool state behind.
+
+use super::*;
+
+impl Pool {
+    /// Checks a request against the limits; allocates and changes nothing.
+    pub fn validate(&self, req: &LeaseRequest) -> Result<ValidRequest> {
+        check_name(&req.name)?;
+        let page_size = req.page_size.unwrap_or(PageSize::Size2M);
+        self.mount(page_size)?;
+        let node = req.node.unwrap_or(0);
+        self.topology.node(node).map_err(|e| PoolError::Field {
+            field: "node",
+            message: e.to_string(),
+        })?;
+        crate::hugetlb::check_size(req.size, page_size).map_err(|e| PoolError::Field {
+            field: "size",
+            message: e.to_string(),
+        })?;
+        let owner = match &req.owner {
+            None => None,
+            Some(user) => Some(Owner::lookup(user).map_err(|e| PoolError::Field {
+                field: "owner",
+                message: e.to_string(),
+            })?),
+        };
+        let pid = match req.pid {
+            None => None,
+            Some(pid) => {
+                let start =
+                    crate::sys::pidfd::process_start_time(pid).ok_or_else(|| PoolError::Field {
+                        field: "pid",
+                        message: format!("no process with pid {pid}"),
+                    })?;
+                Some((pid, start))
+            }
+        };
+        Ok(ValidRequest {
+            name: req.name.clone(),
+            size: req.size,
+            page_size,
+            node,
+            owner,
+            pid,
+        })
+    }
+
+    /// Takes a lease: a warm file of exactly the size, else a larger one shrunk, else a
+    /// smaller one grown, else a new one. Blocks while faulting (call from a blocking
+    /// thread). On error nothing stays allocated or changed.
+    pub fn lease(&self, req: &LeaseRequest) -> Result<LeaseInfo> {
+        let started = Instant::now();
+        let v = self.validate(req)?;
+        let (id, source, old_size) = self.reserve(&v)?;
+        let mount = self.mount(v.page_size)?;
+        let lease_path = mount.lease_dir.join(&v.name);
+        match self.prepare(&v, id, source, old_size, &lease_path) {
+            Ok(linked) => match self.commit(&v, id, source, &lease_path, started) {
+                Ok(info) => Ok(info),
+                Err(e) => {
+                    self.abort(&v, id, source, Some(linked));
+                    Err(e)
+                }
+            },
+            Err((e, linked)) => {
+                self.abort(&v, id, source, linked);
+                Err(e)
+            }
+        }
+    }
+
+    /// Chooses the file (under the lock) and journals the pre-lease state.
+    fn reserve(&self, v: &ValidRequest) -> Result<(u64, LeaseSource, u64)> {
+        let mount = self.mount(v.page_size)?;
+        let deadline = Instant::now() + LEASE_WAIT;
+        let mut st = self.lock();
+        let mut waiting = false;
+        let result = loop {
+            if self.shutdown.load(Ordering::SeqCst) {
+                break Err(PoolError::ShuttingDown);
+            }
+            if st.name_in_use(&v.name) {
+                break Err(PoolError::DuplicateName {
+                    name: v.name.clone(),
+                });
+            }
+            let avail = kernel::available_bytes(v.node, v.page_size, &mount.root);
+            let warm: Vec<(u64, u64)> = st
+                .of_kind(v.node, v.page_size)
+                .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
+                .map(|e| (e.rec.id, e.rec.size))
+                .collect();
+            let warm_bytes: u64 = warm.iter().map(|w| w.1).sum();
+            let pending = st.pending_clean_bytes(v.node, v.page_size);
+            let supply = avail + warm_bytes + pending;
+            if v.size > supply {
+                break Err(PoolError::Insufficient {
+                    size: v.size,
+                    page_size: v.page_size,
+                    node: v.node,
+                    available: supply,
+                });
+            }
+            let exact = warm.iter().find(|w| w.1 == v.size);
+            let larger = warm.iter().filter(|w| w.1 > v.size).min_by_key(|w| w.1);
+            let smaller = warm.iter().filter(|w| w.1 < v.size).max_by_key(|w| w.1);
+            let (choice, source, need) = match (exact, larger, smaller) {
+                (Some(w), _, _) => (Some(*w), LeaseSource::WarmExact, 0),
+                (None, Some(w), _) => (Some(*w), LeaseSource::WarmShrunk, 0),
+                (None, None, Some(w)) => (Some(*w), LeaseSource::WarmGrown, v.size - w.1),
+                (None, None, None) => (None, LeaseSource::Cold, v.size),
+            };
+            if need > avail {
+                // Make room: give back another warm file, or wait for dirty memory.
+                let victim = warm
+                    .iter()
+                    .filter(|w| Some(w.0) != choice.map(|c| c.0))
+                    .min_by_key(|w| w.1);
+                if let Some(&(vid, _)) = victim {
+                    self.delete_locked(&mut st, vid);
+                    continue;
+                }
+                if pending > 0 && Instant::now() < deadline {
+                    if !waiting {
+                        waiting = true;
+                        self.control.begin_urgent();
+                        self.changed.notify_all();
+                    }
+                    st = self
+                        .changed
+                        .wait_timeout(st, Duration::from_millis(50))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                    continue;
+                }
+                break Err(PoolError::Insufficient {
+                    size: v.size,
+                    page_size: v.page_size,
+                    node: v.node,
+                    available: avail + warm_bytes,
+                });
+            }
+            let reserved = match choice {
+                Some((id, old)) => {
+                    // No journal write here: until the lease is journaled the record still
+                    // says warm, and a warm record is only trusted after a clean shutdown,
+                    // which waits for this request. A crash in between makes it dirty.
+                    let Some(e) = st.files.get_mut(&id) else {
+                        continue;
+                    };
+                    e.busy = Some(Work::Leasing);
+                    (id, source, old)
+                }
+                None => {
+                    let id = st.new_id();
+                    let rec = FileRecord {
+                        id,
+                        page_size: v.page_size,
+                        node: v.node,
+                        size: v.size,
+                        state: FileState::Filling,
+                    };
+                    if let Err(err) = self.journal.write(&rec.key(), &rec) {
+                        break Err(err.into());
+                    }
+                    st.files.insert(
+                        id,
+                        Entry {
+                            rec,
+                            busy: Some(Work::Leasing),
+                        },
+                    );
+                    (id, source, 0)
+                }
+            };
+            st.pending_names.insert(v.name.clone());
+            break Ok(reserved);
+        };
+        if waiting {
+            self.control.end_urgent();
+        }
+        result
+    }
+
+    /// Resizes or creates and faults the file, links the lease path and hands it to the
+    /// owner (outside the lock). On error says whether the link was made.
+    fn prepare(
+        &self,
+        v: &ValidRequest,
+        id: u64,
+        source: LeaseSource,
+        old_size: u64,
+        lease_path: &Path,
+    ) -> std::result::Result<bool, (PoolError, Option<bool>)> {
+        let mount = self.mount(v.page_size).map_err(|e| (e, None))?;
+        let path = mount.file_path(id);
+        let threads = self.cpus(v.node).len();
+        let file = (|| -> Result<BackingFile> {
+            match source {
+                LeaseSource::WarmExact => Ok(BackingFile::open(&path, v.page_size)?),
+                LeaseSource::WarmShrunk => {
+                    let mut f = BackingFile::open(&path, v.page_size)?;
+                    f.set_len(v.size)?;
+                    Ok(f)
+                }
+                LeaseSource::WarmGrown => {
+                    let mut f = BackingFile::open(&path, v.page_size)?;
+                    f.set_len(v.size)?;
+                    let grown = fault::fault_range(&f, old_size..v.size, v.node, threads);
+                    if let Err(e) = grown {
+                        let _ = f.set_len(old_size);
+                        return Err(e.into());
+                    }
+                    Ok(f)
+                }
+                LeaseSource::Cold => {
+                    let f = BackingFile::create(&path, v.size, v.page_size, None)?;
+                    if let Err(e) = fault::fault_range(&f, 0..v.size, v.node, threads) {
+                        let _ = fs::remove_file(&path);
+                        return Err(e.into());
+                    }
+                    Ok(f)
+                }
+            }
+        })()
+        .map_err(|e| (e, None))?;
+        if let Some(owner) = v.owner {
+            file.chown(owner).map_err(|e| (e.into(), Some(false)))?;
+        }
+        if fs::symlink_metadata(lease_path).is_ok() {
+            return Err((
+                PoolError::Field {
+                    field: "name",
+                    message: format!("{} already exists", lease_path.display()),
+                },
+                Some(false),
+            ));
+        }
+        file.link(lease_path).map_err(|e| (e.into(), Some(false)))?;
+        Ok(true)
+    }
+
+    /// Journals the lease and makes it visible.
+    fn commit(
+        &self,
+        v: &ValidRequest,
+        id: u64,
+        source: LeaseSource,
+        lease_path: &Path,
+        started: Instant,
+    ) -> Result<LeaseInfo> {
+        let mut st = self.lock();
+        let lease_id = st.new_id();
+        let lease = LeaseRecord {
+            id: lease_id,
+            name: v.name.clone(),
+            path: lease_path.to_path_buf(),
+            uid: v.owner.map(|o| o.uid),
+            gid: v.owner.map(|o| o.gid),
+            pid: v.pid.map(|p| p.0),
+            pid_start: v.pid.map(|p| p.1),
+            source,
+            ready_ms: started.elapsed().as_secs_f64() * 1e3,
+            created_unix: now_unix(),
+        };
+        let Some(entry) = st.files.get(&id) else {
+            return Err(PoolError::NotFound { id });
+        };
+        let rec = FileRecord {
+            size: v.size,
+            state: FileState::Leased(lease.clone()),
+            ..entry.rec.clone()
+        };
+        self.journal.write(&rec.key(), &rec)?;
+        let info = LeaseInfo::of(&rec, &lease);
+        if let Some(e) = st.files.get_mut(&id) {
+            e.rec = rec;
+            e.busy = None;
+        }
+        st.pending_names.remove(&v.name);
+        self.changed.notify_all();
+        Ok(info)
+    }
+
+    /// Undoes a failed lease: a new file is deleted, a warm one goes to the scrubber.
+    fn abort(&self, v: &ValidRequest, id: u64, source: LeaseSource, linked: Option<bool>) {
+        let Ok(mount) = self.mount(v.page_size) else {
+            return;
+        };
+        let path = mount.file_path(id);
+        if linked == Some(true) {
+            if let Ok(m) = fs::metadata(&path) {
+                unlink_if_same(&mount.lease_dir.join(&v.name), m.dev(), m.ino());
+            }
+        }
+        let mut st = self.lock();
+        st.pending_names.remove(&v.name);
+        if source == LeaseSource::Cold {
+            let _ = fs::remove_file(&path);
+            if self.journal.remove(&file_key(id)).is_ok() {
+                st.files.remove(&id);
+            }
+        } else if let Some(e) = st.files.get_mut(&id) {
+            // It may have been resized or handed to the owner: scrub it before reuse.
+            if let Ok(m) = fs::metadata(&path) {
+                e.rec.size = m.len();
+            }
+            e.rec.state = FileState::Dirty;
+            if let Err(err) = self.journal.write(&e.rec.key(), &e.rec) {
+                tracing::error!(%err, "cannot journal an aborted lease as dirty");
+            }
+            e.busy = None;
+        }
+        self.changed.notify_all();
+    }
+
+    /// Deletes an idle file under the lock (used to make room for a lease).
+    fn delete_locked(&self, st: &mut State, id: u64) {
+        let Some(e) = st.files.get(&id) else { return };
+        let Ok(mount) = self.mount(e.rec.page_size) else {
+            return;
+        };
+        match fs::remove_file(mount.file_path(id)) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => {
+                tracing::warn!(id, %err, "cannot delete pool file");
+                return;
+            }
+        }
+        if let Err(err) = self.journal.remove(&file_key(id)) {
+            tracing::error!(id, %err, "cannot remove journal record of deleted file");
+        }
+        st.files.remove(&id);
+    }
+
+    /// Releases a lease: the file is journaled dirty, the lease path removed, the file taken
+    /// back from its owner, and the worker scrubs it (or deletes it above target).
+    pub fn release(&self, lease_id: u64) -> Result<LeaseInfo> {
+        let (id, info, mount) = {
+            let mut st = self.lock();
+            let found = st.files.values_mut().find(|e| {
+                e.busy.is_none() && matches!(&e.rec.state, FileState::Leased(l) if l.id == lease_id)
+            });
+            let Some(entry) = found else {
+                return Err(PoolError::NotFound { id: lease_id });
+            };
+            let FileState::Leased(lease) = &entry.rec.state else {
+                return Err(PoolError::NotFound { id: lease_id });
+            };
+            let info = LeaseInfo::of(&entry.rec, lease);
+            let mount = self.mount(entry.rec.page_size)?.clone();
+            let dirty = FileRecord {
+                state: FileState::Dirty,
+                ..entry.rec.clone()
+            };
+            self.journal.write(&dirty.key(), &dirty)?;
+            entry.rec = dirty;
+            entry.busy = Some(Work::Releasing);
+            (entry.rec.id, info, mount)
+        };
+        let path = mount.file_path(id);
+        if let Ok(m) = fs::metadata(&path) {
+            unlink_if_same(&info.path, m.dev(), m.ino());
+        }
+        self.take_back(&path);
+        let mut st = self.lock();
+        if let Some(e) = st.files.get_mut(&id) {
+            e.busy = None;
+        }
+        self.changed.notify_all();
+        tracing::info!(lease = lease_id, name = %info.name, "released");
+        Ok(info)
+    }
+
+    /// Gives the file back to the daemon's user, mode 0600, so that its last owner cannot
+    /// open it again.
+    pub(super) fn take_back(&self, path: &Path) {
+        let o = self.daemon_owner;
+        let _ = std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid));
+        let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o600));
+    }
+}

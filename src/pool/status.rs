@@ -1,0 +1,102 @@
+//! The pool as `GET /v1/pool` and `hugeprep pool` show it: per node and page size, what is
+//! warm, leased, dirty and being scrubbed, beside the kernel's own counts.
+
+use super::*;
+
+/// One (node, page size) of `GET /v1/pool`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct KindStatus {
+    /// Node.
+    pub node: u32,
+    /// Page size.
+    pub page_size: PageSize,
+    /// The hugetlbfs mount.
+    pub mount: PathBuf,
+    /// Bytes the policy keeps warm.
+    pub target_bytes: u64,
+    /// File sizes the refill worker makes.
+    pub sizes: Vec<u64>,
+    /// Warm bytes (ready to lease).
+    pub warm_bytes: u64,
+    /// Warm files.
+    pub warm_files: usize,
+    /// Leased bytes.
+    pub leased_bytes: u64,
+    /// Live leases.
+    pub leases: usize,
+    /// Released or unproven bytes waiting for a scrub (or deletion).
+    pub dirty_bytes: u64,
+    /// Bytes being scrubbed.
+    pub scrubbing_bytes: u64,
+    /// Bytes being created and faulted.
+    pub filling_bytes: u64,
+    /// The kernel's free pages of this size on the node.
+    pub kernel_free_pages: u64,
+    /// The kernel's pages of this size on the node.
+    pub kernel_total_pages: u64,
+    /// Bytes in use on the mount by its size limit (`statfs`), when it has one.
+    pub mount_used_bytes: Option<u64>,
+}
+
+/// `GET /v1/pool`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct PoolStatus {
+    /// Per node and page size.
+    pub kinds: Vec<KindStatus>,
+    /// Verification level.
+    pub verify: Verification,
+    /// Background scrub cap, bytes per second.
+    pub scrub_bandwidth: Option<u64>,
+    /// Whether the last start found a clean-shutdown marker.
+    pub clean_start: bool,
+    /// The most recent scrub.
+    pub last_scrub: Option<ScrubReport>,
+}
+
+impl Pool {
+    /// Counts per node and page size.
+    pub fn status(&self) -> PoolStatus {
+        let st = self.lock();
+        let mut kinds = Vec::new();
+        for (ps, mount) in &self.mounts {
+            for node in &self.topology.nodes {
+                let n = node.id;
+                let sum = |f: &dyn Fn(&Entry) -> bool| -> (u64, usize) {
+                    st.of_kind(n, *ps)
+                        .filter(|e| f(e))
+                        .fold((0, 0), |(b, c), e| (b + e.rec.size, c + 1))
+                };
+                let warm = sum(&|e| e.rec.state == FileState::Warm);
+                let leased = sum(&|e| matches!(e.rec.state, FileState::Leased(_)));
+                let dirty = sum(&|e| e.rec.state == FileState::Dirty);
+                let scrubbing = sum(&|e| e.rec.state == FileState::Scrubbing);
+                let filling = sum(&|e| e.rec.state == FileState::Filling);
+                let target = self.policy.target(n, *ps);
+                kinds.push(KindStatus {
+                    node: n,
+                    page_size: *ps,
+                    mount: mount.root.clone(),
+                    target_bytes: target.map_or(0, |t| t.warm),
+                    sizes: target.map_or(Vec::new(), |t| t.sizes.clone()),
+                    warm_bytes: warm.0,
+                    warm_files: warm.1,
+                    leased_bytes: leased.0,
+                    leases: leased.1,
+                    dirty_bytes: dirty.0,
+                    scrubbing_bytes: scrubbing.0,
+                    filling_bytes: filling.0,
+                    kernel_free_pages: kernel::node_free_pages(n, *ps).unwrap_or(0),
+                    kernel_total_pages: kernel::node_total_pages(n, *ps).unwrap_or(0),
+                    mount_used_bytes: kernel::mount_used_pages(&mount.root).map(|p| p * ps.bytes()),
+                });
+            }
+        }
+        PoolStatus {
+            kinds,
+            verify: self.policy.verify,
+            scrub_bandwidth: self.policy.scrub_bandwidth,
+            clean_start: self.clean_start,
+            last_scrub: st.last_scrub.clone(),
+        }
+    }
+}
