@@ -1,5 +1,6 @@
 //! `hugeprep bench recycle`: scrub-and-return vs delete-and-refault, and warm lease latency.
 
+use anyhow::Context;
 use hugeprep::bench::recycle::{self, RecycleBenchConfig};
 use hugeprep::cpu::CpuInfo;
 use hugeprep::policy::ClearingPolicy;
@@ -16,9 +17,10 @@ pub struct BenchRecycleArgs {
     /// Page size: 2M or 1G.
     #[arg(long, default_value = "2M")]
     pub page_size: PageSize,
-    /// Threads for both paths (default: every CPU this process may use).
-    #[arg(long)]
-    pub threads: Option<usize>,
+    /// Thread counts, each measured for both paths side by side (default: 1 to every CPU
+    /// this process may use).
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Vec<usize>,
     /// Measured repetitions (after one warm-up round).
     #[arg(long, default_value_t = 7)]
     pub reps: usize,
@@ -34,32 +36,48 @@ pub struct BenchRecycleArgs {
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also write the JSON report to this file.
+    #[arg(long)]
+    pub json_out: Option<std::path::PathBuf>,
 }
 
-/// Runs `hugeprep bench recycle`.
+/// Runs `hugeprep bench recycle`: one report per thread count (the lease-latency part only
+/// with the first), as `{"runs": [...]}` in JSON.
 pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
     let resolution = ClearingPolicy::embedded().resolve(CpuInfo::host());
-    let threads = args
-        .threads
-        .unwrap_or_else(|| hugeprep::sys::affinity::allowed_cpus().len());
-    let cfg = RecycleBenchConfig {
-        size: args.size,
-        page_size: args.page_size,
-        threads,
-        reps: args.reps,
-        leases: args.leases,
-        lease_size: args.lease_size,
-        plan: resolution.plan,
-        state_dir: args.state_dir,
-    };
-    // Hugepage tests count free pages: do not move the pool under them.
-    let _lock = hugeprep::testing::lock()?;
-    let report = recycle::run(&cfg, &|line| eprintln!("{line}"))?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    let threads = if args.threads.is_empty() {
+        (1..=hugeprep::sys::affinity::allowed_cpus().len()).collect()
     } else {
-        print!("{}", report.table());
-        println!("{}", serde_json::to_string(&report)?);
+        args.threads.clone()
+    };
+    // Borrowed pool pages and timings must not be disturbed by tests or other benchmarks.
+    let _lock = hugeprep::hugetlb::lock::HugepageLock::acquire()?;
+    let mut runs = Vec::with_capacity(threads.len());
+    for (i, &threads) in threads.iter().enumerate() {
+        let cfg = RecycleBenchConfig {
+            size: args.size,
+            page_size: args.page_size,
+            threads,
+            reps: args.reps,
+            leases: if i == 0 { args.leases } else { 0 },
+            lease_size: args.lease_size,
+            plan: resolution.plan,
+            state_dir: args.state_dir.clone(),
+        };
+        runs.push(recycle::run(&cfg, &|line| eprintln!("{line}"))?);
+    }
+    let json = serde_json::to_string_pretty(&serde_json::json!({ "runs": runs }))?;
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, format!("{json}\n"))
+            .with_context(|| format!("--json-out {}", path.display()))?;
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        for report in &runs {
+            print!("{}", report.table());
+            println!();
+        }
     }
     Ok(())
 }
