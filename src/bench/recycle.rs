@@ -323,11 +323,13 @@ pub fn run(
     }
     crate::hugetlb::check_size(cfg.size, cfg.page_size).map_err(err)?;
     crate::hugetlb::check_size(cfg.lease_size, cfg.page_size).map_err(err)?;
+    let pages = (2 * cfg.size).max(6 * cfg.lease_size) / cfg.page_size.bytes();
+    // Declared before the mount so that it drops after it, on every return: pages can only be
+    // given back once the files on the mount have let go of them.
+    let top_up = PoolTopUp::ensure_free(None, cfg.page_size, pages).map_err(err)?;
     let mut options = MountOptions::new(cfg.page_size);
     options.mode = 0o755;
     let mount = OwnedMount::new_temp(&std::env::temp_dir(), &options).map_err(err)?;
-    let pages = (2 * cfg.size).max(6 * cfg.lease_size) / cfg.page_size.bytes();
-    let top_up = PoolTopUp::ensure_free(None, cfg.page_size, pages).map_err(err)?;
     let (scrub, refault, method) = throughput(cfg, mount.path(), log)?;
     for f in ["scrub", "refault"] {
         let _ = std::fs::remove_file(mount.path().join(f));
@@ -337,8 +339,8 @@ pub fn run(
     } else {
         None
     };
-    drop(top_up);
     let _ = mount.unmount();
+    drop(top_up);
     Ok(RecycleBenchReport {
         size: cfg.size,
         page_size: cfg.page_size,

@@ -439,6 +439,16 @@ impl PoolTopUp {
         }
         let total = read(self.scope, self.page_size)?.total;
         let resize = set_pages(self.scope, self.page_size, total.saturating_sub(self.added))?;
+        let kept = resize.after.saturating_sub(resize.requested);
+        if kept > 0 {
+            // Pages still in use cannot go back: whoever holds them leaks them.
+            tracing::warn!(
+                "{} {}: {kept} of the {} pages added are still in use and stay in the pool",
+                self.scope,
+                self.page_size,
+                self.added
+            );
+        }
         self.added = 0;
         Ok(Some(resize))
     }
