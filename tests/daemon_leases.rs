@@ -146,3 +146,22 @@ fn refill_fills_a_deficit_smaller_than_every_size() {
     assert_eq!(status.kinds[0].warm_files, 2, "{:?}", status.kinds[0]);
     assert_eq!(env.mount_used(), 10 * MIB);
 }
+
+/// "Trust but verify": with `calibration = report` the daemon times the methods at start and
+/// `/v1/cpu` says which rule chose the method, why, who decided, and what was measured.
+#[test]
+fn cpu_route_reports_rule_source_and_calibration() {
+    let env = Env::new("cpu", 8 * MIB);
+    let d = env.spawn(&["--calibration", "report"]);
+    let cpu = d.client.blocking(d.client.cpu()).unwrap();
+    assert!(!cpu.rule.is_empty() && !cpu.source.is_empty(), "{cpu:?}");
+    assert_eq!(cpu.decided_by, hugeprep::policy::DecidedBy::Rule, "{cpu:?}");
+    let calibration = cpu.calibration.expect("calibration ran at start");
+    assert_eq!(calibration["outcome"]["mode"], "report", "{calibration}");
+    assert!(
+        calibration["measured"]["methods"]
+            .as_array()
+            .is_some_and(|m| !m.is_empty()),
+        "{calibration}"
+    );
+}

@@ -22,8 +22,12 @@ pub struct CpuReport {
     pub method: ClearMethod,
     /// The plan (fence interval, minimum non-temporal extent).
     pub plan: ClearPlan,
-    /// What chose it: a policy rule's name, `calibration`, or a fallback.
+    /// The policy rule that matched this CPU.
     pub rule: String,
+    /// Where the rule's choice comes from (its `source` in the policy file).
+    pub source: String,
+    /// Whether the rule or the calibration run decided the method.
+    pub decided_by: crate::policy::DecidedBy,
     /// Calibration results, when a calibration ran.
     #[serde(default)]
     pub calibration: Option<serde_json::Value>,

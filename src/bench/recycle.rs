@@ -243,6 +243,8 @@ fn latency(
             method: cfg.plan.method,
             plan: cfg.plan,
             rule: "bench".into(),
+            source: "bench recycle's own plan".into(),
+            decided_by: crate::policy::DecidedBy::Rule,
             calibration: None,
         }),
     };

@@ -1,19 +1,15 @@
 //! `hugeprep cpu`: what this CPU is and how hugeprep will clear memory on it.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Context;
 use serde::Serialize;
 
-use hugeprep::clear::{calibrate, Calibration};
+use hugeprep::clear::Calibration;
 use hugeprep::cpu::{CpuInfo, LlcSource};
 use hugeprep::policy::{CalibrationMode, ClearingPolicy, Resolution, CALIBRATION_TOLERANCE};
 use hugeprep::sys::affinity::allowed_cpus;
 use hugeprep::units::format_bytes;
-
-/// How long calibration may spend timing methods.
-const CALIBRATION_BUDGET: Duration = Duration::from_millis(200);
 
 /// Show the CPU, its clearing features and LLC, and the clearing method the policy picks.
 #[derive(Debug, clap::Args)]
@@ -74,19 +70,21 @@ struct RuleReport<'a> {
 pub fn run(args: CpuArgs) -> anyhow::Result<()> {
     let cpu = CpuInfo::host();
     let policy = ClearingPolicy::load(args.policy.as_deref())?;
-    let mut resolution = policy.resolve(cpu);
     let mode = match (args.calibration, policy.calibration()) {
         (Some(mode), _) => mode,
         (None, CalibrationMode::Off) => CalibrationMode::Report,
         (None, mode) => mode,
     };
-    let measured = if args.calibrate {
-        let cal = calibrate(CALIBRATION_BUDGET).context("calibration failed")?;
-        resolution.apply_calibration(mode, &cal);
-        Some(cal)
-    } else {
-        None
-    };
+    let (resolution, measured) = policy
+        .decide(
+            cpu,
+            if args.calibrate {
+                mode
+            } else {
+                CalibrationMode::Off
+            },
+        )
+        .context("calibration failed")?;
     let policy_name = if policy.is_embedded() {
         format!("{} (embedded)", policy.origin().display())
     } else {

@@ -8,6 +8,7 @@ use hugeprep::cpu::CpuInfo;
 use hugeprep::daemon::config::ConfigFile;
 use hugeprep::daemon::{self, DaemonConfig};
 use hugeprep::policy::pool::Verification;
+use hugeprep::policy::CalibrationMode;
 use hugeprep::policy::{ClearingPolicy, Threads};
 use hugeprep::pool::PoolPolicy;
 use hugeprep::units::parse_bytes;
@@ -52,6 +53,12 @@ pub struct ServeArgs {
     /// Worker threads per node (0 = every CPU of the node).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Clearing policy file replacing the embedded `policies/clearing.toml`.
+    #[arg(long, value_name = "FILE")]
+    pub clearing_policy: Option<PathBuf>,
+    /// Calibration at startup: off, report or override (default: the policy file's setting).
+    #[arg(long, value_name = "MODE")]
+    pub calibration: Option<CalibrationMode>,
 }
 
 fn parse_verify(s: &str) -> Result<Verification, String> {
@@ -91,7 +98,27 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
     if let Some(t) = args.threads {
         policy.threads = t;
     }
-    let resolution = ClearingPolicy::embedded().resolve(CpuInfo::host());
+    let clearing_path = args
+        .clearing_policy
+        .clone()
+        .or(file.clearing_policy.clone());
+    let clearing = ClearingPolicy::load(clearing_path.as_deref())?;
+    let mode = args.calibration.unwrap_or(clearing.calibration());
+    // Trust the rule, but verify it on this host: a failed calibration keeps the rule.
+    let (resolution, measured) = match clearing.decide(CpuInfo::host(), mode) {
+        Ok(decision) => decision,
+        Err(err) => {
+            tracing::warn!(%err, "calibration failed; clearing with the policy rule's method");
+            (clearing.resolve(CpuInfo::host()), None)
+        }
+    };
+    tracing::info!(
+        method = %resolution.method(),
+        rule = %resolution.rule,
+        decided_by = ?resolution.decided_by,
+        calibration = ?resolution.calibration.as_ref().map(|c| (c.fastest, c.within_tolerance)),
+        "clearing method"
+    );
     let plan = resolution.plan;
     if policy.threads == 0 {
         if let Threads::Count(n) = resolution.threads {
@@ -122,10 +149,16 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
         cpu: CpuReport {
             method: plan.method,
             plan,
-            rule: format!("{} ({})", resolution.rule, resolution.source),
-            calibration: resolution
-                .calibration
-                .and_then(|c| serde_json::to_value(c).ok()),
+            rule: resolution.rule.clone(),
+            source: resolution.source.clone(),
+            decided_by: resolution.decided_by,
+            calibration: resolution.calibration.as_ref().and_then(|outcome| {
+                serde_json::to_value(serde_json::json!({
+                    "outcome": outcome,
+                    "measured": measured,
+                }))
+                .ok()
+            }),
         },
     })
 }

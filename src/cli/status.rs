@@ -26,7 +26,12 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }
-    println!("clearing: {} ({})", cpu.method, cpu.rule);
+    println!(
+        "clearing: {} (rule {}, decided by {})",
+        cpu.method,
+        cpu.rule,
+        format!("{:?}", cpu.decided_by).to_lowercase()
+    );
     print!("{}", super::pool::render_daemon_table(&pool));
     println!();
     super::lease::print_leases(&leases);

@@ -6,6 +6,7 @@
 //! state_dir = "/var/lib/hugeprep"
 //! run_dir = "/run/hugeprep"
 //! mounts = ["/dev/hugepages"]
+//! clearing_policy = "/etc/hugeprep/clearing.toml"   # default: the embedded policy
 //!
 //! [pool]
 //! verify = "sample"
@@ -39,6 +40,8 @@ pub struct ConfigFile {
     /// hugetlbfs mounts to use (one per page size); empty: find or mount them.
     #[serde(default)]
     pub mounts: Vec<PathBuf>,
+    /// A clearing policy file replacing the embedded `policies/clearing.toml`.
+    pub clearing_policy: Option<PathBuf>,
     /// The pool policy (same keys as `policies/pool.toml`).
     pub pool: Option<PoolPolicySpec>,
 }

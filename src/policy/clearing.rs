@@ -15,7 +15,7 @@ use super::error::{Document, PolicyError};
 use super::resolution::{DecidedBy, Resolution};
 use super::schema::RawPolicy;
 use super::validate::{Defaults, Validator};
-use crate::clear::{ClearPlan, Method};
+use crate::clear::{calibrate, CalibrateError, Calibration, ClearPlan, Method};
 use crate::cpu::{CpuInfo, Feature, Features, Vendor};
 use crate::units::format_bytes;
 
@@ -30,6 +30,9 @@ pub const FALLBACK_LLC_BYTES: usize = 32 << 20;
 
 /// The rule name a [`Resolution`] carries when no rule matched.
 pub const BUILTIN_FALLBACK_RULE: &str = "builtin-fallback";
+
+/// How long a calibration may spend timing the clearing methods.
+pub const CALIBRATION_BUDGET: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The top-level `calibration` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -353,6 +356,23 @@ impl ClearingPolicy {
     /// The `calibration` setting.
     pub fn calibration(&self) -> CalibrationMode {
         self.calibration
+    }
+
+    /// Resolves the rule for `cpu` and, unless `mode` is `Off`, times every available method
+    /// (about [`CALIBRATION_BUDGET`]) and applies the result the way `mode` says: "trust but
+    /// verify". Returns the decision and the measurements it rests on.
+    pub fn decide(
+        &self,
+        cpu: &CpuInfo,
+        mode: CalibrationMode,
+    ) -> Result<(Resolution, Option<Calibration>), CalibrateError> {
+        let mut resolution = self.resolve(cpu);
+        if mode == CalibrationMode::Off {
+            return Ok((resolution, None));
+        }
+        let measured = calibrate(CALIBRATION_BUDGET)?;
+        resolution.apply_calibration(mode, &measured);
+        Ok((resolution, Some(measured)))
     }
 
     /// The rules, in the order they are tried.

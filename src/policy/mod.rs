@@ -20,7 +20,8 @@ mod validate;
 
 pub use clearing::{
     CalibrationMode, ClearingPolicy, IdMatch, NtMinExtent, Rule, Threads, BUILTIN_FALLBACK_RULE,
-    EMBEDDED_CLEARING_POLICY, EMBEDDED_CLEARING_POLICY_PATH, FALLBACK_LLC_BYTES,
+    CALIBRATION_BUDGET, EMBEDDED_CLEARING_POLICY, EMBEDDED_CLEARING_POLICY_PATH,
+    FALLBACK_LLC_BYTES,
 };
 pub use error::PolicyError;
 pub use pool::{PoolPolicy, PoolPolicyError, Verification};

@@ -10,7 +10,7 @@ use crate::clear::{ClearPlan, Method};
 pub const CALIBRATION_TOLERANCE: f64 = 0.10;
 
 /// Who chose the clearing method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DecidedBy {
     /// The first matching policy rule.
