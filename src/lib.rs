@@ -11,7 +11,8 @@
 //! 5. **Hand over** memory to the VMM as a hugetlbfs file, an fd or a `GuestMemoryMmap`.
 //!
 //! The layers, bottom to top: [`sys`] (system calls), [`cpu`], [`clear`], [`policy`],
-//! [`topology`], [`hugetlb`], [`prefault`], then the pool, journal, API and daemon.
+//! [`topology`], [`hugetlb`], [`prefault`], [`scrub`], [`journal`], [`pool`], [`api`] and
+//! [`daemon`]; [`vmm`] hands memory over to QEMU, cloud-hypervisor and `vm-memory`.
 
 pub mod api;
 pub mod bench;

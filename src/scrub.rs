@@ -240,7 +240,8 @@ impl Scrubber {
         })
     }
 
-    /// The method used for extents of [`STEP`] bytes and more.
+    /// The plan's clearing method (scrubs clear 64 MiB extents per worker, above any
+    /// policy's minimum non-temporal extent).
     pub fn method(&self) -> Method {
         self.clearer.plan().method
     }

@@ -44,3 +44,11 @@ fn hugeprep_service_verifies() {
         "systemd-analyze verify:\n{stderr}"
     );
 }
+
+#[test]
+fn shipped_config_file_is_accepted_by_serve() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("service/hugeprep.toml");
+    let config =
+        hugeprep::daemon::config::ConfigFile::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    config.pool.expect("[pool] section").validate().unwrap();
+}

@@ -8,21 +8,21 @@ use serde::{Serialize, Serializer};
 /// A CPU feature that a clearing method or a policy rule can depend on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Feature {
-    /// Enhanced `rep movsb`/`rep stosb` (CPUID.7.0:EBX[9]).
+    /// Enhanced `rep movsb`/`rep stosb` (`CPUID.7.0:EBX[9]`).
     Erms,
-    /// Fast short `rep movsb` (CPUID.7.0:EDX[4]).
+    /// Fast short `rep movsb` (`CPUID.7.0:EDX[4]`).
     Fsrm,
-    /// AVX2 (CPUID.7.0:EBX[5]); 32-byte non-temporal stores.
+    /// AVX2 (`CPUID.7.0:EBX[5]`); 32-byte non-temporal stores.
     Avx2,
-    /// AVX-512 Foundation (CPUID.7.0:EBX[16]); 64-byte non-temporal stores.
+    /// AVX-512 Foundation (`CPUID.7.0:EBX[16]`); 64-byte non-temporal stores.
     Avx512f,
-    /// AVX-512 byte and word instructions (CPUID.7.0:EBX[30]).
+    /// AVX-512 byte and word instructions (`CPUID.7.0:EBX[30]`).
     Avx512bw,
-    /// AVX-512 vector length extensions (CPUID.7.0:EBX[31]).
+    /// AVX-512 vector length extensions (`CPUID.7.0:EBX[31]`).
     Avx512vl,
-    /// AMD `clzero` (CPUID.80000008h:EBX[0]).
+    /// AMD `clzero` (`CPUID.80000008h:EBX[0]`).
     Clzero,
-    /// `movdir64b`, 64-byte direct stores (CPUID.7.0:ECX[28]).
+    /// `movdir64b`, 64-byte direct stores (`CPUID.7.0:ECX[28]`).
     Movdir64b,
 }
 
