@@ -165,3 +165,53 @@ fn cpu_route_reports_rule_source_and_calibration() {
         "{calibration}"
     );
 }
+
+/// Socket activation through systemd's own tool: `systemd-socket-activate` listens, starts
+/// the daemon on the first connection with the socket as fd 3, and that first request is
+/// answered on the inherited socket.
+#[test]
+fn serves_a_socket_passed_by_socket_activation() {
+    use std::process::{Command, Stdio};
+    if Command::new("systemd-socket-activate")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        hugeprep::testing::missing_tool(
+            "systemd-socket-activate is not installed (package systemd)",
+        );
+        return;
+    }
+    let env = Env::new("activation", 8 * MIB);
+    let socket = env.dir.join("activated.sock");
+    let mut activator = Command::new("systemd-socket-activate")
+        .arg("--listen")
+        .arg(&socket)
+        .arg(env!("CARGO_BIN_EXE_hugeprep"))
+        .args(["serve", "--calibration", "off", "--state-dir"])
+        .arg(&env.state)
+        .arg("--mount")
+        .arg(&env.mount)
+        .arg("--socket")
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The activator binds before it is ready to accept: wait for the path.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !socket.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let client = hugeprep::client::Client::new(&socket);
+    let pool = client.blocking(client.pool());
+    // systemd-socket-activate execs the daemon in its own process: this pid is the daemon.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(activator.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = activator.wait();
+    let pool = pool.expect("the daemon answered on the inherited socket");
+    assert_eq!(pool.kinds.len(), 1, "{pool:?}");
+}

@@ -1,10 +1,11 @@
-//! The systemd units in `service/` pass `systemd-analyze verify` with this build's binary.
+//! The systemd units in `service/` pass `systemd-analyze verify` with this build's binary, the
+//! shipped config file is accepted, and the daemon serves a socket passed by socket activation.
 
 use std::path::Path;
 use std::process::Command;
 
 #[test]
-fn hugeprep_service_verifies() {
+fn hugeprep_units_verify() {
     if Command::new("systemd-analyze")
         .arg("--version")
         .output()
@@ -15,19 +16,29 @@ fn hugeprep_service_verifies() {
         );
         return;
     }
-    let unit = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("service/hugeprep.service"),
-    )
-    .expect("service/hugeprep.service is readable");
-    // verify checks that ExecStart= exists: point it at the binary under test.
-    let unit = unit.replace("/usr/bin/hugeprep", env!("CARGO_BIN_EXE_hugeprep"));
+    // verify checks that ExecStart= exists: point it at the binary under test. Both units go
+    // into one directory, since the service names the socket.
     let dir = std::env::temp_dir().join(format!("hugeprep-units-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("hugeprep.service");
-    std::fs::write(&path, unit).unwrap();
+    let mut paths = Vec::new();
+    for name in ["hugeprep.service", "hugeprep.socket"] {
+        let unit = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("service")
+                .join(name),
+        )
+        .unwrap_or_else(|e| panic!("service/{name}: {e}"));
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            unit.replace("/usr/bin/hugeprep", env!("CARGO_BIN_EXE_hugeprep")),
+        )
+        .unwrap();
+        paths.push(path);
+    }
     let out = Command::new("systemd-analyze")
         .arg("verify")
-        .arg(&path)
+        .args(&paths)
         .output()
         .expect("systemd-analyze runs");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -35,9 +46,7 @@ fn hugeprep_service_verifies() {
     // Units this one orders against (libvirtd.service) may be absent on a test machine.
     let problems: Vec<&str> = stderr
         .lines()
-        .filter(|l| {
-            l.contains("hugeprep.service") && !l.contains("libvirtd") && !l.contains("virtqemud")
-        })
+        .filter(|l| l.contains("hugeprep.") && !l.contains("libvirtd") && !l.contains("virtqemud"))
         .collect();
     assert!(
         out.status.success() && problems.is_empty(),

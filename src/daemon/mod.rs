@@ -134,7 +134,7 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         path: PathBuf::new(),
         source,
     })?;
-    let listener = socket::bind(&config.socket, config.socket_group.as_deref())?;
+    let api_socket = socket::listen(&config.socket, config.socket_group.as_deref())?;
     api::pidwatch::watch_existing(&pool);
     let served: Vec<String> = pool
         .mounts()
@@ -166,11 +166,14 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         // Waiting leases and running scrubs stop now; requests in flight finish.
         pool_for_signal.shutdown();
     };
-    let served = api::serve(listener, state, shutdown).await;
+    let activated = api_socket.activated;
+    let served = api::serve(api_socket.listener, state, shutdown).await;
     pool.shutdown();
     let _ = tokio::task::spawn_blocking(move || worker.join()).await;
     pool.mark_clean_shutdown()?;
-    let _ = std::fs::remove_file(&config.socket);
+    if !activated {
+        let _ = std::fs::remove_file(&config.socket);
+    }
     served.map_err(|source| DaemonError::Io {
         op: "serve",
         path: config.socket.clone(),

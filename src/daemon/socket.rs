@@ -75,3 +75,42 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<tokio::net::UnixListener
     }
     Ok(listener)
 }
+
+/// The API socket and where it came from.
+#[derive(Debug)]
+pub struct ApiSocket {
+    /// The listener.
+    pub listener: tokio::net::UnixListener,
+    /// Passed by socket activation: the service manager owns the path, its mode and group,
+    /// and keeps queueing connections while the daemon restarts, so the daemon must neither
+    /// chmod nor remove it.
+    pub activated: bool,
+}
+
+/// The socket systemd passed (socket activation), or a new one bound at `path` (see [`bind`]).
+pub fn listen(path: &Path, group: Option<&str>) -> Result<ApiSocket, DaemonError> {
+    let inherited =
+        crate::sys::activation::inherited_unix_listener().map_err(|source| DaemonError::Io {
+            op: "take the socket-activated listener",
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let Some(listener) = inherited else {
+        return Ok(ApiSocket {
+            listener: bind(path, group)?,
+            activated: false,
+        });
+    };
+    let adopt = |source| DaemonError::Io {
+        op: "adopt the socket-activated listener",
+        path: path.to_path_buf(),
+        source,
+    };
+    listener.set_nonblocking(true).map_err(adopt)?;
+    let listener = tokio::net::UnixListener::from_std(listener).map_err(adopt)?;
+    tracing::info!("serving on the socket passed by socket activation");
+    Ok(ApiSocket {
+        listener,
+        activated: true,
+    })
+}

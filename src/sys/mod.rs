@@ -1,6 +1,7 @@
 //! Thin, safe wrappers over the system calls hugeprep needs. Together with `clear::kernels`
 //! this is where the crate's `unsafe` code lives; everything above it is safe Rust.
 
+pub mod activation;
 pub mod affinity;
 pub mod mmap;
 pub mod numa;
