@@ -16,13 +16,14 @@ use serde::Serialize;
 
 use crate::api::{self, ApiState, CpuReport};
 use crate::bench::Summary;
+use crate::clear::ClearError;
 use crate::clear::ClearPlan;
-use crate::client::Client;
-use crate::hugetlb::{BackingFile, MountOptions, OwnedMount, PoolTopUp};
+use crate::client::{Client, ClientError};
+use crate::hugetlb::{BackingFile, FileError, MountError, MountOptions, OwnedMount, PoolTopUp};
 use crate::page_size::PageSize;
 use crate::policy::pool::Verification;
 use crate::pool::{fault, LeaseRequest, LeaseSource, Pool, PoolConfig, PoolPolicy};
-use crate::scrub::{ScrubControl, ScrubOptions, Scrubber};
+use crate::scrub::{ScrubControl, ScrubError, ScrubOptions, Scrubber};
 use crate::units::{format_bytes, gbps};
 
 /// What to run.
@@ -46,13 +47,59 @@ pub struct RecycleBenchConfig {
     pub state_dir: Option<PathBuf>,
 }
 
-/// A recycle benchmark failed.
+/// A recycle benchmark failed; every variant keeps the failing layer's own error.
 #[derive(Debug, thiserror::Error)]
-#[error("bench recycle: {0}")]
-pub struct RecycleBenchError(pub String);
+pub enum RecycleBenchError {
+    /// A setting is out of range.
+    #[error("bench recycle: --{field}: {reason}")]
+    Invalid {
+        /// The setting.
+        field: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// Creating, mapping or removing a backing file failed.
+    #[error("bench recycle: {0}")]
+    File(#[from] FileError),
+    /// The benchmark's own hugetlbfs could not be mounted.
+    #[error("bench recycle: {0}")]
+    Mount(#[from] MountError),
+    /// The kernel's hugepage pool could not be read or raised.
+    #[error("bench recycle: {0}")]
+    KernelPool(#[from] crate::hugetlb::PoolError),
+    /// Faulting a file's pages failed.
+    #[error("bench recycle: {0}")]
+    Fault(#[from] fault::FaultError),
+    /// Running the warm pool failed.
+    #[error("bench recycle: {0}")]
+    WarmPool(#[from] crate::pool::PoolError),
+    /// The clearing plan cannot run on this CPU.
+    #[error("bench recycle: {0}")]
+    Clear(#[from] ClearError),
+    /// A scrub failed.
+    #[error("bench recycle: {0}")]
+    Scrub(#[from] ScrubError),
+    /// A lease request over the API failed.
+    #[error("bench recycle: {0}")]
+    Client(#[from] ClientError),
+    /// Starting a thread, the runtime or the socket failed.
+    #[error("bench recycle: {op}: {source}")]
+    Io {
+        /// What was being started.
+        op: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The warm pool did not reach its target in time (a liveness bound).
+    #[error("bench recycle: the warm pool did not refill within {seconds} s")]
+    Refill {
+        /// The bound.
+        seconds: u64,
+    },
+}
 
-fn err(e: impl std::fmt::Display) -> RecycleBenchError {
-    RecycleBenchError(e.to_string())
+fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> RecycleBenchError {
+    move |source| RecycleBenchError::Io { op, source }
 }
 
 /// Throughput of one path.
@@ -111,7 +158,7 @@ fn cpus(threads: usize) -> Vec<usize> {
 }
 
 fn dirty(file: &BackingFile, seed: u8) -> Result<(), RecycleBenchError> {
-    let mut m = file.map().map_err(err)?;
+    let mut m = file.map()?;
     // One byte per 4 KiB is enough to make every page dirty without spending the run on it.
     for (i, b) in m.as_mut_slice().iter_mut().step_by(4096).enumerate() {
         *b = seed ^ (i as u8) | 1;
@@ -128,8 +175,7 @@ fn scrub_once(s: &Scrubber, file: &BackingFile, cpus: &[usize]) -> Result<f64, R
         verify: Verification::Sample,
     };
     let t = Instant::now();
-    s.scrub_file(file, &opts, &ScrubControl::default())
-        .map_err(err)?;
+    s.scrub_file(file, &opts, &ScrubControl::default())?;
     Ok(t.elapsed().as_secs_f64())
 }
 
@@ -141,9 +187,9 @@ fn delete_refault_once(
     dirty(&old, 0x5a)?;
     let path = old.path().to_path_buf();
     let t = Instant::now();
-    old.remove().map_err(err)?; // unlink + close: the pages go back to the kernel
-    let fresh = BackingFile::create(&path, cfg.size, cfg.page_size, None).map_err(err)?;
-    fault::fault_range(&fresh, 0..cfg.size, 0, cfg.threads).map_err(err)?;
+    old.remove()?; // unlink + close: the pages go back to the kernel
+    let fresh = BackingFile::create(&path, cfg.size, cfg.page_size, None)?;
+    fault::fault_range(&fresh, 0..cfg.size, 0, cfg.threads)?;
     let s = t.elapsed().as_secs_f64();
     let _ = dir;
     Ok((s, fresh))
@@ -154,13 +200,12 @@ fn throughput(
     dir: &Path,
     log: &dyn Fn(&str),
 ) -> Result<(PathResult, PathResult, String), RecycleBenchError> {
-    let scrubber = Scrubber::new(cfg.plan).map_err(err)?;
+    let scrubber = Scrubber::new(cfg.plan)?;
     let cpus = cpus(cfg.threads);
-    let a = BackingFile::create(&dir.join("scrub"), cfg.size, cfg.page_size, None).map_err(err)?;
-    fault::fault_range(&a, 0..cfg.size, 0, cfg.threads).map_err(err)?;
-    let mut b =
-        BackingFile::create(&dir.join("refault"), cfg.size, cfg.page_size, None).map_err(err)?;
-    fault::fault_range(&b, 0..cfg.size, 0, cfg.threads).map_err(err)?;
+    let a = BackingFile::create(&dir.join("scrub"), cfg.size, cfg.page_size, None)?;
+    fault::fault_range(&a, 0..cfg.size, 0, cfg.threads)?;
+    let mut b = BackingFile::create(&dir.join("refault"), cfg.size, cfg.page_size, None)?;
+    fault::fault_range(&b, 0..cfg.size, 0, cfg.threads)?;
     let w1 = scrub_once(&scrubber, &a, &cpus)?;
     let (w2, nb) = delete_refault_once(dir, b, cfg)?;
     b = nb;
@@ -189,7 +234,12 @@ fn throughput(
             s2[rep]
         ));
     }
-    let summary = |v: &Vec<f64>| Summary::of(v).ok_or_else(|| err("no samples"));
+    let summary = |v: &Vec<f64>| {
+        Summary::of(v).ok_or(RecycleBenchError::Invalid {
+            field: "reps",
+            reason: "must be at least 1",
+        })
+    };
     Ok((
         PathResult {
             path: "scrub",
@@ -224,19 +274,18 @@ fn latency(
         mounts: vec![mount.to_path_buf()],
         policy,
         plan: cfg.plan,
-    })
-    .map_err(err)?;
-    let worker = pool.spawn_worker().map_err(err)?;
+    })?;
+    let worker = pool.spawn_worker().map_err(io("spawn the pool worker"))?;
     let socket = base.join("bench.sock");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(err)?;
+        .map_err(io("start the runtime"))?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let listener = rt
         .block_on(async { tokio::net::UnixListener::bind(&socket) })
-        .map_err(err)?;
+        .map_err(io("bind the benchmark's API socket"))?;
     let state = ApiState {
         pool: Arc::clone(&pool),
         cpu: Arc::new(CpuReport {
@@ -262,7 +311,7 @@ fn latency(
                 .all(|k| k.warm_bytes >= k.target_bytes))
         {
             if Instant::now() > deadline {
-                return Err(err("pool did not refill within 60 s"));
+                return Err(RecycleBenchError::Refill { seconds: 60 });
             }
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -283,13 +332,13 @@ fn latency(
                 pid: None,
             };
             let t = Instant::now();
-            let lease = client.lease(&req).await.map_err(err)?;
+            let lease = client.lease(&req).await?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
             if i >= 20 {
                 samples.push(ms);
                 warm_exact += usize::from(lease.source == LeaseSource::WarmExact);
             }
-            client.release(lease.id).await.map_err(err)?;
+            client.release(lease.id).await?;
         }
         Ok::<(), RecycleBenchError>(())
     });
@@ -321,17 +370,20 @@ pub fn run(
     log: &dyn Fn(&str),
 ) -> Result<RecycleBenchReport, RecycleBenchError> {
     if cfg.reps == 0 {
-        return Err(err("--reps must be at least 1"));
+        return Err(RecycleBenchError::Invalid {
+            field: "reps",
+            reason: "must be at least 1",
+        });
     }
-    crate::hugetlb::check_size(cfg.size, cfg.page_size).map_err(err)?;
-    crate::hugetlb::check_size(cfg.lease_size, cfg.page_size).map_err(err)?;
+    crate::hugetlb::check_size(cfg.size, cfg.page_size)?;
+    crate::hugetlb::check_size(cfg.lease_size, cfg.page_size)?;
     let pages = (2 * cfg.size).max(6 * cfg.lease_size) / cfg.page_size.bytes();
     // Declared before the mount so that it drops after it, on every return: pages can only be
     // given back once the files on the mount have let go of them.
-    let top_up = PoolTopUp::ensure_free(None, cfg.page_size, pages).map_err(err)?;
+    let top_up = PoolTopUp::ensure_free(None, cfg.page_size, pages)?;
     let mut options = MountOptions::new(cfg.page_size);
     options.mode = 0o755;
-    let mount = OwnedMount::new_temp(&std::env::temp_dir(), &options).map_err(err)?;
+    let mount = OwnedMount::new_temp(&std::env::temp_dir(), &options)?;
     let (scrub, refault, method) = throughput(cfg, mount.path(), log)?;
     for f in ["scrub", "refault"] {
         let _ = std::fs::remove_file(mount.path().join(f));
