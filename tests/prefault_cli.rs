@@ -134,3 +134,61 @@ fn pool_prints_every_node_and_page_size() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("node 0") && text.contains("system"), "{text}");
 }
+
+#[test]
+fn mount_command_mounts_lists_and_unmounts_with_owner_and_mode() {
+    let Some(_reservation) =
+        hugeprep::testing::HugepageReservation::ensure_free(PageSize::Size2M, 2).unwrap()
+    else {
+        panic!("the kernel cannot supply 2 free 2M hugepages");
+    };
+    let dir = std::env::temp_dir().join(format!("hugeprep-mount-cli-{}", std::process::id()));
+    let dir_s = dir.to_str().unwrap();
+    let out = hugeprep(&[
+        "mount",
+        dir_s,
+        "--page-size",
+        "2M",
+        "--owner",
+        "nobody",
+        "--mode",
+        "0750",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta = std::fs::metadata(&dir).unwrap();
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    assert_eq!(meta.uid(), nobody.uid.as_raw());
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o750);
+    let listed = String::from_utf8_lossy(&hugeprep(&["mount"]).stdout).into_owned();
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with("2M") && l.ends_with(dir_s)),
+        "{listed}"
+    );
+    // A file prepared on it, then the mount goes away with it.
+    let file = dir.join("guest");
+    let out = hugeprep(&["prepare", "--size", "4M", "--path", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = hugeprep(&["mount", dir_s, "--unmount"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&hugeprep(&["mount"]).stdout).contains(dir_s));
+    std::fs::remove_dir(&dir).unwrap();
+    // Not a hugetlbfs mount: refused, naming it.
+    let out = hugeprep(&["mount", "/tmp", "--unmount"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a hugetlbfs mount"));
+}

@@ -6,6 +6,7 @@ mod bench_prefault;
 mod bench_recycle;
 mod cpu;
 mod lease;
+mod mount;
 mod pool;
 mod prepare;
 mod release;
@@ -45,6 +46,8 @@ pub enum Command {
     Pool(pool::PoolArgs),
     /// Create a hugetlbfs file and fault every page in, in parallel (no daemon).
     Prepare(prepare::PrepareArgs),
+    /// Mount hugetlbfs of a page size, list the mounts, or unmount one.
+    Mount(mount::MountArgs),
 }
 
 /// `hugeprep bench ...`.
@@ -87,6 +90,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         },
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),
+        Command::Mount(args) => mount::run(args),
         Command::Cpu(args) => cpu::run(args),
     }
 }
