@@ -56,6 +56,21 @@ impl HugepageReservation {
     pub fn free_pages(&self) -> u64 {
         self._top_up.free_pages().unwrap_or(0)
     }
+
+    /// Waits (up to 10 s, a liveness bound) until `expected` pages are free and returns the
+    /// last count. Closing the last descriptor of a file frees its pages only once no other
+    /// process holds a copy: a child that another test thread forks holds every open
+    /// descriptor until it execs, so a test checking right after a close can race it.
+    pub fn wait_free(&self, expected: u64) -> u64 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let free = self.free_pages();
+            if free == expected || std::time::Instant::now() >= deadline {
+                return free;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
 }
 
 /// Reports that a tool a test talks to (QEMU, hugeadm, systemd-analyze) is missing. Under

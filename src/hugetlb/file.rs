@@ -402,7 +402,7 @@ mod tests {
         f.set_len(2 << 20).unwrap();
         assert_eq!(res.free_pages(), free0 - 1);
         drop(f);
-        assert_eq!(res.free_pages(), free0);
+        assert_eq!(res.wait_free(free0), free0);
     }
 
     #[test]
