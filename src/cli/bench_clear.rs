@@ -35,15 +35,12 @@ pub struct BenchClearArgs {
     /// Timed repetitions per measurement after one warm-up (at least 5).
     #[arg(long)]
     reps: Option<usize>,
-    /// Print the results as one JSON object on stdout instead of the table.
-    #[arg(long)]
-    json: bool,
-    /// Also write the JSON object to FILE.
-    #[arg(long, value_name = "FILE")]
-    json_out: Option<PathBuf>,
     /// Write a chart (GB/s against chunk size, at the largest thread count) to FILE as SVG.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
+    /// `--json`, `--json-out FILE`.
+    #[command(flatten)]
+    output: super::JsonOutput,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -105,16 +102,7 @@ pub fn run(args: BenchClearArgs) -> anyhow::Result<()> {
     let report = report?;
     drop(lock);
 
-    let json = serde_json::to_string_pretty(&report)?;
-    if args.json {
-        println!("{json}");
-    } else {
-        print!("{}", report.table());
-    }
-    if let Some(path) = &args.json_out {
-        std::fs::write(path, format!("{json}\n"))
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    args.output.emit(&report, || report.table())?;
     if let Some(path) = &args.svg {
         std::fs::write(path, report.svg())
             .with_context(|| format!("writing {}", path.display()))?;

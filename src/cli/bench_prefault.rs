@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use hugeprep::bench::prefault::{self, PrefaultBenchConfig};
 use hugeprep::units::parse_bytes;
 use hugeprep::PageSize;
@@ -31,12 +30,9 @@ pub struct BenchPrefaultArgs {
     /// hugetlbfs mount to use (default: one mounted in a temporary directory for the run).
     #[arg(long)]
     pub mount: Option<PathBuf>,
-    /// Print JSON instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the JSON report to this file.
-    #[arg(long)]
-    pub json_out: Option<PathBuf>,
+    /// `--json`, `--json-out FILE`.
+    #[command(flatten)]
+    pub output: super::JsonOutput,
 }
 
 /// Runs `hugeprep bench prefault`.
@@ -60,15 +56,5 @@ pub fn run(args: BenchPrefaultArgs) -> anyhow::Result<()> {
         }
         other => anyhow::anyhow!(other),
     })?;
-    let json = serde_json::to_string_pretty(&report)?;
-    if let Some(path) = &args.json_out {
-        std::fs::write(path, format!("{json}\n"))
-            .with_context(|| format!("--json-out {}", path.display()))?;
-    }
-    if args.json {
-        println!("{json}");
-    } else {
-        print!("{}", report.table());
-    }
-    Ok(())
+    args.output.emit(&report, || report.table())
 }

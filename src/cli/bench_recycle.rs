@@ -1,6 +1,5 @@
 //! `hugeprep bench recycle`: scrub-and-return vs delete-and-refault, and warm lease latency.
 
-use anyhow::Context;
 use hugeprep::bench::recycle::{self, RecycleBenchConfig};
 use hugeprep::cpu::CpuInfo;
 use hugeprep::policy::ClearingPolicy;
@@ -33,12 +32,9 @@ pub struct BenchRecycleArgs {
     /// Journal directory for the latency part (default: a temporary directory).
     #[arg(long)]
     pub state_dir: Option<std::path::PathBuf>,
-    /// Print JSON instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the JSON report to this file.
-    #[arg(long)]
-    pub json_out: Option<std::path::PathBuf>,
+    /// `--json`, `--json-out FILE`.
+    #[command(flatten)]
+    pub output: super::JsonOutput,
 }
 
 /// Runs `hugeprep bench recycle`: one report per thread count (the lease-latency part only
@@ -66,18 +62,7 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
         };
         runs.push(recycle::run(&cfg, &|line| eprintln!("{line}"))?);
     }
-    let json = serde_json::to_string_pretty(&serde_json::json!({ "runs": runs }))?;
-    if let Some(path) = &args.json_out {
-        std::fs::write(path, format!("{json}\n"))
-            .with_context(|| format!("--json-out {}", path.display()))?;
-    }
-    if args.json {
-        println!("{json}");
-    } else {
-        for report in &runs {
-            print!("{}", report.table());
-            println!();
-        }
-    }
-    Ok(())
+    args.output.emit(&serde_json::json!({ "runs": runs }), || {
+        runs.iter().map(|r| r.table() + "\n").collect()
+    })
 }

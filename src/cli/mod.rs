@@ -13,6 +13,9 @@ mod release;
 mod serve;
 mod status;
 
+use std::path::PathBuf;
+
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 /// hugeprep: pre-zeroed, pre-faulted hugepage memory for virtual machines.
@@ -92,5 +95,37 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Prepare(args) => prepare::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Cpu(args) => cpu::run(args),
+    }
+}
+
+/// The `--json` and `--json-out FILE` of every benchmark: JSON next to the human table.
+#[derive(Debug, clap::Args)]
+pub struct JsonOutput {
+    /// Print the results as JSON on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json_out: Option<PathBuf>,
+}
+
+impl JsonOutput {
+    /// Writes `report` as JSON to `--json-out`, then prints it (`--json`) or `table()`.
+    pub fn emit(
+        &self,
+        report: &impl serde::Serialize,
+        table: impl FnOnce() -> String,
+    ) -> anyhow::Result<()> {
+        let json = serde_json::to_string_pretty(report)?;
+        if let Some(path) = &self.json_out {
+            std::fs::write(path, format!("{json}\n"))
+                .with_context(|| format!("--json-out {}", path.display()))?;
+        }
+        if self.json {
+            println!("{json}");
+        } else {
+            print!("{}", table());
+        }
+        Ok(())
     }
 }
