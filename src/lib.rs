@@ -27,6 +27,7 @@ pub mod policy;
 pub mod pool;
 pub mod prefault;
 pub mod scrub;
+pub mod stats;
 pub mod sys;
 #[doc(hidden)]
 pub mod testing;

@@ -6,7 +6,6 @@ pub mod clear_report;
 pub mod prefault;
 pub mod qemu;
 pub mod recycle;
-pub mod stats;
 pub mod svg;
 
-pub use stats::Summary;
+pub use crate::stats::Summary;

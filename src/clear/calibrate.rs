@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::clearer::{ClearError, Clearer};
 use super::{ClearPlan, Method};
 use crate::page_size::PageSize;
+use crate::stats::Summary;
 use crate::sys::mmap::{MmapError, MmapRegion};
 
 /// Default scratch buffer: at least twice the LLC of current server CPUs (32 MiB per CCD on
@@ -163,7 +164,8 @@ pub fn calibrate_with(
         }
         timings.push(MethodTiming {
             method: clearer.plan().method,
-            gbps: median(&mut samples),
+            // At least MIN_REPS samples were taken, so there is a median.
+            gbps: Summary::of(&samples).map_or(0.0, |s| s.median),
         });
     }
     let fastest = timings
@@ -178,16 +180,6 @@ pub fn calibrate_with(
     })
 }
 
-fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    let n = samples.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => samples[n / 2],
-        _ => (samples[n / 2 - 1] + samples[n / 2]) / 2.0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,11 +190,5 @@ mod tests {
         assert!(matches!(err, CalibrateError::NoMethods), "{err}");
         let err = calibrate_with(&[Method::WriteBytes], 4096, Duration::ZERO).unwrap_err();
         assert!(err.to_string().contains("buffer_bytes = 4096"), "{err}");
-    }
-
-    #[test]
-    fn median_of_even_and_odd() {
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
     }
 }

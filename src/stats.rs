@@ -1,4 +1,5 @@
-//! Summaries of repeated measurements: median and range, never a single run.
+//! Summaries of repeated measurements (benchmarks, calibration): median and range, never a
+//! single run.
 
 use serde::Serialize;
 
@@ -17,7 +18,7 @@ impl Summary {
     /// Summarises `samples`; `None` when there are none or one is NaN.
     ///
     /// ```
-    /// use hugeprep::bench::Summary;
+    /// use hugeprep::stats::Summary;
     /// let s = Summary::of(&[3.0, 1.0, 2.0, 10.0]).unwrap();
     /// assert_eq!((s.median, s.min, s.max), (2.5, 1.0, 10.0));
     /// ```
