@@ -310,30 +310,14 @@ fn cpuid_values_decode_to_the_real_identity() {
         assert_eq!(cpu.llc_bytes, Some(id.l3_bytes()), "{}", id.name);
         assert_eq!(cpu.llc_source, LlcSource::Cpuid, "{}", id.name);
         assert_eq!(cpu.has(Feature::Clzero), id.clzero, "{}", id.name);
-        assert_eq!(
-            cpu.has(Feature::Avx512f),
-            id.leaf7_ebx & AVX512F != 0,
-            "{}",
-            id.name
-        );
-        assert_eq!(
-            cpu.has(Feature::Erms),
-            id.leaf7_ebx & ERMS != 0,
-            "{}",
-            id.name
-        );
-        assert_eq!(
-            cpu.has(Feature::Fsrm),
-            id.leaf7_edx & FSRM_EDX != 0,
-            "{}",
-            id.name
-        );
-        assert_eq!(
-            cpu.has(Feature::Movdir64b),
-            id.leaf7_ecx & MOVDIR64B_ECX != 0,
-            "{}",
-            id.name
-        );
+        for (feature, expected) in [
+            (Feature::Avx512f, id.leaf7_ebx & AVX512F != 0),
+            (Feature::Erms, id.leaf7_ebx & ERMS != 0),
+            (Feature::Fsrm, id.leaf7_edx & FSRM_EDX != 0),
+            (Feature::Movdir64b, id.leaf7_ecx & MOVDIR64B_ECX != 0),
+        ] {
+            assert_eq!(cpu.has(feature), expected, "{} {feature:?}", id.name);
+        }
         let vendor = match id.vendor {
             INTEL => Vendor::Intel,
             AMD => Vendor::Amd,

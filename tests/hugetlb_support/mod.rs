@@ -50,6 +50,12 @@ impl HugeEnv {
         self.reservation.free_pages()
     }
 
+    /// Free pages once a file this process closed has let go of its pages (see
+    /// `HugepageReservation::wait_free`): the count to compare after a close or removal.
+    pub fn free_after_close(&self, expected: u64) -> u64 {
+        self.reservation.wait_free(expected)
+    }
+
     /// Names in the mount directory.
     pub fn files(&self) -> Vec<String> {
         std::fs::read_dir(self.dir())
