@@ -112,6 +112,10 @@ pub struct ScrubReport {
     pub seconds: f64,
     /// Workers used.
     pub threads: usize,
+    /// The CPUs each worker's `sched_getaffinity` reported after pinning, by worker (the
+    /// clearing threads pin to the same CPUs).
+    #[serde(default)]
+    pub affinity: Vec<Vec<usize>>,
     /// The clearing method.
     pub method: Method,
     /// The verification done.
@@ -309,21 +313,28 @@ impl Scrubber {
         // would otherwise take one minor fault per page inside the clearing loop.
         let len = region.len();
         let per_worker = len.div_ceil(page).div_ceil(workers) * page;
-        std::thread::scope(|s| {
+        let affinity: Vec<Vec<usize>> = std::thread::scope(|s| {
             let region = &*region;
-            for (w, &cpu) in cpus.iter().enumerate() {
-                let off = (w * per_worker).min(len);
-                let n = per_worker.min(len - off);
-                if n == 0 {
-                    continue;
-                }
-                s.spawn(move || {
-                    let _ = pin_current_thread(&[cpu]);
-                    if let Err(err) = region.populate_write(off, n) {
-                        tracing::debug!(%err, "populate before scrub failed; clearing faults pages in");
-                    }
-                });
-            }
+            let handles: Vec<_> = cpus
+                .iter()
+                .enumerate()
+                .filter_map(|(w, &cpu)| {
+                    let off = (w * per_worker).min(len);
+                    let n = per_worker.min(len - off);
+                    (n > 0).then(|| {
+                        s.spawn(move || {
+                            let _ = pin_current_thread(&[cpu]);
+                            let affinity = crate::sys::affinity::allowed_cpus();
+                            tracing::debug!(what, cpu, ?affinity, "scrub worker pinned");
+                            if let Err(err) = region.populate_write(off, n) {
+                                tracing::debug!(%err, "populate before scrub failed; clearing faults pages in");
+                            }
+                            affinity
+                        })
+                    })
+                })
+                .collect();
+            handles.into_iter().filter_map(|h| h.join().ok()).collect()
         });
         let buf = region.as_mut_slice();
         // Extents of STEP bytes per worker: each call streams (>= the LLC size per call),
@@ -378,6 +389,7 @@ impl Scrubber {
             bytes: len as u64,
             seconds: start.elapsed().as_secs_f64(),
             threads: workers,
+            affinity,
             method: self.method(),
             verify: opts.verify,
         })

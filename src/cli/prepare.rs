@@ -6,6 +6,7 @@ use anyhow::anyhow;
 use hugeprep::cpu::CpuInfo;
 use hugeprep::policy::{ClearingPolicy, Threads};
 use hugeprep::prefault::{self, PrefaultOptions, PrepareError, PrepareSpec, Target};
+use hugeprep::topology::Topology;
 use hugeprep::units::{format_bytes, parse_bytes};
 use hugeprep::PageSize;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -83,6 +84,7 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
             "node": r.node,
             "threads": r.threads,
             "cpus": r.cpus,
+            "affinity": r.affinity,
             "seconds": r.seconds,
             "gbps": r.gbps,
             "method": r.method,
@@ -99,11 +101,30 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
             r.page_size
         );
         println!("node     {node}");
-        println!("threads  {} (cpus {:?})", r.threads, r.cpus);
+        println!(
+            "threads  {} (cpus {:?}){}",
+            r.threads,
+            r.cpus,
+            cpuless_note(r.node)
+        );
         println!("seconds  {:.3}", r.seconds);
         println!("GB/s     {:.1}", r.gbps);
     }
     Ok(())
+}
+
+/// For a node without CPUs (CXL, HBM): which CPUs ran its workers instead.
+fn cpuless_note(node: Option<u32>) -> String {
+    let cpuless = node.and_then(|n| {
+        let topology = Topology::detect().ok()?;
+        Some(topology.node(n).ok()?.cpus.is_empty())
+    });
+    match (node, cpuless) {
+        (Some(n), Some(true)) => {
+            format!("; node {n} has no CPUs: ran on the CPUs this process may use")
+        }
+        _ => String::new(),
+    }
 }
 
 /// The clearing policy's per-node thread count for this CPU; `None` for "all" (one worker per

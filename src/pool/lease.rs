@@ -2,6 +2,7 @@
 //! journaling each step before it takes effect, and rolling back a failed lease so that it
 //! leaves no file, link or pool state behind.
 
+use super::placement::{self, NodeSupply};
 use super::*;
 
 impl Pool {
@@ -10,7 +11,10 @@ impl Pool {
         check_name(&req.name)?;
         let page_size = req.page_size.unwrap_or(PageSize::Size2M);
         self.mount(page_size)?;
-        let node = req.node.unwrap_or(0);
+        let node = match req.node {
+            Some(node) => node,
+            None => self.default_node(req.pid, page_size),
+        };
         self.topology.node(node).map_err(|e| PoolError::Field {
             field: "node",
             message: e.to_string(),
@@ -45,6 +49,31 @@ impl Pool {
             owner,
             pid,
         })
+    }
+
+    /// The node of a request that names none ([`placement`] has the rule).
+    fn default_node(&self, pid: Option<u32>, page_size: PageSize) -> u32 {
+        let pid_cpus = pid.and_then(crate::sys::affinity::process_cpus);
+        let supply: Vec<NodeSupply> = {
+            let st = self.lock();
+            self.topology
+                .node_ids()
+                .into_iter()
+                .map(|node| NodeSupply {
+                    node,
+                    warm_bytes: st
+                        .of_kind(node, page_size)
+                        .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
+                        .map(|e| e.rec.size)
+                        .sum(),
+                    free_bytes: crate::hugetlb::pool::available(Some(node), page_size).unwrap_or(0)
+                        * page_size.bytes(),
+                })
+                .collect()
+        };
+        let (node, why) = placement::choose_node(&self.topology, pid_cpus.as_deref(), &supply);
+        tracing::debug!(node, ?why, ?pid, "lease names no node");
+        node
     }
 
     /// Takes a lease: a warm file of exactly the size, else a larger one shrunk, else a

@@ -22,6 +22,7 @@ pub mod fault;
 mod holders;
 mod kernel;
 mod lease;
+pub mod placement;
 mod record;
 mod recover;
 mod request;

@@ -20,7 +20,8 @@ pub struct LeaseRequest {
     /// Page size; the default is 2M.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page_size: Option<PageSize>,
-    /// NUMA node; the default is node 0.
+    /// NUMA node; when absent, the node of `pid`'s CPUs, else the node with the most warm
+    /// memory ([`crate::pool::placement`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<u32>,
     /// User (name or uid) to hand the file to.

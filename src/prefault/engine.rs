@@ -170,7 +170,7 @@ pub fn prefault_mapped(
         stop: &stop,
         no_populate_write: &no_populate_write,
     };
-    let results: Vec<Result<(), PrefaultError>> = std::thread::scope(|s| {
+    let results: Vec<Result<Vec<usize>, PrefaultError>> = std::thread::scope(|s| {
         // Each worker says when it is done, so the caller learns of the end at once rather
         // than at the next progress tick (a tick is a sizeable share of a 100 ms fill).
         let (finished_tx, finished_rx) = mpsc::channel::<()>();
@@ -210,7 +210,9 @@ pub fn prefault_mapped(
             .collect()
     });
     // A real failure explains the others, which only stopped because of it.
-    let mut errors: Vec<PrefaultError> = results.into_iter().filter_map(Result::err).collect();
+    let (affinity, errors): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+    let affinity: Vec<Vec<usize>> = affinity.into_iter().filter_map(Result::ok).collect();
+    let mut errors: Vec<PrefaultError> = errors.into_iter().filter_map(Result::err).collect();
     if !errors.is_empty() {
         let first_real = errors
             .iter()
@@ -253,6 +255,7 @@ pub fn prefault_mapped(
             page_size,
             threads,
             cpus: worker_cpus,
+            affinity,
             node: opts.node,
             seconds,
             gbps: gbps(bytes, seconds),
@@ -277,9 +280,9 @@ struct Worker<'a> {
 }
 
 impl Worker<'_> {
-    /// Faults `chunk` (offsets in the mapping), pinned to `cpu`; on failure tells the other
-    /// workers to stop.
-    fn run(&self, cpu: usize, chunk: Range<u64>) -> Result<(), PrefaultError> {
+    /// Faults `chunk` (offsets in the mapping), pinned to `cpu`; returns the affinity the
+    /// kernel reports for the worker; on failure tells the other workers to stop.
+    fn run(&self, cpu: usize, chunk: Range<u64>) -> Result<Vec<usize>, PrefaultError> {
         let result = self.fault_chunk(cpu, chunk);
         if result.is_err() {
             self.stop.store(true, Ordering::Relaxed);
@@ -296,8 +299,10 @@ impl Worker<'_> {
                 .is_some_and(|c| c.load(Ordering::Relaxed))
     }
 
-    fn fault_chunk(&self, cpu: usize, chunk: Range<u64>) -> Result<(), PrefaultError> {
+    fn fault_chunk(&self, cpu: usize, chunk: Range<u64>) -> Result<Vec<usize>, PrefaultError> {
         pin_current_thread(&[cpu])?;
+        let affinity = allowed_cpus();
+        tracing::debug!(cpu, ?affinity, "prefault worker pinned");
         let mut offset = chunk.start;
         while offset < chunk.end {
             if self.cancelled() {
@@ -312,7 +317,7 @@ impl Worker<'_> {
             self.done.fetch_add(len, Ordering::Relaxed);
             offset += len;
         }
-        Ok(())
+        Ok(affinity)
     }
 
     fn fault_extent(&self, offset: u64, len: u64) -> Result<(), PrefaultError> {

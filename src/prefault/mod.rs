@@ -103,6 +103,9 @@ pub struct PrefaultReport {
     pub threads: usize,
     /// The CPU each worker was pinned to, by worker.
     pub cpus: Vec<usize>,
+    /// The CPUs each worker's `sched_getaffinity` reported after pinning, by worker: the
+    /// kernel's word for where the workers ran (a cpuset can refuse a pin silently).
+    pub affinity: Vec<Vec<usize>>,
     /// Node the memory was bound to.
     pub node: Option<u32>,
     /// Seconds from mapping to proven present (and locked).

@@ -28,12 +28,20 @@ pub fn pin_current_thread(cpus: &[usize]) -> Result<(), AffinityError> {
 
 /// The CPUs the calling thread may run on now (honours cgroup cpusets and `taskset`).
 pub fn allowed_cpus() -> Vec<usize> {
-    match sched_getaffinity(Pid::from_raw(0)) {
-        Ok(set) => (0..CpuSet::count())
+    process_cpus(0).unwrap_or_else(|| {
+        (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
+    })
+}
+
+/// The CPUs process (or thread) `pid` may run on; `None` when it does not exist. `0` is the
+/// calling thread.
+pub fn process_cpus(pid: u32) -> Option<Vec<usize>> {
+    let set = sched_getaffinity(Pid::from_raw(i32::try_from(pid).ok()?)).ok()?;
+    Some(
+        (0..CpuSet::count())
             .filter(|&c| set.is_set(c).unwrap_or(false))
             .collect(),
-        Err(_) => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
-    }
+    )
 }
 
 #[cfg(test)]
