@@ -135,10 +135,20 @@ impl Sandbox {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// The pid of a running domain's QEMU, from the pid file libvirt wrote.
-    pub fn qemu_pid(&self, domain: &str) -> Option<u32> {
-        let path = self.dir.join("run/qemu").join(format!("{domain}.pid"));
-        std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    /// The pid of the running QEMU of the domain with `uuid`: of the pid files libvirt
+    /// wrote, the one whose process runs with `-uuid UUID` (libvirt names the files after
+    /// domain names, which it may escape).
+    pub fn qemu_pid(&self, uuid: &str) -> Option<u32> {
+        let needle = format!("\0-uuid\0{uuid}\0");
+        std::fs::read_dir(self.dir.join("run/qemu"))
+            .ok()?
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "pid"))
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok()?.trim().parse().ok())
+            .find(|pid: &u32| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+            })
     }
 
     /// Stops libvirtd (running domains keep running) and starts it again.
