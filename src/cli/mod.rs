@@ -6,6 +6,7 @@ mod bench_prefault;
 mod bench_recycle;
 mod cpu;
 mod lease;
+mod libvirt_hook;
 mod mount;
 mod pool;
 mod prepare;
@@ -51,6 +52,8 @@ pub enum Command {
     Prepare(prepare::PrepareArgs),
     /// Mount hugetlbfs of a page size, list the mounts, or unmount one.
     Mount(mount::MountArgs),
+    /// libvirt's QEMU hook: gives file-backed domains their memory from the pool.
+    LibvirtHook(libvirt_hook::LibvirtHookArgs),
 }
 
 /// `hugeprep bench ...`.
@@ -95,6 +98,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Prepare(args) => prepare::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Cpu(args) => cpu::run(args),
+        Command::LibvirtHook(args) => libvirt_hook::run(args),
     }
 }
 
