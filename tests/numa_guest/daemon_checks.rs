@@ -17,7 +17,8 @@ use crate::cli_checks::free_pages;
 use crate::kernel::{self, PAGE};
 use crate::{Guest, Report};
 
-const DIR: &str = "/run/hugeprep-numa";
+/// The daemon's directory: socket, journal, config, log.
+pub const DIR: &str = "/run/hugeprep-numa";
 const MIB: u64 = 1 << 20;
 
 /// Runs the daemon checks.
@@ -56,16 +57,24 @@ pub fn run(guest: &Guest, report: &mut Report) {
             lease_on(d, "cxl", 2 * MIB, Some(node), None, node),
         );
     }
+    crate::libvirt_checks::run(guest, report, &daemon);
     daemon.stop();
 }
 
 /// The daemon child and its client.
-struct Daemon {
+pub struct Daemon {
     child: Child,
     client: Client,
 }
 
 impl Daemon {
+    /// `GET /v1/leases`.
+    pub fn leases(&self) -> Result<Vec<LeaseInfo>, String> {
+        self.client
+            .blocking(self.client.leases())
+            .map_err(|e| format!("GET /v1/leases: {e}"))
+    }
+
     fn pool(&self) -> Result<PoolStatus, String> {
         self.client
             .blocking(self.client.pool())
@@ -77,10 +86,7 @@ impl Daemon {
     }
 
     fn release(&self, name: &str) -> Result<(), String> {
-        let leases = self
-            .client
-            .blocking(self.client.leases())
-            .map_err(|e| e.to_string())?;
+        let leases = self.leases()?;
         let lease = leases
             .iter()
             .find(|l| l.name == name)

@@ -8,6 +8,7 @@
 mod cli_checks;
 mod daemon_checks;
 mod kernel;
+mod libvirt_checks;
 
 use hugeprep::topology::Topology;
 
