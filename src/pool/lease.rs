@@ -54,23 +54,33 @@ impl Pool {
     /// The node of a request that names none ([`placement`] has the rule).
     fn default_node(&self, pid: Option<u32>, page_size: PageSize) -> u32 {
         let pid_cpus = pid.and_then(crate::sys::affinity::process_cpus);
-        let supply: Vec<NodeSupply> = {
+        let warm: Vec<(u32, u64)> = {
             let st = self.lock();
             self.topology
                 .node_ids()
                 .into_iter()
-                .map(|node| NodeSupply {
-                    node,
-                    warm_bytes: st
+                .map(|node| {
+                    let bytes = st
                         .of_kind(node, page_size)
                         .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
                         .map(|e| e.rec.size)
-                        .sum(),
-                    free_bytes: crate::hugetlb::pool::available(Some(node), page_size).unwrap_or(0)
-                        * page_size.bytes(),
+                        .sum();
+                    (node, bytes)
                 })
                 .collect()
         };
+        let mount = self
+            .mount(page_size)
+            .map(|m| m.root.clone())
+            .unwrap_or_default();
+        let supply: Vec<NodeSupply> = warm
+            .into_iter()
+            .map(|(node, warm_bytes)| NodeSupply {
+                node,
+                warm_bytes,
+                free_bytes: kernel::available_bytes(node, page_size, &mount),
+            })
+            .collect();
         let (node, why) = placement::choose_node(&self.topology, pid_cpus.as_deref(), &supply);
         tracing::debug!(node, ?why, ?pid, "lease names no node");
         node

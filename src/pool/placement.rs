@@ -15,8 +15,6 @@ use crate::topology::Topology;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NodeChoice {
-    /// The request named the node.
-    Requested,
     /// Every CPU the requesting pid may run on is on this node.
     PidCpus,
     /// The node with the most warm memory (then free pages, then the lowest id).
