@@ -3,6 +3,8 @@
 #
 #   sandbox.sh up DIR MEMORY_BACKING_DIR [HOOK_COMMAND]
 #   sandbox.sh restart-libvirtd DIR
+#   sandbox.sh stop-libvirtd DIR       (domains keep running)
+#   sandbox.sh start-libvirtd DIR
 #   sandbox.sh down DIR
 #
 # `up` runs both daemons (as root, not under systemd) in a private mount namespace in which
@@ -25,7 +27,7 @@ die() { echo "sandbox.sh: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "run as root (libvirtd runs QEMU as root here)"
 cmd=${1:-}
 dir=${2:-}
-[ -n "$cmd" ] && [ -n "$dir" ] || die "usage: sandbox.sh up|restart-libvirtd|down DIR [...]"
+[ -n "$cmd" ] && [ -n "$dir" ] || die "usage: sandbox.sh up|restart-libvirtd|stop-libvirtd|start-libvirtd|down DIR [...]"
 
 uri="qemu:///system?socket=$dir/run/libvirt-sock"
 virsh_() { virsh -q -c "$uri" "$@"; }
@@ -134,6 +136,12 @@ restart-libvirtd)
     stop_pidfile "$dir/libvirtd.pid"
     start_libvirtd
     ;;
+stop-libvirtd)
+    stop_pidfile "$dir/libvirtd.pid"
+    ;;
+start-libvirtd)
+    start_libvirtd
+    ;;
 down)
     [ -d "$dir" ] || exit 0
     if [ -S "$dir/run/libvirt-sock" ] && [ -f "$dir/libvirtd.pid" ]; then
@@ -155,5 +163,5 @@ down)
     fi
     rm -rf "$dir"
     ;;
-*) die "unknown command $cmd (up, restart-libvirtd, down)" ;;
+*) die "unknown command $cmd (up, restart-libvirtd, stop-libvirtd, start-libvirtd, down)" ;;
 esac

@@ -5,6 +5,7 @@
 //! The hook talks only to the hugeprep daemon, never to libvirt (a hook that calls libvirt
 //! deadlocks it), and writes nothing on stdout.
 
+use std::collections::HashSet;
 use std::fs::DirBuilder;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -234,10 +235,10 @@ impl Hook {
         Ok(mine.len())
     }
 
-    /// Releases hook leases of domains other than `except` that libvirt no longer uses:
-    /// their file has no link besides the daemon's (libvirt removed the domain's directory
-    /// when it stopped) and has not changed for `stale_after_s` (so a domain between its
-    /// lease and its link is left alone). Returns how many.
+    /// Releases hook leases of domains other than `except` that libvirt no longer uses: no
+    /// file in libvirt's per-domain directories is theirs (libvirt removes a domain's
+    /// directory when it stops) and they have not changed for `stale_after_s` (so a domain
+    /// between its lease and its link is left alone). Returns how many.
     pub fn reconcile(&self, except: Option<&str>) -> Result<usize> {
         let leases =
             self.blocking(self.client.leases())
@@ -249,12 +250,13 @@ impl Hook {
     }
 
     fn reconcile_from(&self, leases: &[LeaseInfo], except: Option<&str>) -> Result<usize> {
+        let linked = self.linked_inodes();
         let mut released = 0;
         for l in leases {
             let Some(uuid) = plan::lease_uuid(&l.name) else {
                 continue;
             };
-            if Some(uuid) == except || !self.unused(&l.path) {
+            if Some(uuid) == except || !self.unused(&l.path, &linked) {
                 continue;
             }
             if self.blocking(self.client.release(l.id)).is_ok() {
@@ -264,14 +266,34 @@ impl Hook {
         Ok(released)
     }
 
-    fn unused(&self, path: &Path) -> bool {
+    /// Inodes of the files in libvirt's per-domain directories: the leases QEMU uses.
+    fn linked_inodes(&self) -> HashSet<u64> {
+        let root = self.config.memory_backing_dir.join("libvirt/qemu");
+        let entries = |dir: &Path| {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .collect::<Vec<_>>()
+        };
+        entries(&root)
+            .iter()
+            .flat_map(|dir| entries(dir))
+            .filter_map(|f| std::fs::metadata(f).ok().map(|m| m.ino()))
+            .collect()
+    }
+
+    /// A lease is unused when no libvirt directory links its file and the file has not
+    /// changed (linked, unlinked) for `stale_after_s`.
+    fn unused(&self, path: &Path, linked: &HashSet<u64>) -> bool {
         let Ok(meta) = std::fs::metadata(path) else {
             return false;
         };
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
-        meta.nlink() == 1 && now - meta.ctime() >= self.config.stale_after_s as i64
+        !linked.contains(&meta.ino()) && now - meta.ctime() >= self.config.stale_after_s as i64
     }
 
     fn utf8_locale(&self) -> bool {

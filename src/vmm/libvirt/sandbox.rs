@@ -156,6 +156,16 @@ impl Sandbox {
         script(&["restart-libvirtd".as_ref(), self.dir.as_os_str()]).map(drop)
     }
 
+    /// Stops libvirtd only; its domains keep running.
+    pub fn stop_libvirtd(&self) -> Result<()> {
+        script(&["stop-libvirtd".as_ref(), self.dir.as_os_str()]).map(drop)
+    }
+
+    /// Starts libvirtd again after [`Sandbox::stop_libvirtd`]; it reconnects to its domains.
+    pub fn start_libvirtd(&self) -> Result<()> {
+        script(&["start-libvirtd".as_ref(), self.dir.as_os_str()]).map(drop)
+    }
+
     /// libvirtd's log, for a failing test's message.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("log/libvirtd.log")).unwrap_or_default()
