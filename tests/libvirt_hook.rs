@@ -175,6 +175,16 @@ fn shortage_daemon_down_bad_input_and_stale_leases_leak_nothing() {
     assert!(one_line(&out).contains("starting cold"));
     lab.assert_clean();
 
+    // hugeprep's metadata reaches the hook through libvirt: a page size that the mount of
+    // memory_backing_dir does not have refuses the start.
+    let uuid = lab.uuid();
+    let meta = "<metadata><hp:memory xmlns:hp='urn:hugeprep:libvirt:1' page_size='1G'/></metadata>";
+    let out = lab.create(&domain_xml("one-gig", &uuid, 0, true, meta));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("page_size 1G"), "{err}");
+    lab.assert_clean();
+
     // Malformed XML fails with the parser's position; operations the hook does not act on
     // pass whatever stdin holds.
     let out = lab.run_hook("bad", "prepare", "begin", "<domain><name>bad</name");
