@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use hugeprep::pool::LeaseInfo;
-use hugeprep::vmm::libvirt::sandbox::Sandbox;
+use hugeprep::vmm::libvirt::sandbox::{hook_command, Sandbox};
 use hugeprep::vmm::libvirt::HookConfig;
 
 use crate::daemon_util::{Daemon, Env, MIB};
@@ -62,11 +62,7 @@ impl Lab {
         config.socket = env.socket.clone();
         config.stale_after_s = 0;
         std::fs::write(&config_path, config.to_toml()).unwrap();
-        let hook = format!(
-            "{} libvirt-hook --config {}",
-            env!("CARGO_BIN_EXE_hugeprep"),
-            config_path.display()
-        );
+        let hook = hook_command(Path::new(env!("CARGO_BIN_EXE_hugeprep")), &config_path);
         let sandbox = Sandbox::up(&env.dir.join("libvirt"), &backing, Some(&hook))
             .unwrap_or_else(|e| panic!("libvirt sandbox: {e}"));
         Lab {
