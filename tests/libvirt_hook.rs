@@ -121,6 +121,10 @@ fn domains_start_on_leases_and_give_them_back() {
         "paused"
     );
     check_running(&lab, &uuid, &["ram-node0", "ram-node1"], free_idle);
+    // So does a restart of hugeprep's daemon: the release finds the leases by UUID.
+    lab.daemon.stop();
+    lab.respawn_daemon();
+    assert_eq!(lab.leases_of(&uuid), before);
     lab.destroy(&uuid);
     lab.assert_clean();
 

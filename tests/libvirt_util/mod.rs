@@ -109,12 +109,15 @@ impl Lab {
     /// Creates a domain that must start.
     pub fn start(&self, xml: &str) {
         let out = self.create(xml);
-        assert!(
-            out.status.success(),
-            "virsh create failed: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            self.sandbox.log()
-        );
+        if !out.status.success() {
+            let log = self.sandbox.log();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            panic!(
+                "virsh create failed: {}\nlibvirtd.log (last lines, newest first):\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                tail.join("\n")
+            );
+        }
     }
 
     pub fn destroy(&self, uuid: &str) {
