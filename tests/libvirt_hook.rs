@@ -121,6 +121,10 @@ fn domains_start_on_leases_and_give_them_back() {
         "paused"
     );
     check_running(&lab, &uuid, &["ram-node0", "ram-node1"], free_idle);
+    // So does a restart of hugeprep's daemon: the release finds the leases by UUID.
+    lab.daemon.stop();
+    lab.respawn_daemon();
+    assert_eq!(lab.leases_of(&uuid), before);
     lab.destroy(&uuid);
     lab.assert_clean();
 
@@ -134,4 +138,134 @@ fn domains_start_on_leases_and_give_them_back() {
     }
     lab.assert_clean();
     assert_eq!(lab.env.free_pages(), free_idle);
+}
+
+/// One line on stderr, nothing on stdout.
+fn one_line(out: &std::process::Output) -> String {
+    assert!(out.stdout.is_empty(), "hook wrote on stdout");
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+#[test]
+fn shortage_daemon_down_bad_input_and_stale_leases_leak_nothing() {
+    if !tools_present() {
+        return;
+    }
+    let mut lab = Lab::new("libvirt-fail", 256 * MIB, 128 * MIB);
+    let huge = |uuid: &str| {
+        domain_xml("huge", uuid, 0, true, "").replace(
+            "<memory unit='MiB'>32</memory>",
+            "<memory unit='GiB'>4096</memory>",
+        )
+    };
+
+    // The pool cannot serve: the start fails with the hook's line saying what is short.
+    let uuid = lab.uuid();
+    let out = lab.create(&huge(&uuid));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("pool cannot serve pc.ram") && err.contains("available"),
+        "{err}"
+    );
+    lab.assert_clean();
+    // ... or, configured so, the hook steps aside and QEMU allocates on its own.
+    lab.configure(|c| c.on_shortage = hugeprep::vmm::libvirt::Fallback::Cold);
+    let xml = huge(&uuid).replace("<domain type='kvm'>", "<domain type='kvm' id='90'>");
+    let out = lab.run_hook("huge", "prepare", "begin", &xml);
+    assert!(out.status.success());
+    assert!(one_line(&out).contains("starting cold"));
+    lab.assert_clean();
+
+    // hugeprep's metadata reaches the hook through libvirt: a page size that the mount of
+    // memory_backing_dir does not have refuses the start.
+    let uuid = lab.uuid();
+    let meta = "<metadata><hp:memory xmlns:hp='urn:hugeprep:libvirt:1' page_size='1G'/></metadata>";
+    let out = lab.create(&domain_xml("one-gig", &uuid, 0, true, meta));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("page_size 1G"), "{err}");
+    lab.assert_clean();
+
+    // Malformed XML fails with the parser's position; operations the hook does not act on
+    // pass whatever stdin holds.
+    let out = lab.run_hook("bad", "prepare", "begin", "<domain><name>bad</name");
+    assert!(!out.status.success());
+    assert!(one_line(&out).contains("malformed"));
+    assert!(lab
+        .run_hook("bad", "started", "begin", "garbage")
+        .status
+        .success());
+    lab.assert_clean();
+
+    // A lease whose domain is gone (never linked by libvirt) is released by the next hook
+    // call; a lease left from an earlier start of the same domain is replaced.
+    let gone = lab.uuid();
+    let again = lab.uuid();
+    for uuid in [&gone, &again] {
+        lab.daemon
+            .lease(
+                &hugeprep::vmm::libvirt::lease_name(uuid, "pc.ram"),
+                32 * MIB,
+            )
+            .unwrap();
+    }
+    lab.start(&domain_xml("again", &again, 0, true, ""));
+    assert!(lab.leases_of(&gone).is_empty(), "stale lease kept");
+    let leases = lab.leases_of(&again);
+    assert_eq!(lab.qemu_backing_maps(&again)[0].1, inode(&leases[0].path));
+    lab.destroy(&again);
+    lab.assert_clean();
+    // ... and by `--reconcile`, for a timer.
+    lab.daemon
+        .lease(
+            &hugeprep::vmm::libvirt::lease_name(&gone, "pc.ram"),
+            32 * MIB,
+        )
+        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .args(["libvirt-hook", "--reconcile", "--config"])
+        .arg(&lab.config_path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    lab.assert_clean();
+
+    // QEMU dies while libvirtd is down: libvirtd finds it gone when it comes back and the
+    // release hook gives the leases back.
+    let uuid = lab.uuid();
+    lab.start(&domain_xml("orphan", &uuid, 0, true, ""));
+    let qemu = lab.sandbox.qemu_pid(&uuid).unwrap();
+    lab.sandbox.stop_libvirtd().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(qemu as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    lab.sandbox.start_libvirtd().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !lab.leases_of(&uuid).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "orphan's leases kept");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    lab.assert_clean();
+
+    // The daemon is down: the start fails with the hook's line ...
+    lab.daemon.stop();
+    let uuid = lab.uuid();
+    let out = lab.create(&domain_xml("nodaemon", &uuid, 0, true, ""));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("hugeprep daemon unavailable"), "{err}");
+    // ... or, configured so, QEMU starts cold on a file of its own.
+    lab.configure(|c| c.on_daemon_down = hugeprep::vmm::libvirt::Fallback::Cold);
+    lab.start(&domain_xml("nodaemon", &uuid, 0, true, ""));
+    let maps = lab.qemu_backing_maps(&uuid);
+    assert_eq!(maps.len(), 1);
+    assert_eq!(maps[0].0, "pc.ram");
+    lab.destroy(&uuid);
+    lab.respawn_daemon();
+    lab.assert_clean();
 }

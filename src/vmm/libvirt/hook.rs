@@ -5,6 +5,7 @@
 //! The hook talks only to the hugeprep daemon, never to libvirt (a hook that calls libvirt
 //! deadlocks it), and writes nothing on stdout.
 
+use std::collections::HashSet;
 use std::fs::DirBuilder;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -47,27 +48,18 @@ impl Hook {
         Hook { config, client }
     }
 
-    /// Handles `OP SUBOP` for the domain XML `xml` (what libvirt passes on stdin).
-    pub fn run(&self, op: &str, subop: &str, xml: &str) -> Result<Outcome> {
-        match (op, subop) {
-            ("prepare", "begin") => {
-                let d = Domain::parse(xml)?;
-                match plan::opts_in(&d) {
-                    Ok(()) => self.prepare(&d),
-                    Err(why) => Ok(Outcome::Untouched(why)),
-                }
-            }
-            ("stopped", "end") | ("release", "end") => {
-                let d = Domain::parse(xml)?;
-                if let Err(why) = plan::opts_in(&d) {
-                    return Ok(Outcome::Untouched(why));
-                }
-                let released = self.release(&d)?;
-                // Best effort: a failure here must not hide the release above.
-                let _ = self.reconcile(Some(&d.uuid));
-                Ok(Outcome::Released(released))
-            }
-            _ => Ok(Outcome::Ignored),
+    /// Handles `OP SUBOP` for domain `d` (parsed from what libvirt passes on stdin).
+    pub fn run(&self, op: &str, subop: &str, d: &Domain) -> Result<Outcome> {
+        if !acts_on(op, subop) {
+            return Ok(Outcome::Ignored);
+        }
+        if let Err(why) = plan::opts_in(d) {
+            return Ok(Outcome::Untouched(why));
+        }
+        if op == "prepare" {
+            self.prepare(d)
+        } else {
+            self.release(d).map(Outcome::Released)
         }
     }
 
@@ -219,25 +211,27 @@ impl Hook {
         }
     }
 
-    /// Releases every lease of domain `d`; returns how many.
+    /// Releases every lease of domain `d`, then reconciles the others; returns how many of
+    /// `d`'s it released.
     pub fn release(&self, d: &Domain) -> Result<usize> {
         let prefix = plan::lease_prefix(&d.uuid);
-        let mine: Vec<LeaseInfo> = self
+        let (mine, others): (Vec<LeaseInfo>, Vec<LeaseInfo>) = self
             .leases(d)?
             .into_iter()
-            .filter(|l| l.name.starts_with(&prefix))
-            .collect();
+            .partition(|l| l.name.starts_with(&prefix));
         for l in &mine {
             self.blocking(self.client.release(l.id))
                 .map_err(|e| self.classify(d, &format!("release of {}", l.name), None, e))?;
         }
+        // Best effort: it cannot undo the release above.
+        let _ = self.reconcile_from(&others, None);
         Ok(mine.len())
     }
 
-    /// Releases hook leases of domains other than `except` that libvirt no longer uses:
-    /// their file has no link besides the daemon's (libvirt removed the domain's directory
-    /// when it stopped) and has not changed for `stale_after_s` (so a domain between its
-    /// lease and its link is left alone). Returns how many.
+    /// Releases hook leases of domains other than `except` that libvirt no longer uses: no
+    /// file in libvirt's per-domain directories is theirs (libvirt removes a domain's
+    /// directory when it stops) and they have not changed for `stale_after_s` (so a domain
+    /// between its lease and its link is left alone). Returns how many.
     pub fn reconcile(&self, except: Option<&str>) -> Result<usize> {
         let leases =
             self.blocking(self.client.leases())
@@ -249,12 +243,13 @@ impl Hook {
     }
 
     fn reconcile_from(&self, leases: &[LeaseInfo], except: Option<&str>) -> Result<usize> {
+        let linked = self.linked_inodes();
         let mut released = 0;
         for l in leases {
             let Some(uuid) = plan::lease_uuid(&l.name) else {
                 continue;
             };
-            if Some(uuid) == except || !self.unused(&l.path) {
+            if Some(uuid) == except || !self.unused(&l.path, &linked) {
                 continue;
             }
             if self.blocking(self.client.release(l.id)).is_ok() {
@@ -264,14 +259,34 @@ impl Hook {
         Ok(released)
     }
 
-    fn unused(&self, path: &Path) -> bool {
+    /// Inodes of the files in libvirt's per-domain directories: the leases QEMU uses.
+    fn linked_inodes(&self) -> HashSet<u64> {
+        let root = self.config.memory_backing_dir.join("libvirt/qemu");
+        let entries = |dir: &Path| {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .collect::<Vec<_>>()
+        };
+        entries(&root)
+            .iter()
+            .flat_map(|dir| entries(dir))
+            .filter_map(|f| std::fs::metadata(f).ok().map(|m| m.ino()))
+            .collect()
+    }
+
+    /// A lease is unused when no libvirt directory links its file and the file has not
+    /// changed (linked, unlinked) for `stale_after_s`.
+    fn unused(&self, path: &Path, linked: &HashSet<u64>) -> bool {
         let Ok(meta) = std::fs::metadata(path) else {
             return false;
         };
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
-        meta.nlink() == 1 && now - meta.ctime() >= self.config.stale_after_s as i64
+        !linked.contains(&meta.ino()) && now - meta.ctime() >= self.config.stale_after_s as i64
     }
 
     fn utf8_locale(&self) -> bool {
@@ -279,6 +294,14 @@ impl Hook {
             .utf8_locale
             .unwrap_or_else(|| parent_locale_is_utf8(std::os::unix::process::parent_id()))
     }
+}
+
+/// Whether the hook acts on `OP SUBOP`: `prepare begin`, `stopped end`, `release end`.
+pub fn acts_on(op: &str, subop: &str) -> bool {
+    matches!(
+        (op, subop),
+        ("prepare", "begin") | ("stopped", "end") | ("release", "end")
+    )
 }
 
 /// What a prepare has taken so far, to undo on failure.

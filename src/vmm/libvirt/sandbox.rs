@@ -45,6 +45,17 @@ pub struct Sandbox {
     up: bool,
 }
 
+/// The hook command line for [`Sandbox::up`]: `hugeprep libvirt-hook --config CONFIG`, with
+/// the `hugeprep` binary at `hugeprep` (tests: `env!("CARGO_BIN_EXE_hugeprep")`; benchmarks:
+/// `std::env::current_exe()`). Paths must not contain spaces or quotes.
+pub fn hook_command(hugeprep: &Path, config: &Path) -> String {
+    format!(
+        "{} libvirt-hook --config {}",
+        hugeprep.display(),
+        config.display()
+    )
+}
+
 fn script(args: &[&std::ffi::OsStr]) -> Result<Output> {
     let command = format!(
         "sandbox.sh {}",
@@ -154,6 +165,16 @@ impl Sandbox {
     /// Stops libvirtd (running domains keep running) and starts it again.
     pub fn restart_libvirtd(&self) -> Result<()> {
         script(&["restart-libvirtd".as_ref(), self.dir.as_os_str()]).map(drop)
+    }
+
+    /// Stops libvirtd only; its domains keep running.
+    pub fn stop_libvirtd(&self) -> Result<()> {
+        script(&["stop-libvirtd".as_ref(), self.dir.as_os_str()]).map(drop)
+    }
+
+    /// Starts libvirtd again after [`Sandbox::stop_libvirtd`]; it reconnects to its domains.
+    pub fn start_libvirtd(&self) -> Result<()> {
+        script(&["start-libvirtd".as_ref(), self.dir.as_os_str()]).map(drop)
     }
 
     /// libvirtd's log, for a failing test's message.
