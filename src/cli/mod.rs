@@ -9,6 +9,7 @@ mod lease;
 mod mount;
 mod pool;
 mod prepare;
+mod qemu_args;
 mod release;
 mod serve;
 mod status;
@@ -51,6 +52,8 @@ pub enum Command {
     Prepare(prepare::PrepareArgs),
     /// Mount hugetlbfs of a page size, list the mounts, or unmount one.
     Mount(mount::MountArgs),
+    /// Print the QEMU arguments that map one lease (or one per guest NUMA node) as RAM.
+    QemuArgs(qemu_args::QemuArgsArgs),
 }
 
 /// `hugeprep bench ...`.
@@ -94,6 +97,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),
         Command::Mount(args) => mount::run(args),
+        Command::QemuArgs(args) => qemu_args::run(args),
         Command::Cpu(args) => cpu::run(args),
     }
 }
