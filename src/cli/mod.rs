@@ -4,6 +4,7 @@
 mod bench_clear;
 mod bench_prefault;
 mod bench_recycle;
+mod bench_vm_start;
 mod cpu;
 mod lease;
 mod mount;
@@ -65,6 +66,8 @@ pub enum BenchCommand {
     Prefault(bench_prefault::BenchPrefaultArgs),
     /// Recycling: scrub-and-return vs delete-and-refault, and warm lease latency.
     Recycle(bench_recycle::BenchRecycleArgs),
+    /// VM start: VMM preallocation vs no preallocation vs a hugeprep warm lease.
+    VmStart(bench_vm_start::BenchVmStartArgs),
 }
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
@@ -93,6 +96,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Clear(args) => bench_clear::run(args),
             BenchCommand::Prefault(args) => bench_prefault::run(args),
             BenchCommand::Recycle(args) => bench_recycle::run(args),
+            BenchCommand::VmStart(args) => bench_vm_start::run(args),
         },
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),
