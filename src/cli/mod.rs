@@ -7,6 +7,7 @@ mod bench_recycle;
 mod bench_vm_start;
 mod cpu;
 mod lease;
+mod libvirt_hook;
 mod mount;
 mod pool;
 mod prepare;
@@ -55,6 +56,8 @@ pub enum Command {
     Mount(mount::MountArgs),
     /// Print the QEMU arguments that map one lease (or one per guest NUMA node) as RAM.
     QemuArgs(qemu_args::QemuArgsArgs),
+    /// libvirt's QEMU hook: gives file-backed domains their memory from the pool.
+    LibvirtHook(libvirt_hook::LibvirtHookArgs),
 }
 
 /// `hugeprep bench ...`.
@@ -103,6 +106,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Mount(args) => mount::run(args),
         Command::QemuArgs(args) => qemu_args::run(args),
         Command::Cpu(args) => cpu::run(args),
+        Command::LibvirtHook(args) => libvirt_hook::run(args),
     }
 }
 
