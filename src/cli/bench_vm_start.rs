@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use hugeprep::bench::qemu;
-use hugeprep::bench::vm_start::{self, VmStartBenchConfig};
+use hugeprep::bench::vm_start::{self, VmStartBenchConfig, Vmm};
 use hugeprep::cpu::CpuInfo;
 use hugeprep::policy::ClearingPolicy;
 use hugeprep::units::parse_bytes;
@@ -32,6 +32,10 @@ pub struct BenchVmStartArgs {
     /// QEMU binary (default: qemu-system-x86_64 from PATH).
     #[arg(long)]
     pub qemu: Option<PathBuf>,
+    /// VMMs to measure, comma-separated: qemu (exec to QMP ready) and libvirt (`virsh
+    /// create` to started, in a private libvirtd with hugeprep's hook).
+    #[arg(long, value_delimiter = ',', default_value = "qemu,libvirt")]
+    pub vmms: Vec<Vmm>,
     /// Memory to leave to the rest of the machine; larger sizes are skipped.
     #[arg(long, default_value = "4G", value_parser = parse_bytes)]
     pub headroom: u64,
@@ -61,6 +65,8 @@ pub fn run(args: BenchVmStartArgs) -> anyhow::Result<()> {
         threads,
         reps: args.reps,
         qemu,
+        vmms: args.vmms.clone(),
+        hook_binary: std::env::current_exe().context("finding this binary for libvirt's hook")?,
         plan: ClearingPolicy::embedded().resolve(CpuInfo::host()).plan,
         headroom: args.headroom,
         cancel: Some(cancel),

@@ -167,8 +167,6 @@ pub struct MountOptions {
     pub uid: Option<u32>,
     /// Owner gid of the root directory.
     pub gid: Option<u32>,
-    /// Size limit in bytes (`size=`): files on the mount can hold no more pages than this.
-    pub size: Option<u64>,
 }
 
 impl MountOptions {
@@ -179,7 +177,6 @@ impl MountOptions {
             mode: 0o700,
             uid: None,
             gid: None,
-            size: None,
         }
     }
 
@@ -191,9 +188,6 @@ impl MountOptions {
         }
         if let Some(gid) = self.gid {
             s.push_str(&format!(",gid={gid}"));
-        }
-        if let Some(size) = self.size {
-            s.push_str(&format!(",size={size}"));
         }
         s
     }

@@ -23,6 +23,7 @@
 //! file) and gives it back after; the daemon runs in-process on its own hugetlbfs, limited
 //! to the warm target so the pool does not refill behind a lease while a start is timed.
 
+mod libvirt;
 mod qemu;
 mod report;
 
@@ -41,7 +42,7 @@ use crate::hugetlb::{MountError, MountOptions, OwnedMount, PoolError, PoolTopUp}
 use crate::page_size::PageSize;
 use crate::pool::{PoolConfig, PoolPolicy, Verification};
 
-pub use report::{CaseResult, SizeResult, VmStartReport};
+pub use report::{CaseResult, Saving, SizeResult, VmStartReport};
 
 /// How long the warm pool may take to settle between starts (a liveness bound).
 const SETTLE: Duration = Duration::from_secs(120);
@@ -59,6 +60,10 @@ pub struct VmStartBenchConfig {
     pub reps: usize,
     /// The QEMU binary.
     pub qemu: PathBuf,
+    /// The VMMs to measure.
+    pub vmms: Vec<Vmm>,
+    /// The `hugeprep` binary libvirt runs as its hook (`libvirt-hook`).
+    pub hook_binary: PathBuf,
     /// How hugeprep's pool clears.
     pub plan: ClearPlan,
     /// Bytes of memory to leave to the rest of the machine: a size needing more is skipped.
@@ -68,7 +73,7 @@ pub struct VmStartBenchConfig {
 }
 
 /// The VMM a case starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Vmm {
     /// QEMU alone: exec to QMP ready.
@@ -137,6 +142,17 @@ pub enum VmStartBenchError {
     /// The in-process daemon failed.
     #[error("bench vm-start: {0}")]
     Daemon(#[from] BenchDaemonError),
+    /// The libvirt sandbox failed.
+    #[error("bench vm-start: libvirt: {0}")]
+    Libvirt(#[from] crate::vmm::libvirt::sandbox::SandboxError),
+    /// A `virsh` command failed.
+    #[error("bench vm-start: {command}: {stderr}")]
+    Virsh {
+        /// The command.
+        command: String,
+        /// What virsh said.
+        stderr: String,
+    },
     /// A lease over the API failed.
     #[error("bench vm-start: {0}")]
     Client(#[from] ClientError),
@@ -166,8 +182,13 @@ pub(crate) struct World {
     pub page_size: PageSize,
     /// Threads.
     pub threads: usize,
-    /// A mount with no limit, for the files the VMM creates itself.
+    /// A mount for the files QEMU alone creates itself.
     pub scratch: PathBuf,
+    /// hugeprep's pool mount (libvirt's `hugetlbfs_mount` and `memory_backing_dir` too:
+    /// the hook's hard links cannot cross file systems).
+    pub pool_mount: PathBuf,
+    /// A directory on an ordinary file system for sockets, XML and configuration.
+    pub tmp: PathBuf,
     /// hugeprep's daemon, its pool warm with one file of `size`.
     pub daemon: BenchDaemon,
 }
@@ -247,11 +268,19 @@ fn check(cfg: &VmStartBenchConfig) -> Result<()> {
 /// Runs the benchmark; `log` gets a line per start.
 pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport> {
     check(cfg)?;
-    let mut starters: Vec<Box<dyn Starter>> = vec![Box::new(qemu::QemuStarter::new(cfg))];
+    let mut not_measured = Vec::new();
+    let mut vmms = cfg.vmms.clone();
+    if vmms.contains(&Vmm::Libvirt) {
+        if let Err(why) = libvirt::tools_present() {
+            log(&format!("not measured: libvirt: {why}"));
+            not_measured.push(format!("libvirt: {why}"));
+            vmms.retain(|&v| v != Vmm::Libvirt);
+        }
+    }
     let mut sizes = Vec::new();
     let mut skipped = Vec::new();
     for &size in &cfg.sizes {
-        // The warm pool and one fresh file at a time.
+        // The warm pool, and one fresh file at a time.
         let needed = 2 * size;
         if mem_available().is_some_and(|m| m < needed + cfg.headroom) {
             let why = format!(
@@ -263,42 +292,27 @@ pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport
             skipped.push(why);
             continue;
         }
-        sizes.push(run_size(cfg, size, &mut starters, log)?);
+        sizes.push(run_size(cfg, &vmms, size, log)?);
     }
-    let not_measured =
-        vec!["libvirt: the libvirtd sandbox and hugeprep's hook are not merged yet".to_string()];
-    Ok(report::report(
-        cfg,
-        &starters_meta(&starters),
-        not_measured,
-        sizes,
-        skipped,
-    ))
-}
-
-fn starters_meta(starters: &[Box<dyn Starter>]) -> Vec<Vmm> {
-    starters.iter().map(|s| s.vmm()).collect()
+    Ok(report::report(cfg, &vmms, not_measured, sizes, skipped))
 }
 
 fn run_size(
     cfg: &VmStartBenchConfig,
+    vmms: &[Vmm],
     size: u64,
-    starters: &mut [Box<dyn Starter>],
     log: &dyn Fn(&str),
 ) -> Result<SizeResult> {
     let ps = cfg.page_size;
-    // Dropped in reverse: the daemon and its files, the mounts, then the pages.
-    let _top_up = PoolTopUp::ensure_free(None, ps, 2 * size / ps.bytes())?;
+    let pages = size / ps.bytes();
+    // Dropped in reverse: the starters (libvirtd) and the daemon with its files, the mounts,
+    // then the pages. Only the warm pool's pages are topped up for the whole size: with no
+    // free page left the pool cannot refill behind a lease while a start is timed. The cases
+    // whose VMM takes fresh pages get theirs topped up around their start (untimed).
+    let _top_up = PoolTopUp::ensure_free(None, ps, pages)?;
     let scratch = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
-    let pool_mount = OwnedMount::new_temp(
-        &std::env::temp_dir(),
-        &MountOptions {
-            size: Some(size),
-            ..MountOptions::new(ps)
-        },
-    )?;
+    let pool_mount = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
     let tmp = TempDir::new(size)?;
-    let state = tmp.0.join("state");
     let mut policy = PoolPolicy::embedded();
     policy.set_warm(ps, size, vec![size]);
     policy.scrub_bandwidth = None;
@@ -306,7 +320,7 @@ fn run_size(
     policy.verify = Verification::Sample;
     let daemon = BenchDaemon::start(
         PoolConfig {
-            state_dir: state,
+            state_dir: tmp.0.join("state"),
             mounts: vec![pool_mount.path().to_path_buf()],
             policy,
             plan: cfg.plan,
@@ -318,9 +332,21 @@ fn run_size(
         page_size: ps,
         threads: cfg.threads,
         scratch: scratch.path().to_path_buf(),
+        pool_mount: pool_mount.path().to_path_buf(),
+        tmp: tmp.0.clone(),
         daemon,
     };
     world.settle()?;
+    let mut starters: Vec<Box<dyn Starter>> = Vec::new();
+    for vmm in vmms {
+        starters.push(match vmm {
+            Vmm::Qemu => Box::new(qemu::QemuStarter::new(cfg)),
+            Vmm::Libvirt => {
+                log("starting a private libvirtd (about 10 s: it probes QEMU)");
+                Box::new(libvirt::LibvirtStarter::up(cfg, &world)?)
+            }
+        });
+    }
     let runs: Vec<(usize, Case)> = (0..starters.len())
         .flat_map(|s| Case::ALL.map(|c| (s, c)))
         .collect();
@@ -338,24 +364,31 @@ fn run_size(
             let k = if timed { (rep + i) % runs.len() } else { i };
             let (s, case) = runs[k];
             let starter = &mut starters[s];
+            let fresh_pages = match case {
+                Case::Immediate | Case::Floor => Some(PoolTopUp::ensure_free(None, ps, pages)?),
+                Case::Hugeprep | Case::ImmediateOnLease => None,
+            };
             let seconds = starter.start(&world, case, &format!("{rep}-{k}"))?;
             world.settle()?;
+            drop(fresh_pages);
             let label = case.label(starter.vmm(), cfg.threads);
+            let vmm = format!("{:?}", starter.vmm()).to_lowercase();
             if timed {
                 samples[k].push(seconds);
                 log(&format!(
-                    "{size_name} rep {}/{}  {:<8} {label:<44} {:.3} s",
+                    "{size_name} rep {}/{}  {vmm:<8} {label:<44} {seconds:.3} s",
                     rep + 1,
                     cfg.reps,
-                    format!("{:?}", starter.vmm()).to_lowercase(),
-                    seconds
                 ));
             } else {
-                log(&format!("{size_name} warm-up  {label:<44} {seconds:.3} s"));
+                log(&format!(
+                    "{size_name} warm-up  {vmm:<8} {label:<44} {seconds:.3} s"
+                ));
             }
         }
     }
-    drop(world);
     let runs: Vec<(Vmm, Case)> = runs.iter().map(|&(s, c)| (starters[s].vmm(), c)).collect();
+    drop(starters);
+    drop(world);
     Ok(report::size_result(size, cfg.threads, &runs, samples))
 }

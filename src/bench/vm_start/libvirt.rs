@@ -1,0 +1,141 @@
+//! The libvirt cases: `virsh create --paused` of a transient, diskless domain until virsh
+//! returns (the domain started, its memory prepared), against a private libvirtd whose QEMU
+//! hook is `hugeprep libvirt-hook` talking to the benchmark's daemon.
+//!
+//! - immediate: `<hugepages/>` + `<allocation mode='immediate' threads='N'/>` (libvirt
+//!   passes QEMU a directory on its hugetlbfs mount; QEMU preallocates a fresh file);
+//! - floor: `<source type='file'/>` with `<access mode='private'/>`: file-backed, no
+//!   allocation, and not shared, so the hook leaves it to libvirt;
+//! - hugeprep: `<source type='file'/><access mode='shared'/>`: the hook links a warm lease
+//!   at the path QEMU opens;
+//! - immediate on a lease: the same plus `<allocation mode='immediate' threads='N'/>`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::{Case, Result, Starter, VmStartBenchConfig, VmStartBenchError, Vmm, World};
+use crate::vmm::libvirt::sandbox::Sandbox;
+use crate::vmm::libvirt::HookConfig;
+
+/// What libvirt needs on this machine.
+const TOOLS: [(&str, &str); 3] = [
+    ("/usr/sbin/libvirtd", "libvirt-daemon-system"),
+    ("/usr/sbin/virtlogd", "libvirt-daemon-system"),
+    ("/usr/bin/virsh", "libvirt-clients"),
+];
+
+/// Whether libvirtd, virtlogd and virsh are installed; otherwise what to install.
+pub(super) fn tools_present() -> std::result::Result<(), String> {
+    for (tool, package) in TOOLS {
+        if !Path::new(tool).exists() {
+            return Err(format!("{tool} missing (apt install {package})"));
+        }
+    }
+    Ok(())
+}
+
+/// A private libvirtd for one size's world.
+pub(crate) struct LibvirtStarter {
+    sandbox: Sandbox,
+    xml_dir: PathBuf,
+    qemu: PathBuf,
+    next_uuid: u64,
+}
+
+impl LibvirtStarter {
+    /// Starts libvirtd with `memory_backing_dir` on the pool's mount and the hook pointed at
+    /// the world's daemon.
+    pub fn up(cfg: &VmStartBenchConfig, world: &World) -> Result<LibvirtStarter> {
+        let backing = world.pool_mount.join("libvirt-backing");
+        let mut config = HookConfig::new(&backing);
+        config.socket = world.daemon.socket().to_path_buf();
+        let config_path = world.tmp.join("libvirt-hook.toml");
+        std::fs::write(&config_path, config.to_toml()).map_err(|source| VmStartBenchError::Io {
+            op: "write the hook's configuration",
+            source,
+        })?;
+        let hook = format!(
+            "{} libvirt-hook --config {}",
+            cfg.hook_binary.display(),
+            config_path.display()
+        );
+        let sandbox = Sandbox::up(&world.tmp.join("libvirt"), &backing, Some(&hook))?;
+        Ok(LibvirtStarter {
+            sandbox,
+            xml_dir: world.tmp.clone(),
+            qemu: cfg.qemu.clone(),
+            next_uuid: 0,
+        })
+    }
+
+    fn domain_xml(&self, world: &World, case: Case, uuid: &str) -> String {
+        let threads = world.threads;
+        let backing = match case {
+            Case::Immediate => {
+                format!("<hugepages/><allocation mode='immediate' threads='{threads}'/>")
+            }
+            Case::Floor => "<source type='file'/><access mode='private'/>".into(),
+            Case::Hugeprep => "<source type='file'/><access mode='shared'/>".into(),
+            Case::ImmediateOnLease => format!(
+                "<source type='file'/><access mode='shared'/>\
+                 <allocation mode='immediate' threads='{threads}'/>"
+            ),
+        };
+        // arch-capabilities off: KVM on AMD hosts refuses QEMU's MSR 0x10a write with -cpu host.
+        format!(
+            "<domain type='kvm'>
+  <name>vm-start-{uuid}</name>
+  <uuid>{uuid}</uuid>
+  <memory unit='KiB'>{}</memory>
+  <vcpu>1</vcpu>
+  <memoryBacking>{backing}</memoryBacking>
+  <os><type arch='x86_64' machine='pc'>hvm</type></os>
+  <cpu mode='host-passthrough'><feature policy='disable' name='arch-capabilities'/></cpu>
+  <devices>
+    <emulator>{}</emulator>
+    <video><model type='none'/></video>
+    <memballoon model='none'/>
+  </devices>
+</domain>
+",
+            world.size >> 10,
+            self.qemu.display()
+        )
+    }
+
+    fn virsh_ok(&self, args: &[&str]) -> Result<()> {
+        let out = self.sandbox.virsh(args)?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(VmStartBenchError::Virsh {
+            command: format!("virsh {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+impl Starter for LibvirtStarter {
+    fn vmm(&self) -> Vmm {
+        Vmm::Libvirt
+    }
+
+    fn start(&mut self, world: &World, case: Case, _tag: &str) -> Result<f64> {
+        self.next_uuid += 1;
+        let uuid = format!("7a11b007-0000-4000-8000-{:012x}", self.next_uuid);
+        let file = self.xml_dir.join("domain.xml");
+        std::fs::write(&file, self.domain_xml(world, case, &uuid)).map_err(|source| {
+            VmStartBenchError::Io {
+                op: "write the domain XML",
+                source,
+            }
+        })?;
+        let file = file.to_string_lossy().into_owned();
+        let start = Instant::now();
+        self.virsh_ok(&["create", "--paused", &file])?;
+        let seconds = start.elapsed().as_secs_f64();
+        // `release end` gives the hook's lease back before destroy returns.
+        self.virsh_ok(&["destroy", &uuid])?;
+        Ok(seconds)
+    }
+}
