@@ -4,8 +4,9 @@
 //!
 //! - immediate: `<hugepages/>` + `<allocation mode='immediate' threads='N'/>` (libvirt
 //!   passes QEMU a directory on its hugetlbfs mount; QEMU preallocates a fresh file);
-//! - floor: `<source type='file'/>` with `<access mode='private'/>`: file-backed, no
-//!   allocation, and not shared, so the hook leaves it to libvirt;
+//! - floor: the same file-backed, shared domain as hugeprep's, with no allocation, and the
+//!   hook configured with no daemon to ask and `on_daemon_down = "cold"`: libvirt and QEMU
+//!   make the file themselves (the hook still runs, as it would on a host that has it);
 //! - hugeprep: `<source type='file'/><access mode='shared'/>`: the hook links a warm lease
 //!   at the path QEMU opens;
 //! - immediate on a lease: the same plus `<allocation mode='immediate' threads='N'/>`.
@@ -15,7 +16,7 @@ use std::time::Instant;
 
 use super::{Case, Result, Starter, VmStartBenchConfig, VmStartBenchError, Vmm, World};
 use crate::vmm::libvirt::sandbox::Sandbox;
-use crate::vmm::libvirt::HookConfig;
+use crate::vmm::libvirt::{Fallback, HookConfig};
 
 /// What libvirt needs on this machine.
 const TOOLS: [(&str, &str); 3] = [
@@ -34,9 +35,25 @@ pub(super) fn tools_present() -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// Replaces the hook's configuration atomically (the hook may be reading it).
+fn write_config(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("toml.new");
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|source| VmStartBenchError::Io {
+            op: "write the hook's configuration",
+            source,
+        })
+}
+
 /// A private libvirtd for one size's world.
 pub(crate) struct LibvirtStarter {
     sandbox: Sandbox,
+    config_path: PathBuf,
+    /// The hook's configuration: the world's daemon.
+    served: String,
+    /// The hook's configuration for the floor: no daemon, start cold.
+    cold: String,
     xml_dir: PathBuf,
     qemu: PathBuf,
     next_uuid: u64,
@@ -50,10 +67,11 @@ impl LibvirtStarter {
         let mut config = HookConfig::new(&backing);
         config.socket = world.daemon.socket().to_path_buf();
         let config_path = world.tmp.join("libvirt-hook.toml");
-        std::fs::write(&config_path, config.to_toml()).map_err(|source| VmStartBenchError::Io {
-            op: "write the hook's configuration",
-            source,
-        })?;
+        let served = config.to_toml();
+        config.socket = world.tmp.join("no-daemon.sock");
+        config.on_daemon_down = Fallback::Cold;
+        let cold = config.to_toml();
+        write_config(&config_path, &served)?;
         let hook = format!(
             "{} libvirt-hook --config {}",
             cfg.hook_binary.display(),
@@ -62,6 +80,9 @@ impl LibvirtStarter {
         let sandbox = Sandbox::up(&world.tmp.join("libvirt"), &backing, Some(&hook))?;
         Ok(LibvirtStarter {
             sandbox,
+            config_path,
+            served,
+            cold,
             xml_dir: world.tmp.clone(),
             qemu: cfg.qemu.clone(),
             next_uuid: 0,
@@ -74,8 +95,7 @@ impl LibvirtStarter {
             Case::Immediate => {
                 format!("<hugepages/><allocation mode='immediate' threads='{threads}'/>")
             }
-            Case::Floor => "<source type='file'/><access mode='private'/>".into(),
-            Case::Hugeprep => "<source type='file'/><access mode='shared'/>".into(),
+            Case::Floor | Case::Hugeprep => "<source type='file'/><access mode='shared'/>".into(),
             Case::ImmediateOnLease => format!(
                 "<source type='file'/><access mode='shared'/>\
                  <allocation mode='immediate' threads='{threads}'/>"
@@ -131,6 +151,13 @@ impl Starter for LibvirtStarter {
             }
         })?;
         let file = file.to_string_lossy().into_owned();
+        // The hook reads its configuration on every call.
+        let config = if case == Case::Floor {
+            &self.cold
+        } else {
+            &self.served
+        };
+        write_config(&self.config_path, config)?;
         let start = Instant::now();
         self.virsh_ok(&["create", "--paused", &file])?;
         let seconds = start.elapsed().as_secs_f64();

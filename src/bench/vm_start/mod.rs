@@ -38,7 +38,10 @@ use super::daemon::{BenchDaemon, BenchDaemonError};
 use super::qemu::QemuError;
 use crate::clear::ClearPlan;
 use crate::client::ClientError;
-use crate::hugetlb::{MountError, MountOptions, OwnedMount, PoolError, PoolTopUp};
+use crate::hugetlb::{
+    BackingFile, FileError, MountError, MountOptions, OwnedMount, PoolError, PoolTopUp,
+};
+use crate::sys::mmap::MmapRegion;
 use crate::page_size::PageSize;
 use crate::pool::{PoolConfig, PoolPolicy, Verification};
 
@@ -115,7 +118,7 @@ impl Case {
             (Vmm::Libvirt, Case::Immediate) => {
                 format!("<hugepages/> + immediate, threads={threads}")
             }
-            (Vmm::Libvirt, Case::Floor) => "file-backed, no allocation (floor)".into(),
+            (Vmm::Libvirt, Case::Floor) => "file-backed, hook cold (floor)".into(),
             (Vmm::Libvirt, Case::Hugeprep) => "hugeprep hook, warm pool".into(),
             (Vmm::Libvirt, Case::ImmediateOnLease) => "file-backed immediate over a lease".into(),
         }
@@ -136,6 +139,9 @@ pub enum VmStartBenchError {
     /// A benchmark hugetlbfs could not be mounted.
     #[error("bench vm-start: {0}")]
     Mount(#[from] MountError),
+    /// The reservation that keeps the pool from refilling failed.
+    #[error("bench vm-start: {0}")]
+    File(#[from] FileError),
     /// The kernel's pool could not be read or raised.
     #[error("bench vm-start: {0}")]
     KernelPool(#[from] PoolError),
@@ -233,6 +239,39 @@ impl Drop for TempDir {
     }
 }
 
+/// A mapped, untouched file of the world's size: it reserves that many free pages without
+/// faulting (or zeroing) any, so the pool sees none it could refill with.
+struct Ballast {
+    _region: MmapRegion,
+    file: Option<BackingFile>,
+}
+
+impl Ballast {
+    fn reserve(world: &World) -> Result<Ballast> {
+        let path = world.scratch.join("ballast");
+        let _ = std::fs::remove_file(&path);
+        let file = BackingFile::create(&path, world.size, world.page_size, None)?;
+        match file.map() {
+            Ok(region) => Ok(Ballast {
+                _region: region,
+                file: Some(file),
+            }),
+            Err(e) => {
+                let _ = file.remove();
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl Drop for Ballast {
+    fn drop(&mut self) {
+        if let Some(file) = self.file.take() {
+            let _ = file.remove();
+        }
+    }
+}
+
 fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
@@ -306,10 +345,10 @@ fn run_size(
     let ps = cfg.page_size;
     let pages = size / ps.bytes();
     // Dropped in reverse: the starters (libvirtd) and the daemon with its files, the mounts,
-    // then the pages. Only the warm pool's pages are topped up for the whole size: with no
-    // free page left the pool cannot refill behind a lease while a start is timed. The cases
-    // whose VMM takes fresh pages get theirs topped up around their start (untimed).
-    let _top_up = PoolTopUp::ensure_free(None, ps, pages)?;
+    // then the pages: the warm pool's and one fresh file's, kept in the kernel's hugetlb pool
+    // for the whole size (pages handed back to the buddy allocator between starts would
+    // come back cold).
+    let _top_up = PoolTopUp::ensure_free(None, ps, 2 * pages)?;
     let scratch = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
     let pool_mount = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
     let tmp = TempDir::new(size)?;
@@ -364,13 +403,15 @@ fn run_size(
             let k = if timed { (rep + i) % runs.len() } else { i };
             let (s, case) = runs[k];
             let starter = &mut starters[s];
-            let fresh_pages = match case {
-                Case::Immediate | Case::Floor => Some(PoolTopUp::ensure_free(None, ps, pages)?),
-                Case::Hugeprep | Case::ImmediateOnLease => None,
+            // The fresh pages stay reserved while hugeprep's cases run: the pool cannot
+            // refill behind the lease while the start is timed.
+            let ballast = match case {
+                Case::Immediate | Case::Floor => None,
+                Case::Hugeprep | Case::ImmediateOnLease => Some(Ballast::reserve(&world)?),
             };
             let seconds = starter.start(&world, case, &format!("{rep}-{k}"))?;
             world.settle()?;
-            drop(fresh_pages);
+            drop(ballast);
             let label = case.label(starter.vmm(), cfg.threads);
             let vmm = format!("{:?}", starter.vmm()).to_lowercase();
             if timed {
