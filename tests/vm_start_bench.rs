@@ -1,14 +1,21 @@
-//! `hugeprep bench vm-start` runs end to end (a smoke test: the numbers are the benchmark's
+//! `hugeprep bench vm-start` runs end to end, QEMU alone and through a private libvirtd (a smoke test: the numbers are the benchmark's
 //! business, not a test's).
 
 use std::process::Command;
 
 #[test]
 fn bench_vm_start_reports_every_qemu_case_and_rejects_bad_sizes() {
-    if hugeprep::bench::qemu::find_binary().is_none() || !std::path::Path::new("/dev/kvm").exists()
-    {
-        hugeprep::testing::missing_tool("qemu-system-x86_64 with /dev/kvm");
-        return;
+    for tool in [
+        "/usr/bin/qemu-system-x86_64",
+        "/dev/kvm",
+        "/usr/sbin/libvirtd",
+        "/usr/sbin/virtlogd",
+        "/usr/bin/virsh",
+    ] {
+        if !std::path::Path::new(tool).exists() {
+            hugeprep::testing::missing_tool(&format!("{tool} missing"));
+            return;
+        }
     }
     let dir = std::env::temp_dir().join(format!("hugeprep-vm-start-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -25,17 +32,25 @@ fn bench_vm_start_reports_every_qemu_case_and_rejects_bad_sizes() {
     assert!(out.status.success(), "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let results = report["sizes"][0]["results"].as_array().unwrap();
-    let cases: Vec<&str> = results
-        .iter()
-        .filter(|r| r["vmm"] == "qemu")
-        .map(|r| r["case"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        cases,
-        ["immediate", "floor", "hugeprep", "immediate-on-lease"],
-        "{report}"
-    );
-    assert_eq!(report["sizes"][0]["savings"].as_array().unwrap().len(), 2);
+    for vmm in ["qemu", "libvirt"] {
+        let cases: Vec<&str> = results
+            .iter()
+            .filter(|r| r["vmm"] == vmm)
+            .map(|r| r["case"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            cases,
+            [
+                "immediate",
+                "floor",
+                "hugeprep",
+                "immediate-on-lease",
+                "hugeprep-discard"
+            ],
+            "{vmm}: {report}"
+        );
+    }
+    assert_eq!(report["sizes"][0]["savings"].as_array().unwrap().len(), 6);
     assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
     std::fs::remove_dir_all(&dir).unwrap();
 

@@ -9,7 +9,9 @@
 //!   make the file themselves (the hook still runs, as it would on a host that has it);
 //! - hugeprep: `<source type='file'/><access mode='shared'/>`: the hook links a warm lease
 //!   at the path QEMU opens;
-//! - immediate on a lease: the same plus `<allocation mode='immediate' threads='N'/>`.
+//! - immediate on a lease: the same plus `<allocation mode='immediate' threads='N'/>`;
+//! - hugeprep with `<discard/>` (OpenStack Nova's file-backed memory): QEMU punches the
+//!   lease's pages out when it stops and the pool refills them.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -96,6 +98,9 @@ impl LibvirtStarter {
                 format!("<hugepages/><allocation mode='immediate' threads='{threads}'/>")
             }
             Case::Floor | Case::Hugeprep => "<source type='file'/><access mode='shared'/>".into(),
+            Case::HugeprepDiscard => {
+                "<source type='file'/><access mode='shared'/><discard/>".into()
+            }
             Case::ImmediateOnLease => format!(
                 "<source type='file'/><access mode='shared'/>\
                  <allocation mode='immediate' threads='{threads}'/>"

@@ -41,9 +41,9 @@ use crate::client::ClientError;
 use crate::hugetlb::{
     BackingFile, FileError, MountError, MountOptions, OwnedMount, PoolError, PoolTopUp,
 };
-use crate::sys::mmap::MmapRegion;
 use crate::page_size::PageSize;
 use crate::pool::{PoolConfig, PoolPolicy, Verification};
+use crate::sys::mmap::MmapRegion;
 
 pub use report::{CaseResult, Saving, SizeResult, VmStartReport};
 
@@ -97,16 +97,28 @@ pub enum Case {
     Hugeprep,
     /// The VMM preallocates over a pre-faulted lease.
     ImmediateOnLease,
+    /// A warm lease, mapped with `discard-data=on` (libvirt `<discard/>`, as OpenStack Nova
+    /// sets it): QEMU punches the pages out when it stops, and the pool refills them.
+    HugeprepDiscard,
 }
 
 impl Case {
     /// Every case, in table order.
-    pub const ALL: [Case; 4] = [
+    pub const ALL: [Case; 5] = [
         Case::Immediate,
         Case::Floor,
         Case::Hugeprep,
         Case::ImmediateOnLease,
+        Case::HugeprepDiscard,
     ];
+
+    /// Whether the VM's memory is a hugeprep lease.
+    pub fn leased(self) -> bool {
+        matches!(
+            self,
+            Case::Hugeprep | Case::ImmediateOnLease | Case::HugeprepDiscard
+        )
+    }
 
     /// The row label for `vmm`.
     pub fn label(self, vmm: Vmm, threads: usize) -> String {
@@ -115,12 +127,14 @@ impl Case {
             (Vmm::Qemu, Case::Floor) => "file, prealloc=off (floor)".into(),
             (Vmm::Qemu, Case::Hugeprep) => "hugeprep warm lease, qemu-args".into(),
             (Vmm::Qemu, Case::ImmediateOnLease) => "prealloc=on over a warm lease".into(),
+            (Vmm::Qemu, Case::HugeprepDiscard) => "hugeprep warm lease, discard-data=on".into(),
             (Vmm::Libvirt, Case::Immediate) => {
                 format!("<hugepages/> + immediate, threads={threads}")
             }
             (Vmm::Libvirt, Case::Floor) => "file-backed, hook cold (floor)".into(),
             (Vmm::Libvirt, Case::Hugeprep) => "hugeprep hook, warm pool".into(),
             (Vmm::Libvirt, Case::ImmediateOnLease) => "file-backed immediate over a lease".into(),
+            (Vmm::Libvirt, Case::HugeprepDiscard) => "hugeprep hook, <discard/>".into(),
         }
     }
 }
@@ -390,6 +404,7 @@ fn run_size(
         .flat_map(|s| Case::ALL.map(|c| (s, c)))
         .collect();
     let mut samples = vec![Vec::with_capacity(cfg.reps); runs.len()];
+    let mut recycles = vec![Vec::with_capacity(cfg.reps); runs.len()];
     let size_name = crate::units::format_bytes(size);
     for (rep, timed) in std::iter::once((0, false)).chain((0..cfg.reps).map(|r| (r, true))) {
         for i in 0..runs.len() {
@@ -405,17 +420,23 @@ fn run_size(
             let starter = &mut starters[s];
             // The fresh pages stay reserved while hugeprep's cases run: the pool cannot
             // refill behind the lease while the start is timed.
-            let ballast = match case {
-                Case::Immediate | Case::Floor => None,
-                Case::Hugeprep | Case::ImmediateOnLease => Some(Ballast::reserve(&world)?),
+            let ballast = if case.leased() {
+                Some(Ballast::reserve(&world)?)
+            } else {
+                None
             };
             let seconds = starter.start(&world, case, &format!("{rep}-{k}"))?;
+            // The lease was released as the VM stopped: until the pool is warm again is
+            // what recycling it costs (a scrub, or a refill of what QEMU punched out).
+            let released = std::time::Instant::now();
             world.settle()?;
+            let recycle = released.elapsed().as_secs_f64();
             drop(ballast);
             let label = case.label(starter.vmm(), cfg.threads);
             let vmm = format!("{:?}", starter.vmm()).to_lowercase();
             if timed {
                 samples[k].push(seconds);
+                recycles[k].push(recycle);
                 log(&format!(
                     "{size_name} rep {}/{}  {vmm:<8} {label:<44} {seconds:.3} s",
                     rep + 1,
@@ -431,5 +452,11 @@ fn run_size(
     let runs: Vec<(Vmm, Case)> = runs.iter().map(|&(s, c)| (starters[s].vmm(), c)).collect();
     drop(starters);
     drop(world);
-    Ok(report::size_result(size, cfg.threads, &runs, samples))
+    Ok(report::size_result(
+        size,
+        cfg.threads,
+        &runs,
+        samples,
+        recycles,
+    ))
 }

@@ -55,7 +55,7 @@ impl QemuStarter {
 
     /// A lease from the warm pool, timed from the request to QEMU ready (QEMU's exit and
     /// the release are not part of the start); released after.
-    fn leased(&self, world: &World, prealloc: bool, tag: &str) -> Result<f64> {
+    fn leased(&self, world: &World, handoff: Handoff, tag: &str) -> Result<f64> {
         let client = Client::new(world.daemon.socket());
         let start = Instant::now();
         let lease = client.blocking(client.lease(&LeaseRequest {
@@ -67,26 +67,34 @@ impl QemuStarter {
             pid: None,
         }))?;
         let lease_seconds = start.elapsed().as_secs_f64();
-        let result = if prealloc {
-            self.own_backend(world, &lease.path, true)
-        } else {
-            self.with_qemu_args(world, &lease)
+        let result = match handoff {
+            Handoff::Prealloc => self.own_backend(world, &lease.path, true),
+            Handoff::QemuArgs => self.with_qemu_args(world, &lease, ""),
+            Handoff::Discard => self.with_qemu_args(world, &lease, ",discard-data=on"),
         }
         .map(|qemu_seconds| lease_seconds + qemu_seconds);
         client.blocking(client.release(lease.id))?;
         result
     }
 
-    /// QEMU with exactly what `hugeprep qemu-args` prints for `lease`.
-    fn with_qemu_args(&self, world: &World, lease: &LeaseInfo) -> Result<f64> {
+    /// QEMU with exactly what `hugeprep qemu-args` prints for `lease`, `backend_extra`
+    /// appended to the backend's options.
+    fn with_qemu_args(&self, world: &World, lease: &LeaseInfo, backend_extra: &str) -> Result<f64> {
         let qmp = qmp_socket(world);
         let mut args = launcher::vm_args(&qmp);
-        args.extend(handoff::machine_args(&GuestMemoryFile {
+        let mut memory = handoff::machine_args(&GuestMemoryFile {
             id: "mem0",
             path: &lease.path,
             size: lease.size,
             node: Some(lease.node),
-        }));
+        });
+        if let Some(backend) = memory
+            .iter_mut()
+            .find(|a| a.starts_with("memory-backend-file,"))
+        {
+            backend.push_str(backend_extra);
+        }
+        args.extend(memory);
         let start = Instant::now();
         let mut vm = QemuVm::spawn_args(&self.binary, &args, &qmp)?;
         vm.wait_ready(READY_TIMEOUT)?;
@@ -94,6 +102,17 @@ impl QemuStarter {
         vm.quit(Duration::from_secs(10));
         Ok(seconds)
     }
+}
+
+/// How a lease reaches QEMU.
+#[derive(Debug, Clone, Copy)]
+enum Handoff {
+    /// `hugeprep qemu-args`.
+    QemuArgs,
+    /// QEMU's own `prealloc=on` over the lease.
+    Prealloc,
+    /// `hugeprep qemu-args` plus `discard-data=on`.
+    Discard,
 }
 
 fn qmp_socket(world: &World) -> PathBuf {
@@ -109,8 +128,9 @@ impl Starter for QemuStarter {
         match case {
             Case::Immediate => self.fresh(world, true, tag),
             Case::Floor => self.fresh(world, false, tag),
-            Case::Hugeprep => self.leased(world, false, tag),
-            Case::ImmediateOnLease => self.leased(world, true, tag),
+            Case::Hugeprep => self.leased(world, Handoff::QemuArgs, tag),
+            Case::ImmediateOnLease => self.leased(world, Handoff::Prealloc, tag),
+            Case::HugeprepDiscard => self.leased(world, Handoff::Discard, tag),
         }
     }
 }

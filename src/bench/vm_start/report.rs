@@ -27,6 +27,10 @@ pub struct CaseResult {
     pub above_floor: Option<Summary>,
     /// Every measured start, in seconds, by repetition.
     pub samples: Vec<f64>,
+    /// For a lease handed to QEMU alone: seconds from the release (QEMU has exited) until
+    /// the pool was warm again (a scrub, or a refill of the pages `discard-data` punched
+    /// out), with the pool worker at its idle priority.
+    pub release_to_warm: Option<Summary>,
 }
 
 /// How much of the memory preparation a case takes off the start, for one VMM.
@@ -84,6 +88,7 @@ pub(super) fn size_result(
     threads: usize,
     runs: &[(Vmm, Case)],
     samples: Vec<Vec<f64>>,
+    recycles: Vec<Vec<f64>>,
 ) -> SizeResult {
     let find = |vmm: Vmm, case: Case| {
         runs.iter()
@@ -92,7 +97,7 @@ pub(super) fn size_result(
     };
     let mut results = Vec::new();
     let mut savings = Vec::new();
-    for (&(vmm, case), s) in runs.iter().zip(&samples) {
+    for ((&(vmm, case), s), recycle) in runs.iter().zip(&samples).zip(&recycles) {
         let Some(seconds) = Summary::of(s) else {
             continue;
         };
@@ -106,8 +111,11 @@ pub(super) fn size_result(
             seconds,
             above_floor,
             samples: s.clone(),
+            // libvirt releases inside `virsh destroy` (the hook's `release end`), before
+            // the benchmark can start a clock.
+            release_to_warm: Summary::of(recycle).filter(|_| case.leased() && vmm == Vmm::Qemu),
         });
-        if matches!(case, Case::Hugeprep | Case::ImmediateOnLease) {
+        if case.leased() {
             let (Some(imm), Some(floor)) = (find(vmm, Case::Immediate), find(vmm, Case::Floor))
             else {
                 continue;
@@ -172,26 +180,28 @@ impl VmStartReport {
         }
         for size in &self.sizes {
             out.push_str(&format!(
-                "\n{}\n{:<8} {:<46} {:>22} {:>22}\n",
+                "\n{}\n{:<8} {:<42} {:>22} {:>22} {:>22}\n",
                 format_bytes(size.size),
                 "vmm",
                 "case",
                 "seconds to ready",
-                "above floor"
+                "above floor",
+                "release to warm"
             ));
             for r in &size.results {
                 let range = |s: &Summary| format!("{:.3} ({:.3}-{:.3})", s.median, s.min, s.max);
                 out.push_str(&format!(
-                    "{:<8} {:<46} {:>22} {:>22}\n",
+                    "{:<8} {:<42} {:>22} {:>22} {:>22}\n",
                     vmm_name(r.vmm),
                     r.label,
                     range(&r.seconds),
-                    r.above_floor.as_ref().map(range).unwrap_or_default()
+                    r.above_floor.as_ref().map(range).unwrap_or_default(),
+                    r.release_to_warm.as_ref().map(range).unwrap_or_default()
                 ));
             }
             for s in &size.savings {
                 out.push_str(&format!(
-                    "{:<8} {:<46} {:.3} ({:.3}-{:.3}) of immediate - floor taken off{}\n",
+                    "{:<8} {:<42} {:.3} ({:.3}-{:.3}) of immediate - floor taken off{}\n",
                     vmm_name(s.vmm),
                     s.case.label(s.vmm, self.threads),
                     s.share.median,
@@ -265,7 +275,8 @@ mod tests {
             (Vmm::Qemu, Case::Hugeprep),
         ];
         let samples = vec![vec![1.1, 2.1], vec![0.1, 0.1], vec![0.15, 0.2]];
-        let r = size_result(1 << 30, 2, &runs, samples);
+        let recycles = vec![vec![0.0; 2]; 3];
+        let r = size_result(1 << 30, 2, &runs, samples, recycles);
         let s = &r.savings[0];
         // (1.1-0.15)/1.0 = 0.95, (2.1-0.2)/2.0 = 0.95.
         assert!((s.share.median - 0.95).abs() < 1e-9, "{s:?}");
@@ -273,5 +284,6 @@ mod tests {
         let hp = &r.results[2];
         assert!((hp.above_floor.unwrap().max - 0.1).abs() < 1e-9);
         assert!(r.results[1].above_floor.is_none());
+        assert!(r.results[0].release_to_warm.is_none() && hp.release_to_warm.is_some());
     }
 }
