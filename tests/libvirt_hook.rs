@@ -121,6 +121,10 @@ fn domains_start_on_leases_and_give_them_back() {
         "paused"
     );
     check_running(&lab, &uuid, &["ram-node0", "ram-node1"], free_idle);
+    // So does a restart of hugeprep's daemon: the release finds the leases by UUID.
+    lab.daemon.stop();
+    lab.respawn_daemon();
+    assert_eq!(lab.leases_of(&uuid), before);
     lab.destroy(&uuid);
     lab.assert_clean();
 
@@ -173,6 +177,16 @@ fn shortage_daemon_down_bad_input_and_stale_leases_leak_nothing() {
     let out = lab.run_hook("huge", "prepare", "begin", &xml);
     assert!(out.status.success());
     assert!(one_line(&out).contains("starting cold"));
+    lab.assert_clean();
+
+    // hugeprep's metadata reaches the hook through libvirt: a page size that the mount of
+    // memory_backing_dir does not have refuses the start.
+    let uuid = lab.uuid();
+    let meta = "<metadata><hp:memory xmlns:hp='urn:hugeprep:libvirt:1' page_size='1G'/></metadata>";
+    let out = lab.create(&domain_xml("one-gig", &uuid, 0, true, meta));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("page_size 1G"), "{err}");
     lab.assert_clean();
 
     // Malformed XML fails with the parser's position; operations the hook does not act on

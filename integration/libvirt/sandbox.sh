@@ -62,19 +62,29 @@ start_libvirtd() {
     die "libvirtd does not answer on $uri; see $dir/log/libvirtd.log"
 }
 
+# Stops the processes named by the pid files given, all at once (each daemon takes about 2 s
+# to shut down), SIGKILL after 10 s.
 stop_pidfile() {
-    local f=$1 pid i
-    [ -f "$f" ] || return 0
-    pid=$(cat "$f")
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null || true
-        for i in $(seq 100); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
+    local f pid pids=() i alive
+    for f in "$@"; do
+        [ -f "$f" ] || continue
+        pid=$(cat "$f")
+        rm -f "$f"
+        if [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null; then
+            pids+=("$pid")
+        fi
+    done
+    for i in $(seq 100); do
+        alive=0
+        for pid in "${pids[@]}"; do
+            kill -0 "$pid" 2>/dev/null && alive=1
         done
+        [ "$alive" -eq 1 ] || return 0
+        sleep 0.1
+    done
+    for pid in "${pids[@]}"; do
         kill -KILL "$pid" 2>/dev/null || true
-    fi
-    rm -f "$f"
+    done
 }
 
 case "$cmd" in
@@ -152,12 +162,8 @@ down)
             virsh_ undefine "$d" >/dev/null 2>&1 || true
         done
     fi
-    stop_pidfile "$dir/libvirtd.pid"
-    # A QEMU that outlived libvirtd (stopped while a domain ran).
-    for f in "$dir"/run/qemu/*.pid; do
-        [ -f "$f" ] && stop_pidfile "$f"
-    done
-    stop_pidfile "$dir/virtlogd.pid"
+    # libvirtd, virtlogd and any QEMU that outlived libvirtd (stopped while a domain ran).
+    stop_pidfile "$dir/libvirtd.pid" "$dir/virtlogd.pid" "$dir"/run/qemu/*.pid
     if [ -f "$dir/created-dirs" ]; then
         while read -r p; do rmdir "$p" 2>/dev/null || true; done <"$dir/created-dirs"
     fi

@@ -6,7 +6,7 @@ use std::io::Read;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use hugeprep::vmm::libvirt::{Hook, HookConfig, Outcome, DEFAULT_CONFIG};
+use hugeprep::vmm::libvirt::{self, Hook, HookConfig, Outcome, DEFAULT_CONFIG};
 
 /// Run as libvirt's QEMU hook: `libvirt-hook NAME OP SUBOP EXTRA` with the domain XML on
 /// stdin; or `libvirt-hook --reconcile` to release leases of domains that are gone.
@@ -45,23 +45,19 @@ pub fn run(args: LibvirtHookArgs) -> anyhow::Result<()> {
     std::io::stdin()
         .read_to_string(&mut xml)
         .context("reading the domain XML on stdin")?;
-    if !matches!(
-        (op.as_str(), subop.as_str()),
-        ("prepare", "begin") | ("stopped", "end") | ("release", "end")
-    ) {
+    if !libvirt::hook::acts_on(&op, &subop) {
         return Ok(());
     }
-    // A domain that does not opt in passes without reading the config or asking the daemon.
     // Errors become one line (virsh shows it): no cause chain repeating the message.
-    let one_line = |e: hugeprep::vmm::libvirt::HookError| anyhow::anyhow!("{e}");
-    let domain = hugeprep::vmm::libvirt::Domain::parse(&xml).map_err(one_line)?;
-    if hugeprep::vmm::libvirt::opts_in(&domain).is_err() {
+    let one_line = |e: libvirt::HookError| anyhow::anyhow!("{e}");
+    let domain = libvirt::Domain::parse(&xml).map_err(one_line)?;
+    // A domain that does not opt in passes without reading the config or asking the daemon.
+    if libvirt::opts_in(&domain).is_err() {
         return Ok(());
     }
     let hook = Hook::new(HookConfig::load(&args.config).map_err(one_line)?);
-    match hook.run(&op, &subop, &xml).map_err(one_line)? {
-        Outcome::Cold(why) => eprintln!("hugeprep: starting cold (as configured): {why}"),
-        Outcome::Ignored | Outcome::Untouched(_) | Outcome::Linked(_) | Outcome::Released(_) => {}
+    if let Outcome::Cold(why) = hook.run(&op, &subop, &domain).map_err(one_line)? {
+        eprintln!("hugeprep: starting cold (as configured): {why}");
     }
     Ok(())
 }

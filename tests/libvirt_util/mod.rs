@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use hugeprep::pool::LeaseInfo;
-use hugeprep::vmm::libvirt::sandbox::Sandbox;
+use hugeprep::vmm::libvirt::sandbox::{hook_command, Sandbox};
 use hugeprep::vmm::libvirt::HookConfig;
 
 use crate::daemon_util::{Daemon, Env, MIB};
@@ -62,11 +62,7 @@ impl Lab {
         config.socket = env.socket.clone();
         config.stale_after_s = 0;
         std::fs::write(&config_path, config.to_toml()).unwrap();
-        let hook = format!(
-            "{} libvirt-hook --config {}",
-            env!("CARGO_BIN_EXE_hugeprep"),
-            config_path.display()
-        );
+        let hook = hook_command(Path::new(env!("CARGO_BIN_EXE_hugeprep")), &config_path);
         let sandbox = Sandbox::up(&env.dir.join("libvirt"), &backing, Some(&hook))
             .unwrap_or_else(|e| panic!("libvirt sandbox: {e}"));
         Lab {
@@ -113,12 +109,15 @@ impl Lab {
     /// Creates a domain that must start.
     pub fn start(&self, xml: &str) {
         let out = self.create(xml);
-        assert!(
-            out.status.success(),
-            "virsh create failed: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            self.sandbox.log()
-        );
+        if !out.status.success() {
+            let log = self.sandbox.log();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            panic!(
+                "virsh create failed: {}\nlibvirtd.log (last lines, newest first):\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                tail.join("\n")
+            );
+        }
     }
 
     pub fn destroy(&self, uuid: &str) {

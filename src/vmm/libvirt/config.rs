@@ -143,4 +143,11 @@ mod tests {
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn the_shipped_example_is_valid() {
+        let text = include_str!("../../../integration/libvirt/libvirt-hook.toml");
+        let c: HookConfig = toml::from_str(text).unwrap();
+        assert_eq!(c.owner.as_deref(), Some("libvirt-qemu"));
+    }
 }

@@ -48,27 +48,18 @@ impl Hook {
         Hook { config, client }
     }
 
-    /// Handles `OP SUBOP` for the domain XML `xml` (what libvirt passes on stdin).
-    pub fn run(&self, op: &str, subop: &str, xml: &str) -> Result<Outcome> {
-        match (op, subop) {
-            ("prepare", "begin") => {
-                let d = Domain::parse(xml)?;
-                match plan::opts_in(&d) {
-                    Ok(()) => self.prepare(&d),
-                    Err(why) => Ok(Outcome::Untouched(why)),
-                }
-            }
-            ("stopped", "end") | ("release", "end") => {
-                let d = Domain::parse(xml)?;
-                if let Err(why) = plan::opts_in(&d) {
-                    return Ok(Outcome::Untouched(why));
-                }
-                let released = self.release(&d)?;
-                // Best effort: a failure here must not hide the release above.
-                let _ = self.reconcile(Some(&d.uuid));
-                Ok(Outcome::Released(released))
-            }
-            _ => Ok(Outcome::Ignored),
+    /// Handles `OP SUBOP` for domain `d` (parsed from what libvirt passes on stdin).
+    pub fn run(&self, op: &str, subop: &str, d: &Domain) -> Result<Outcome> {
+        if !acts_on(op, subop) {
+            return Ok(Outcome::Ignored);
+        }
+        if let Err(why) = plan::opts_in(d) {
+            return Ok(Outcome::Untouched(why));
+        }
+        if op == "prepare" {
+            self.prepare(d)
+        } else {
+            self.release(d).map(Outcome::Released)
         }
     }
 
@@ -220,18 +211,20 @@ impl Hook {
         }
     }
 
-    /// Releases every lease of domain `d`; returns how many.
+    /// Releases every lease of domain `d`, then reconciles the others; returns how many of
+    /// `d`'s it released.
     pub fn release(&self, d: &Domain) -> Result<usize> {
         let prefix = plan::lease_prefix(&d.uuid);
-        let mine: Vec<LeaseInfo> = self
+        let (mine, others): (Vec<LeaseInfo>, Vec<LeaseInfo>) = self
             .leases(d)?
             .into_iter()
-            .filter(|l| l.name.starts_with(&prefix))
-            .collect();
+            .partition(|l| l.name.starts_with(&prefix));
         for l in &mine {
             self.blocking(self.client.release(l.id))
                 .map_err(|e| self.classify(d, &format!("release of {}", l.name), None, e))?;
         }
+        // Best effort: it cannot undo the release above.
+        let _ = self.reconcile_from(&others, None);
         Ok(mine.len())
     }
 
@@ -301,6 +294,14 @@ impl Hook {
             .utf8_locale
             .unwrap_or_else(|| parent_locale_is_utf8(std::os::unix::process::parent_id()))
     }
+}
+
+/// Whether the hook acts on `OP SUBOP`: `prepare begin`, `stopped end`, `release end`.
+pub fn acts_on(op: &str, subop: &str) -> bool {
+    matches!(
+        (op, subop),
+        ("prepare", "begin") | ("stopped", "end") | ("release", "end")
+    )
 }
 
 /// What a prepare has taken so far, to undo on failure.

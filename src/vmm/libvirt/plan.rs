@@ -315,4 +315,47 @@ mod tests {
         );
         assert_eq!(short_name(2, uni, false).len(), 2 + 20);
     }
+
+    #[test]
+    fn the_integration_examples_opt_in_and_plan() {
+        for (xml, expected) in [
+            (
+                include_str!("../../../integration/libvirt/domain-1cell.xml"),
+                vec![("pc.ram", 4u64 << 30, None)],
+            ),
+            (
+                include_str!("../../../integration/libvirt/domain-2cell.xml"),
+                vec![
+                    ("ram-node0", 4 << 30, Some(0)),
+                    ("ram-node1", 4 << 30, Some(1)),
+                ],
+            ),
+            (
+                include_str!("../../../integration/libvirt/domain-metadata.xml"),
+                vec![
+                    ("ram-node0", 1 << 30, Some(0)),
+                    ("ram-node1", 1 << 30, Some(1)),
+                ],
+            ),
+        ] {
+            // Examples carry no uuid or id: libvirt adds them.
+            let xml = xml.replace(
+                "<domain type='kvm'>",
+                "<domain type='kvm' id='1'><uuid>5e1f0000-0000-4000-8000-000000000001</uuid>",
+            );
+            let d = Domain::parse(&xml).unwrap();
+            assert_eq!(opts_in(&d), Ok(()));
+            let got: Vec<_> = plan(&d, PageSize::Size2M)
+                .unwrap()
+                .backends
+                .into_iter()
+                .map(|b| (b.alias, b.size, b.node))
+                .collect();
+            let expected: Vec<_> = expected
+                .into_iter()
+                .map(|(a, s, n)| (a.to_string(), s, n))
+                .collect();
+            assert_eq!(got, expected);
+        }
+    }
 }

@@ -45,6 +45,17 @@ pub struct Sandbox {
     up: bool,
 }
 
+/// The hook command line for [`Sandbox::up`]: `hugeprep libvirt-hook --config CONFIG`, with
+/// the `hugeprep` binary at `hugeprep` (tests: `env!("CARGO_BIN_EXE_hugeprep")`; benchmarks:
+/// `std::env::current_exe()`). Paths must not contain spaces or quotes.
+pub fn hook_command(hugeprep: &Path, config: &Path) -> String {
+    format!(
+        "{} libvirt-hook --config {}",
+        hugeprep.display(),
+        config.display()
+    )
+}
+
 fn script(args: &[&std::ffi::OsStr]) -> Result<Output> {
     let command = format!(
         "sandbox.sh {}",
