@@ -5,6 +5,7 @@
 //! This is the one place where hugeprep clears guest memory, so switching the clearing
 //! engine is one edit in `Scrubber::clear_extent`.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -267,10 +268,28 @@ impl Scrubber {
         opts: &ScrubOptions,
         control: &ScrubControl,
     ) -> Result<ScrubReport, ScrubError> {
+        self.scrub_file_ranges(file, std::slice::from_ref(&(0..file.size())), opts, control)
+    }
+
+    /// Like [`Scrubber::scrub_file`], for the byte `ranges` of `file` only (whole pages, in
+    /// order): the pages a released file still holds when the rest were punched out and
+    /// refilled by the kernel, which zeroed them.
+    pub fn scrub_file_ranges(
+        &self,
+        file: &BackingFile,
+        ranges: &[Range<u64>],
+        opts: &ScrubOptions,
+        control: &ScrubControl,
+    ) -> Result<ScrubReport, ScrubError> {
         let mut region = file.map()?;
         let path = file.path().display().to_string();
-        self.scrub_region(
+        let ranges: Vec<Range<usize>> = ranges
+            .iter()
+            .map(|r| r.start as usize..r.end as usize)
+            .collect();
+        self.scrub_ranges(
             &mut region,
+            &ranges,
             &path,
             file.page_size().bytes() as usize,
             opts,
@@ -292,13 +311,32 @@ impl Scrubber {
         opts: &ScrubOptions,
         control: &ScrubControl,
     ) -> Result<ScrubReport, ScrubError> {
+        let len = region.len();
+        self.scrub_ranges(
+            region,
+            std::slice::from_ref(&(0..len)),
+            what,
+            page,
+            opts,
+            control,
+        )
+    }
+
+    fn scrub_ranges(
+        &self,
+        region: &mut MmapRegion,
+        ranges: &[Range<usize>],
+        what: &str,
+        page: usize,
+        opts: &ScrubOptions,
+        control: &ScrubControl,
+    ) -> Result<ScrubReport, ScrubError> {
         let start = Instant::now();
         let cpus = if opts.cpus.is_empty() {
             crate::sys::affinity::allowed_cpus()
         } else {
             opts.cpus.clone()
         };
-        let workers = cpus.len().max(1);
         let throttle = Throttle {
             start,
             done: AtomicU64::new(0),
@@ -309,9 +347,45 @@ impl Scrubber {
             },
             control,
         };
+        let mut bytes = 0;
+        let mut affinity = Vec::new();
+        for range in ranges {
+            let range = range.start.min(region.len())..range.end.min(region.len());
+            let used =
+                self.scrub_range(region, range.clone(), what, page, &cpus, opts, &throttle)?;
+            if used.len() > affinity.len() {
+                affinity = used;
+            }
+            bytes += range.len() as u64;
+        }
+        Ok(ScrubReport {
+            bytes,
+            seconds: start.elapsed().as_secs_f64(),
+            threads: cpus.len().max(1),
+            affinity,
+            method: self.method(),
+            verify: opts.verify,
+        })
+    }
+
+    /// Populates, clears and verifies `range` of `region` with one worker per CPU.
+    #[allow(clippy::too_many_arguments)]
+    fn scrub_range(
+        &self,
+        region: &mut MmapRegion,
+        range: Range<usize>,
+        what: &str,
+        page: usize,
+        cpus: &[usize],
+        opts: &ScrubOptions,
+        throttle: &Throttle<'_>,
+    ) -> Result<Vec<Vec<usize>>, ScrubError> {
+        let control = throttle.control;
+        let workers = cpus.len().max(1);
         // Map every page table entry in one call first: a fresh mapping of a faulted file
         // would otherwise take one minor fault per page inside the clearing loop.
-        let len = region.len();
+        let base = range.start;
+        let len = range.len();
         let per_worker = len.div_ceil(page).div_ceil(workers) * page;
         let affinity: Vec<Vec<usize>> = std::thread::scope(|s| {
             let region = &*region;
@@ -326,7 +400,7 @@ impl Scrubber {
                             let _ = pin_current_thread(&[cpu]);
                             let affinity = crate::sys::affinity::allowed_cpus();
                             tracing::debug!(what, cpu, ?affinity, "scrub worker pinned");
-                            if let Err(err) = region.populate_write(off, n) {
+                            if let Err(err) = region.populate_write(base + off, n) {
                                 tracing::debug!(%err, "populate before scrub failed; clearing faults pages in");
                             }
                             affinity
@@ -336,7 +410,7 @@ impl Scrubber {
                 .collect();
             handles.into_iter().filter_map(|h| h.join().ok()).collect()
         });
-        let buf = region.as_mut_slice();
+        let buf = &mut region.as_mut_slice()[range];
         // Extents of STEP bytes per worker: each call streams (>= the LLC size per call),
         // and the cap, urgency and cancellation are looked at between calls. Threads the
         // clearer starts inherit this thread's scheduling class.
@@ -352,13 +426,14 @@ impl Scrubber {
                 return Err(ScrubError::Cancelled { path: what.into() });
             }
             set_priority(opts.background, control);
-            self.clear_extent(extent, &cpus)
+            self.clear_extent(extent, cpus)
                 .map_err(|source| ScrubError::Clear {
                     path: what.into(),
                     source,
                 })?;
             throttle.account(extent.len() as u64);
         }
+        let buf = &*buf;
         let results: Vec<Result<(), (u64, u8)>> = std::thread::scope(|s| {
             let handles: Vec<_> = buf
                 .chunks(per_worker.max(page))
@@ -369,7 +444,7 @@ impl Scrubber {
                         if let Some(cpu) = cpu {
                             let _ = pin_current_thread(&[cpu]);
                         }
-                        verify(chunk, (w * per_worker) as u64, page, opts.verify)
+                        verify(chunk, (base + w * per_worker) as u64, page, opts.verify)
                     })
                 })
                 .collect();
@@ -385,14 +460,7 @@ impl Scrubber {
                 value,
             })?;
         }
-        Ok(ScrubReport {
-            bytes: len as u64,
-            seconds: start.elapsed().as_secs_f64(),
-            threads: workers,
-            affinity,
-            method: self.method(),
-            verify: opts.verify,
-        })
+        Ok(affinity)
     }
 }
 

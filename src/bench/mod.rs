@@ -3,9 +3,11 @@
 
 pub mod clear;
 pub mod clear_report;
+pub mod daemon;
 pub mod prefault;
 pub mod qemu;
 pub mod recycle;
 pub mod svg;
+pub mod vm_start;
 
 pub use crate::stats::Summary;

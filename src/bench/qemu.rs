@@ -6,11 +6,10 @@
 //! from its main loop, after every memory backend has been created and preallocated.
 //!
 //! ```text
-//! qemu-system-x86_64 -S -nodefaults -nographic -machine q35,accel=kvm,memory-backend=mem0
-//!   -cpu host,-arch-capabilities -m 4096M
+//! qemu-system-x86_64 -S -nodefaults -nographic -machine q35,accel=kvm
+//!   -cpu host,-arch-capabilities -qmp unix:SOCK,server=on,wait=off -m 4096M
 //!   -object memory-backend-file,id=mem0,size=4294967296,mem-path=FILE,share=on,
-//!           prealloc=on,prealloc-threads=2
-//!   -qmp unix:SOCK,server=on,wait=off
+//!           prealloc=on,prealloc-threads=2 -machine memory-backend=mem0
 //! ```
 //!
 //! Each VM is started in its own process group, so a Ctrl-C at the terminal reaches only
@@ -102,25 +101,38 @@ impl QemuConfig {
                 self.prealloc_threads.max(1)
             ));
         }
-        [
-            "-S",
-            "-nodefaults",
-            "-nographic",
-            "-machine",
-            "q35,accel=kvm,memory-backend=mem0",
-            "-cpu",
-            "host,-arch-capabilities",
-            "-m",
-            &format!("{}M", self.size >> 20),
-            "-object",
-            &backend,
-            "-qmp",
-            &format!("unix:{},server=on,wait=off", self.qmp_socket.display()),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+        let mut args = vm_args(&self.qmp_socket);
+        args.extend(
+            [
+                "-m",
+                &format!("{}M", self.size >> 20),
+                "-object",
+                &backend,
+                "-machine",
+                "memory-backend=mem0",
+            ]
+            .map(String::from),
+        );
+        args
     }
+}
+
+/// Everything but the memory: a paused KVM machine with no devices and a QMP socket. QEMU
+/// merges repeated `-machine` options, so memory arguments may add `-machine memory-backend=`.
+pub fn vm_args(qmp_socket: &Path) -> Vec<String> {
+    [
+        "-S",
+        "-nodefaults",
+        "-nographic",
+        "-machine",
+        "q35,accel=kvm",
+        "-cpu",
+        "host,-arch-capabilities",
+        "-qmp",
+        &format!("unix:{},server=on,wait=off", qmp_socket.display()),
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// The QEMU binary in `PATH`, if installed.
@@ -152,21 +164,31 @@ pub struct QemuVm {
 impl QemuVm {
     /// Starts QEMU with `config` in its own process group.
     pub fn spawn(config: &QemuConfig) -> Result<QemuVm, QemuError> {
-        let _ = std::fs::remove_file(&config.qmp_socket);
-        let child = Command::new(&config.binary)
-            .args(config.args())
+        QemuVm::spawn_args(&config.binary, &config.args(), &config.qmp_socket)
+    }
+
+    /// Starts `binary` with `args` (which must open QMP on `qmp_socket`, as [`vm_args`]
+    /// does) in its own process group.
+    pub fn spawn_args(
+        binary: &Path,
+        args: &[String],
+        qmp_socket: &Path,
+    ) -> Result<QemuVm, QemuError> {
+        let _ = std::fs::remove_file(qmp_socket);
+        let child = Command::new(binary)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .process_group(0)
             .spawn()
             .map_err(|source| QemuError::Spawn {
-                binary: config.binary.clone(),
+                binary: binary.to_path_buf(),
                 source,
             })?;
         Ok(QemuVm {
             child,
-            socket: config.qmp_socket.clone(),
+            socket: qmp_socket.to_path_buf(),
             qmp: None,
             reaped: false,
         })
@@ -201,6 +223,15 @@ impl QemuVm {
 
     /// Sends one command and returns its `return` value, skipping events.
     pub fn execute(&mut self, command: &str) -> Result<serde_json::Value, QemuError> {
+        self.execute_with(command, serde_json::json!({}))
+    }
+
+    /// Sends one command with `arguments` and returns its `return` value, skipping events.
+    pub fn execute_with(
+        &mut self,
+        command: &str,
+        arguments: serde_json::Value,
+    ) -> Result<serde_json::Value, QemuError> {
         let socket = self.socket.clone();
         let err = |reason: String| QemuError::Qmp {
             socket: socket.clone(),
@@ -210,8 +241,8 @@ impl QemuVm {
             .qmp
             .as_mut()
             .ok_or_else(|| err("not connected".into()))?;
-        writeln!(writer, "{{\"execute\":\"{command}\"}}")
-            .map_err(|e| err(format!("sending {command}: {e}")))?;
+        let request = serde_json::json!({ "execute": command, "arguments": arguments });
+        writeln!(writer, "{request}").map_err(|e| err(format!("sending {command}: {e}")))?;
         loop {
             let mut line = String::new();
             let n = reader

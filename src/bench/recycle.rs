@@ -9,12 +9,11 @@
 //!    from request to answer, with the pool settled (warm) before each one.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::api::{self, ApiState, CpuReport};
+use crate::bench::daemon::{BenchDaemon, BenchDaemonError};
 use crate::bench::Summary;
 use crate::clear::ClearError;
 use crate::clear::ClearPlan;
@@ -22,7 +21,7 @@ use crate::client::{Client, ClientError};
 use crate::hugetlb::{BackingFile, FileError, MountError, MountOptions, OwnedMount, PoolTopUp};
 use crate::page_size::PageSize;
 use crate::policy::pool::Verification;
-use crate::pool::{fault, LeaseRequest, LeaseSource, Pool, PoolConfig, PoolPolicy};
+use crate::pool::{fault, LeaseRequest, LeaseSource, PoolConfig, PoolPolicy};
 use crate::scrub::{ScrubControl, ScrubError, ScrubOptions, Scrubber};
 use crate::units::{format_bytes, gbps};
 
@@ -82,24 +81,9 @@ pub enum RecycleBenchError {
     /// A lease request over the API failed.
     #[error("bench recycle: {0}")]
     Client(#[from] ClientError),
-    /// Starting a thread, the runtime or the socket failed.
-    #[error("bench recycle: {op}: {source}")]
-    Io {
-        /// What was being started.
-        op: &'static str,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// The warm pool did not reach its target in time (a liveness bound).
-    #[error("bench recycle: the warm pool did not refill within {seconds} s")]
-    Refill {
-        /// The bound.
-        seconds: u64,
-    },
-}
-
-fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> RecycleBenchError {
-    move |source| RecycleBenchError::Io { op, source }
+    /// The benchmark's daemon failed to start or to refill its pool.
+    #[error("bench recycle: {0}")]
+    Daemon(#[from] BenchDaemonError),
 }
 
 /// Throughput of one path.
@@ -269,57 +253,20 @@ fn latency(
     policy.set_warm(cfg.page_size, 4 * cfg.lease_size, vec![cfg.lease_size]);
     policy.scrub_bandwidth = None;
     policy.threads = cfg.threads;
-    let pool = Pool::open(PoolConfig {
-        state_dir: base.join("state"),
-        mounts: vec![mount.to_path_buf()],
-        policy,
-        plan: cfg.plan,
-    })?;
-    let worker = pool.spawn_worker().map_err(io("spawn the pool worker"))?;
-    let socket = base.join("bench.sock");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(io("start the runtime"))?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let listener = rt
-        .block_on(async { tokio::net::UnixListener::bind(&socket) })
-        .map_err(io("bind the benchmark's API socket"))?;
-    let state = ApiState {
-        pool: Arc::clone(&pool),
-        cpu: Arc::new(CpuReport {
-            method: cfg.plan.method,
+    let daemon = BenchDaemon::start(
+        PoolConfig {
+            state_dir: base.join("state"),
+            mounts: vec![mount.to_path_buf()],
+            policy,
             plan: cfg.plan,
-            rule: "bench".into(),
-            source: "bench recycle's own plan".into(),
-            decided_by: crate::policy::DecidedBy::Rule,
-            calibration: None,
-        }),
-    };
-    let server = rt.spawn(api::serve(listener, state, async {
-        let _ = stop_rx.await;
-    }));
-    let client = Client::new(&socket);
-    let settle = || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !(pool.is_idle()
-            && pool
-                .status()
-                .kinds
-                .iter()
-                .all(|k| k.warm_bytes >= k.target_bytes))
-        {
-            if Instant::now() > deadline {
-                return Err(RecycleBenchError::Refill { seconds: 60 });
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        Ok(())
-    };
+        },
+        &base.join("bench.sock"),
+    )?;
+    let client = Client::new(daemon.socket());
+    let settle = || daemon.settle(Duration::from_secs(60));
     let mut samples = Vec::with_capacity(cfg.leases);
     let mut warm_exact = 0;
-    let result = rt.block_on(async {
+    let result = daemon.runtime().block_on(async {
         // Warm-up: 20 leases untimed.
         for i in 0..cfg.leases + 20 {
             settle()?;
@@ -342,11 +289,7 @@ fn latency(
         }
         Ok::<(), RecycleBenchError>(())
     });
-    let _ = stop_tx.send(());
-    let _ = rt.block_on(server);
-    pool.shutdown();
-    let _ = worker.join();
-    drop(pool);
+    drop(daemon);
     let _ = std::fs::remove_dir_all(&base);
     result?;
     let out = LatencyResult {

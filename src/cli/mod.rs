@@ -4,12 +4,14 @@
 mod bench_clear;
 mod bench_prefault;
 mod bench_recycle;
+mod bench_vm_start;
 mod cpu;
 mod lease;
 mod libvirt_hook;
 mod mount;
 mod pool;
 mod prepare;
+mod qemu_args;
 mod release;
 mod serve;
 mod status;
@@ -52,6 +54,8 @@ pub enum Command {
     Prepare(prepare::PrepareArgs),
     /// Mount hugetlbfs of a page size, list the mounts, or unmount one.
     Mount(mount::MountArgs),
+    /// Print the QEMU arguments that map one lease (or one per guest NUMA node) as RAM.
+    QemuArgs(qemu_args::QemuArgsArgs),
     /// libvirt's QEMU hook: gives file-backed domains their memory from the pool.
     LibvirtHook(libvirt_hook::LibvirtHookArgs),
 }
@@ -65,6 +69,8 @@ pub enum BenchCommand {
     Prefault(bench_prefault::BenchPrefaultArgs),
     /// Recycling: scrub-and-return vs delete-and-refault, and warm lease latency.
     Recycle(bench_recycle::BenchRecycleArgs),
+    /// VM start: VMM preallocation vs no preallocation vs a hugeprep warm lease.
+    VmStart(bench_vm_start::BenchVmStartArgs),
 }
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
@@ -93,10 +99,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Clear(args) => bench_clear::run(args),
             BenchCommand::Prefault(args) => bench_prefault::run(args),
             BenchCommand::Recycle(args) => bench_recycle::run(args),
+            BenchCommand::VmStart(args) => bench_vm_start::run(args),
         },
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),
         Command::Mount(args) => mount::run(args),
+        Command::QemuArgs(args) => qemu_args::run(args),
         Command::Cpu(args) => cpu::run(args),
         Command::LibvirtHook(args) => libvirt_hook::run(args),
     }

@@ -22,12 +22,7 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<()> {
     let client = Client::new(&args.socket);
     let id = match args.lease.parse::<u64>() {
         Ok(id) => id,
-        Err(_) => client
-            .blocking(client.leases())?
-            .into_iter()
-            .find(|l| l.name == args.lease)
-            .map(|l| l.id)
-            .ok_or_else(|| anyhow::anyhow!("no lease named {:?}", args.lease))?,
+        Err(_) => super::qemu_args::find_lease(&client, &args.lease)?.id,
     };
     let lease = client.blocking(client.release(id))?;
     if args.json {

@@ -20,6 +20,7 @@
 mod error;
 pub mod fault;
 mod holders;
+pub mod holes;
 mod kernel;
 mod lease;
 pub mod placement;

@@ -7,7 +7,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{fault, file_key, holders, kernel, Entry, FileRecord, FileState, Pool, State, Work};
+use super::{
+    fault, file_key, holders, holes, kernel, Entry, FileRecord, FileState, Pool, State, Work,
+};
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;
 use crate::scrub::{ScrubError, ScrubOptions};
@@ -193,17 +195,39 @@ impl Pool {
             background: true,
             verify: self.policy.verify,
         };
-        let result = BackingFile::open(&path, rec.page_size)
-            .map_err(ScrubError::from)
-            .and_then(|f| {
-                if f.size() != rec.size {
-                    // Resized under a crash: scrub what is there and record it.
-                    tracing::info!(id, size = f.size(), "file size differs from journal");
-                }
-                self.scrubber
-                    .scrub_file(&f, &opts, &self.control)
-                    .map(|r| (r, f.size()))
-            });
+        let file = match BackingFile::open(&path, rec.page_size) {
+            Ok(f) => f,
+            Err(err) => {
+                tracing::error!(%err, "cannot open a released file: deleting it");
+                return self.delete_job(id);
+            }
+        };
+        if file.size() != rec.size {
+            // Resized under a crash: scrub what is there and record it.
+            tracing::info!(id, size = file.size(), "file size differs from journal");
+        }
+        // Pages punched out (discard-data, a balloon) come back from the kernel zeroed:
+        // only the pages still present are scrubbed.
+        let refill = match holes::refill(&file, rec.node, opts.cpus.len()) {
+            Ok(r) => r,
+            Err(err) => {
+                tracing::warn!(%err, "cannot refill a released file's holes: deleting it");
+                return self.delete_job(id);
+            }
+        };
+        if refill.filled > 0 {
+            tracing::info!(
+                id,
+                filled = refill.filled,
+                present = refill.present.iter().map(|r| r.end - r.start).sum::<u64>(),
+                "released file had holes: refilled them, scrubbing only the present pages"
+            );
+        }
+        let result = self
+            .scrubber
+            .scrub_file_ranges(&file, &refill.present, &opts, &self.control)
+            .map(|r| (r, file.size()));
+        drop(file);
         match result {
             Ok((report, size)) => {
                 let mut st = self.lock();

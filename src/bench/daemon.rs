@@ -1,0 +1,140 @@
+//! An in-process daemon for benchmarks: the warm pool, its worker and the API on a unix
+//! socket, so a benchmark talks to hugeprep the way a VMM integration does (over the API)
+//! without depending on a daemon installed on the host.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::api::{self, ApiState, CpuReport};
+use crate::pool::{Pool, PoolConfig, PoolError};
+
+/// Starting or waiting for the benchmark's daemon failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchDaemonError {
+    /// The pool could not open.
+    #[error("{0}")]
+    Pool(#[from] PoolError),
+    /// Starting a thread, the runtime or the socket failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// What was being started.
+        op: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The warm pool did not reach its target in time (a liveness bound).
+    #[error("the warm pool did not settle within {seconds} s")]
+    Settle {
+        /// The bound.
+        seconds: u64,
+    },
+}
+
+fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> BenchDaemonError {
+    move |source| BenchDaemonError::Io { op, source }
+}
+
+/// A pool with its worker and API server; stopped on drop.
+#[derive(Debug)]
+pub struct BenchDaemon {
+    pool: Arc<Pool>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    runtime: tokio::runtime::Runtime,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    socket: PathBuf,
+}
+
+impl BenchDaemon {
+    /// Opens the pool of `config`, starts its worker and serves the API on `socket`.
+    pub fn start(config: PoolConfig, socket: &Path) -> Result<BenchDaemon, BenchDaemonError> {
+        let plan = config.plan;
+        let pool = Pool::open(config)?;
+        let worker = pool.spawn_worker().map_err(io("spawn the pool worker"))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(io("start the runtime"))?;
+        let _ = std::fs::remove_file(socket);
+        let listener = runtime
+            .block_on(async { tokio::net::UnixListener::bind(socket) })
+            .map_err(io("bind the benchmark's API socket"))?;
+        let state = ApiState {
+            pool: Arc::clone(&pool),
+            cpu: Arc::new(CpuReport {
+                method: plan.method,
+                plan,
+                rule: "bench".into(),
+                source: "the benchmark's own plan".into(),
+                decided_by: crate::policy::DecidedBy::Rule,
+                calibration: None,
+            }),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = runtime.spawn(api::serve(listener, state, async {
+            let _ = stopped.await;
+        }));
+        Ok(BenchDaemon {
+            pool,
+            worker: Some(worker),
+            runtime,
+            server: Some(server),
+            stop: Some(stop),
+            socket: socket.to_path_buf(),
+        })
+    }
+
+    /// The API socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// The runtime the server runs on (for async clients).
+    pub fn runtime(&self) -> &tokio::runtime::Runtime {
+        &self.runtime
+    }
+
+    /// Waits until nothing is in flight and every kind is at or above its warm target.
+    pub fn settle(&self, timeout: Duration) -> Result<(), BenchDaemonError> {
+        let deadline = Instant::now() + timeout;
+        while !(self.pool.is_idle()
+            && self
+                .pool
+                .status()
+                .kinds
+                .iter()
+                .all(|k| k.warm_bytes >= k.target_bytes))
+        {
+            if Instant::now() > deadline {
+                return Err(BenchDaemonError::Settle {
+                    seconds: timeout.as_secs(),
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for BenchDaemon {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(server) = self.server.take() {
+            let _ = self.runtime.block_on(server);
+        }
+        self.pool.shutdown();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}

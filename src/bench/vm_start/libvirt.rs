@@ -1,0 +1,173 @@
+//! The libvirt cases: `virsh create --paused` of a transient, diskless domain until virsh
+//! returns (the domain started, its memory prepared), against a private libvirtd whose QEMU
+//! hook is `hugeprep libvirt-hook` talking to the benchmark's daemon.
+//!
+//! - immediate: `<hugepages/>` + `<allocation mode='immediate' threads='N'/>` (libvirt
+//!   passes QEMU a directory on its hugetlbfs mount; QEMU preallocates a fresh file);
+//! - floor: the same file-backed, shared domain as hugeprep's, with no allocation, and the
+//!   hook configured with no daemon to ask and `on_daemon_down = "cold"`: libvirt and QEMU
+//!   make the file themselves (the hook still runs, as it would on a host that has it);
+//! - hugeprep: `<source type='file'/><access mode='shared'/>`: the hook links a warm lease
+//!   at the path QEMU opens;
+//! - immediate on a lease: the same plus `<allocation mode='immediate' threads='N'/>`;
+//! - hugeprep with `<discard/>` (OpenStack Nova's file-backed memory): QEMU punches the
+//!   lease's pages out when it stops and the pool refills them.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::{Case, Result, Starter, VmStartBenchConfig, VmStartBenchError, Vmm, World};
+use crate::vmm::libvirt::sandbox::Sandbox;
+use crate::vmm::libvirt::{Fallback, HookConfig};
+
+/// What libvirt needs on this machine.
+const TOOLS: [(&str, &str); 3] = [
+    ("/usr/sbin/libvirtd", "libvirt-daemon-system"),
+    ("/usr/sbin/virtlogd", "libvirt-daemon-system"),
+    ("/usr/bin/virsh", "libvirt-clients"),
+];
+
+/// Whether libvirtd, virtlogd and virsh are installed; otherwise what to install.
+pub(super) fn tools_present() -> std::result::Result<(), String> {
+    for (tool, package) in TOOLS {
+        if !Path::new(tool).exists() {
+            return Err(format!("{tool} missing (apt install {package})"));
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the hook's configuration atomically (the hook may be reading it).
+fn write_config(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("toml.new");
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|source| VmStartBenchError::Io {
+            op: "write the hook's configuration",
+            source,
+        })
+}
+
+/// A private libvirtd for one size's world.
+pub(crate) struct LibvirtStarter {
+    sandbox: Sandbox,
+    config_path: PathBuf,
+    /// The hook's configuration: the world's daemon.
+    served: String,
+    /// The hook's configuration for the floor: no daemon, start cold.
+    cold: String,
+    xml_dir: PathBuf,
+    qemu: PathBuf,
+    next_uuid: u64,
+}
+
+impl LibvirtStarter {
+    /// Starts libvirtd with `memory_backing_dir` on the pool's mount and the hook pointed at
+    /// the world's daemon.
+    pub fn up(cfg: &VmStartBenchConfig, world: &World) -> Result<LibvirtStarter> {
+        let backing = world.pool_mount.join("libvirt-backing");
+        let mut config = HookConfig::new(&backing);
+        config.socket = world.daemon.socket().to_path_buf();
+        let config_path = world.tmp.join("libvirt-hook.toml");
+        let served = config.to_toml();
+        config.socket = world.tmp.join("no-daemon.sock");
+        config.on_daemon_down = Fallback::Cold;
+        let cold = config.to_toml();
+        write_config(&config_path, &served)?;
+        let hook = format!(
+            "{} libvirt-hook --config {}",
+            cfg.hook_binary.display(),
+            config_path.display()
+        );
+        let sandbox = Sandbox::up(&world.tmp.join("libvirt"), &backing, Some(&hook))?;
+        Ok(LibvirtStarter {
+            sandbox,
+            config_path,
+            served,
+            cold,
+            xml_dir: world.tmp.clone(),
+            qemu: cfg.qemu.clone(),
+            next_uuid: 0,
+        })
+    }
+
+    fn domain_xml(&self, world: &World, case: Case, uuid: &str) -> String {
+        let threads = world.threads;
+        let backing = match case {
+            Case::Immediate => {
+                format!("<hugepages/><allocation mode='immediate' threads='{threads}'/>")
+            }
+            Case::Floor | Case::Hugeprep => "<source type='file'/><access mode='shared'/>".into(),
+            Case::HugeprepDiscard => {
+                "<source type='file'/><access mode='shared'/><discard/>".into()
+            }
+            Case::ImmediateOnLease => format!(
+                "<source type='file'/><access mode='shared'/>\
+                 <allocation mode='immediate' threads='{threads}'/>"
+            ),
+        };
+        // arch-capabilities off: KVM on AMD hosts refuses QEMU's MSR 0x10a write with -cpu host.
+        format!(
+            "<domain type='kvm'>
+  <name>vm-start-{uuid}</name>
+  <uuid>{uuid}</uuid>
+  <memory unit='KiB'>{}</memory>
+  <vcpu>1</vcpu>
+  <memoryBacking>{backing}</memoryBacking>
+  <os><type arch='x86_64' machine='pc'>hvm</type></os>
+  <cpu mode='host-passthrough'><feature policy='disable' name='arch-capabilities'/></cpu>
+  <devices>
+    <emulator>{}</emulator>
+    <video><model type='none'/></video>
+    <memballoon model='none'/>
+  </devices>
+</domain>
+",
+            world.size >> 10,
+            self.qemu.display()
+        )
+    }
+
+    fn virsh_ok(&self, args: &[&str]) -> Result<()> {
+        let out = self.sandbox.virsh(args)?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(VmStartBenchError::Virsh {
+            command: format!("virsh {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+impl Starter for LibvirtStarter {
+    fn vmm(&self) -> Vmm {
+        Vmm::Libvirt
+    }
+
+    fn start(&mut self, world: &World, case: Case, _tag: &str) -> Result<f64> {
+        self.next_uuid += 1;
+        let uuid = format!("7a11b007-0000-4000-8000-{:012x}", self.next_uuid);
+        let file = self.xml_dir.join("domain.xml");
+        std::fs::write(&file, self.domain_xml(world, case, &uuid)).map_err(|source| {
+            VmStartBenchError::Io {
+                op: "write the domain XML",
+                source,
+            }
+        })?;
+        let file = file.to_string_lossy().into_owned();
+        // The hook reads its configuration on every call.
+        let config = if case == Case::Floor {
+            &self.cold
+        } else {
+            &self.served
+        };
+        write_config(&self.config_path, config)?;
+        let start = Instant::now();
+        self.virsh_ok(&["create", "--paused", &file])?;
+        let seconds = start.elapsed().as_secs_f64();
+        // `release end` gives the hook's lease back before destroy returns.
+        self.virsh_ok(&["destroy", &uuid])?;
+        Ok(seconds)
+    }
+}

@@ -1,0 +1,462 @@
+//! `hugeprep bench vm-start`: how long a VM takes to start with its memory prepared four
+//! ways, side by side in one run, for several memory sizes.
+//!
+//! The cases, for QEMU alone (exec to QMP ready, VM paused) and through libvirt (`virsh
+//! start` to running):
+//! - **immediate**: the VMM preallocates (QEMU `prealloc=on,prealloc-threads=N` on a fresh
+//!   hugetlbfs file; libvirt `<hugepages/>` with `<allocation mode='immediate' threads='N'/>`):
+//!   the kernel faults and zeroes every page on the start path;
+//! - **floor**: file-backed memory with no preallocation: the VMM's own start cost, nothing
+//!   of the memory (the guest would fault it later, while it runs);
+//! - **hugeprep**: a lease from hugeprep's warm pool (over the API, inside the timed span),
+//!   handed over with `qemu-args` or the libvirt hook;
+//! - **immediate on a lease**: immediate preallocation over a pre-faulted lease: the VMM
+//!   touches pages that are already present.
+//!
+//! Every case runs once untimed first (the first touch of guest-physical memory is ~25x
+//! slower), then the cases alternate within each repetition (the first one rotates), and the
+//! report gives median and range per case and, per repetition, the share of the memory
+//! preparation hugeprep takes off the start: `(T_immediate - T_hugeprep) / (T_immediate -
+//! T_floor)`.
+//!
+//! Per size the run tops the kernel's pool up by what it needs (the warm pool plus one fresh
+//! file) and gives it back after; the daemon runs in-process on its own hugetlbfs, limited
+//! to the warm target so the pool does not refill behind a lease while a start is timed.
+
+mod libvirt;
+mod qemu;
+mod report;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::daemon::{BenchDaemon, BenchDaemonError};
+use super::qemu::QemuError;
+use crate::clear::ClearPlan;
+use crate::client::ClientError;
+use crate::hugetlb::{
+    BackingFile, FileError, MountError, MountOptions, OwnedMount, PoolError, PoolTopUp,
+};
+use crate::page_size::PageSize;
+use crate::pool::{PoolConfig, PoolPolicy, Verification};
+use crate::sys::mmap::MmapRegion;
+
+pub use report::{CaseResult, Saving, SizeResult, VmStartReport};
+
+/// How long the warm pool may take to settle between starts (a liveness bound).
+const SETTLE: Duration = Duration::from_secs(120);
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct VmStartBenchConfig {
+    /// Guest memory sizes.
+    pub sizes: Vec<u64>,
+    /// Page size of every case.
+    pub page_size: PageSize,
+    /// QEMU `prealloc-threads`, libvirt `<allocation threads=>` and hugeprep's workers.
+    pub threads: usize,
+    /// Measured repetitions per case (after one warm-up start of each).
+    pub reps: usize,
+    /// The QEMU binary.
+    pub qemu: PathBuf,
+    /// The VMMs to measure.
+    pub vmms: Vec<Vmm>,
+    /// The `hugeprep` binary libvirt runs as its hook (`libvirt-hook`).
+    pub hook_binary: PathBuf,
+    /// How hugeprep's pool clears.
+    pub plan: ClearPlan,
+    /// Bytes of memory to leave to the rest of the machine: a size needing more is skipped.
+    pub headroom: u64,
+    /// Checked between starts; when set the benchmark stops, cleans up and fails.
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+/// The VMM a case starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Vmm {
+    /// QEMU alone: exec to QMP ready.
+    Qemu,
+    /// libvirt: `virsh start` to running.
+    Libvirt,
+}
+
+/// How the memory is prepared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Case {
+    /// The VMM preallocates fresh hugepages.
+    Immediate,
+    /// File-backed, no preallocation.
+    Floor,
+    /// A warm lease from hugeprep.
+    Hugeprep,
+    /// The VMM preallocates over a pre-faulted lease.
+    ImmediateOnLease,
+    /// A warm lease, mapped with `discard-data=on` (libvirt `<discard/>`, as OpenStack Nova
+    /// sets it): QEMU punches the pages out when it stops, and the pool refills them.
+    HugeprepDiscard,
+}
+
+impl Case {
+    /// Every case, in table order.
+    pub const ALL: [Case; 5] = [
+        Case::Immediate,
+        Case::Floor,
+        Case::Hugeprep,
+        Case::ImmediateOnLease,
+        Case::HugeprepDiscard,
+    ];
+
+    /// Whether the VM's memory is a hugeprep lease.
+    pub fn leased(self) -> bool {
+        matches!(
+            self,
+            Case::Hugeprep | Case::ImmediateOnLease | Case::HugeprepDiscard
+        )
+    }
+
+    /// The row label for `vmm`.
+    pub fn label(self, vmm: Vmm, threads: usize) -> String {
+        match (vmm, self) {
+            (Vmm::Qemu, Case::Immediate) => format!("prealloc=on, prealloc-threads={threads}"),
+            (Vmm::Qemu, Case::Floor) => "file, prealloc=off (floor)".into(),
+            (Vmm::Qemu, Case::Hugeprep) => "hugeprep warm lease, qemu-args".into(),
+            (Vmm::Qemu, Case::ImmediateOnLease) => "prealloc=on over a warm lease".into(),
+            (Vmm::Qemu, Case::HugeprepDiscard) => "hugeprep warm lease, discard-data=on".into(),
+            (Vmm::Libvirt, Case::Immediate) => {
+                format!("<hugepages/> + immediate, threads={threads}")
+            }
+            (Vmm::Libvirt, Case::Floor) => "file-backed, hook cold (floor)".into(),
+            (Vmm::Libvirt, Case::Hugeprep) => "hugeprep hook, warm pool".into(),
+            (Vmm::Libvirt, Case::ImmediateOnLease) => "file-backed immediate over a lease".into(),
+            (Vmm::Libvirt, Case::HugeprepDiscard) => "hugeprep hook, <discard/>".into(),
+        }
+    }
+}
+
+/// Errors running the benchmark; each keeps the failing layer's own error.
+#[derive(Debug, thiserror::Error)]
+pub enum VmStartBenchError {
+    /// A setting is out of range.
+    #[error("bench vm-start: --{field}: {reason}")]
+    Invalid {
+        /// The setting.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A benchmark hugetlbfs could not be mounted.
+    #[error("bench vm-start: {0}")]
+    Mount(#[from] MountError),
+    /// The reservation that keeps the pool from refilling failed.
+    #[error("bench vm-start: {0}")]
+    File(#[from] FileError),
+    /// The kernel's pool could not be read or raised.
+    #[error("bench vm-start: {0}")]
+    KernelPool(#[from] PoolError),
+    /// The in-process daemon failed.
+    #[error("bench vm-start: {0}")]
+    Daemon(#[from] BenchDaemonError),
+    /// The libvirt sandbox failed.
+    #[error("bench vm-start: libvirt: {0}")]
+    Libvirt(#[from] crate::vmm::libvirt::sandbox::SandboxError),
+    /// A `virsh` command failed.
+    #[error("bench vm-start: {command}: {stderr}")]
+    Virsh {
+        /// The command.
+        command: String,
+        /// What virsh said.
+        stderr: String,
+    },
+    /// A lease over the API failed.
+    #[error("bench vm-start: {0}")]
+    Client(#[from] ClientError),
+    /// QEMU failed.
+    #[error("bench vm-start: {0}")]
+    Qemu(#[from] QemuError),
+    /// A directory or file of the run could not be made.
+    #[error("bench vm-start: {op}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Interrupted.
+    #[error("bench vm-start: interrupted; everything the benchmark took was given back")]
+    Cancelled,
+}
+
+type Result<T> = std::result::Result<T, VmStartBenchError>;
+
+/// One size's world: fresh files on `scratch`, hugeprep's pool on its own mount.
+pub(crate) struct World {
+    /// Guest memory size.
+    pub size: u64,
+    /// Page size.
+    pub page_size: PageSize,
+    /// Threads.
+    pub threads: usize,
+    /// A mount for the files QEMU alone creates itself.
+    pub scratch: PathBuf,
+    /// hugeprep's pool mount (libvirt's `hugetlbfs_mount` and `memory_backing_dir` too:
+    /// the hook's hard links cannot cross file systems).
+    pub pool_mount: PathBuf,
+    /// A directory on an ordinary file system for sockets, XML and configuration.
+    pub tmp: PathBuf,
+    /// hugeprep's daemon, its pool warm with one file of `size`.
+    pub daemon: BenchDaemon,
+}
+
+impl World {
+    /// Waits until the pool is warm again (between starts, untimed).
+    pub fn settle(&self) -> Result<()> {
+        Ok(self.daemon.settle(SETTLE)?)
+    }
+}
+
+/// A way to start VMs: the cases it can run and one timed start.
+pub(crate) trait Starter {
+    /// Which VMM.
+    fn vmm(&self) -> Vmm;
+    /// Starts a VM of `case` and returns the seconds to ready; the VM is stopped and every
+    /// lease and file of it given back before it returns.
+    fn start(&mut self, world: &World, case: Case, tag: &str) -> Result<f64>;
+}
+
+/// The run's journal and socket directory on an ordinary file system; removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(size: u64) -> Result<TempDir> {
+        let dir = std::env::temp_dir().join(format!(
+            "hugeprep-bench-vm-start-{}-{size}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|source| VmStartBenchError::Io {
+            op: "create the run's directory",
+            source,
+        })?;
+        Ok(TempDir(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A mapped, untouched file of the world's size: it reserves that many free pages without
+/// faulting (or zeroing) any, so the pool sees none it could refill with.
+struct Ballast {
+    _region: MmapRegion,
+    file: Option<BackingFile>,
+}
+
+impl Ballast {
+    fn reserve(world: &World) -> Result<Ballast> {
+        let path = world.scratch.join("ballast");
+        let _ = std::fs::remove_file(&path);
+        let file = BackingFile::create(&path, world.size, world.page_size, None)?;
+        match file.map() {
+            Ok(region) => Ok(Ballast {
+                _region: region,
+                file: Some(file),
+            }),
+            Err(e) => {
+                let _ = file.remove();
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl Drop for Ballast {
+    fn drop(&mut self) {
+        if let Some(file) = self.file.take() {
+            let _ = file.remove();
+        }
+    }
+}
+
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
+}
+
+fn check(cfg: &VmStartBenchConfig) -> Result<()> {
+    let invalid = |field, reason: String| Err(VmStartBenchError::Invalid { field, reason });
+    if cfg.reps == 0 {
+        return invalid("reps", "must be at least 1".into());
+    }
+    if cfg.threads == 0 {
+        return invalid("threads", "must be at least 1".into());
+    }
+    if cfg.sizes.is_empty() {
+        return invalid("sizes", "give at least one size".into());
+    }
+    for &size in &cfg.sizes {
+        if crate::hugetlb::check_size(size, cfg.page_size).is_err() || size < (2 << 20) {
+            return invalid(
+                "sizes",
+                format!(
+                    "{size} is not a positive multiple of the {} page size of at least 2 MiB",
+                    cfg.page_size
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs the benchmark; `log` gets a line per start.
+pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport> {
+    check(cfg)?;
+    let mut not_measured = Vec::new();
+    let mut vmms = cfg.vmms.clone();
+    if vmms.contains(&Vmm::Libvirt) {
+        if let Err(why) = libvirt::tools_present() {
+            log(&format!("not measured: libvirt: {why}"));
+            not_measured.push(format!("libvirt: {why}"));
+            vmms.retain(|&v| v != Vmm::Libvirt);
+        }
+    }
+    let mut sizes = Vec::new();
+    let mut skipped = Vec::new();
+    for &size in &cfg.sizes {
+        // The warm pool, and one fresh file at a time.
+        let needed = 2 * size;
+        if mem_available().is_some_and(|m| m < needed + cfg.headroom) {
+            let why = format!(
+                "{}: needs {} of hugepages, more than the memory available less the headroom",
+                crate::units::format_bytes(size),
+                crate::units::format_bytes(needed)
+            );
+            log(&format!("skipped {why}"));
+            skipped.push(why);
+            continue;
+        }
+        sizes.push(run_size(cfg, &vmms, size, log)?);
+    }
+    Ok(report::report(cfg, &vmms, not_measured, sizes, skipped))
+}
+
+fn run_size(
+    cfg: &VmStartBenchConfig,
+    vmms: &[Vmm],
+    size: u64,
+    log: &dyn Fn(&str),
+) -> Result<SizeResult> {
+    let ps = cfg.page_size;
+    let pages = size / ps.bytes();
+    // Dropped in reverse: the starters (libvirtd) and the daemon with its files, the mounts,
+    // then the pages: the warm pool's and one fresh file's, kept in the kernel's hugetlb pool
+    // for the whole size (pages handed back to the buddy allocator between starts would
+    // come back cold).
+    let _top_up = PoolTopUp::ensure_free(None, ps, 2 * pages)?;
+    let scratch = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
+    let pool_mount = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
+    let tmp = TempDir::new(size)?;
+    let mut policy = PoolPolicy::embedded();
+    policy.set_warm(ps, size, vec![size]);
+    policy.scrub_bandwidth = None;
+    policy.threads = cfg.threads;
+    policy.verify = Verification::Sample;
+    let daemon = BenchDaemon::start(
+        PoolConfig {
+            state_dir: tmp.0.join("state"),
+            mounts: vec![pool_mount.path().to_path_buf()],
+            policy,
+            plan: cfg.plan,
+        },
+        &tmp.0.join("hugeprep.sock"),
+    )?;
+    let world = World {
+        size,
+        page_size: ps,
+        threads: cfg.threads,
+        scratch: scratch.path().to_path_buf(),
+        pool_mount: pool_mount.path().to_path_buf(),
+        tmp: tmp.0.clone(),
+        daemon,
+    };
+    world.settle()?;
+    let mut starters: Vec<Box<dyn Starter>> = Vec::new();
+    for vmm in vmms {
+        starters.push(match vmm {
+            Vmm::Qemu => Box::new(qemu::QemuStarter::new(cfg)),
+            Vmm::Libvirt => {
+                log("starting a private libvirtd (about 10 s: it probes QEMU)");
+                Box::new(libvirt::LibvirtStarter::up(cfg, &world)?)
+            }
+        });
+    }
+    let runs: Vec<(usize, Case)> = (0..starters.len())
+        .flat_map(|s| Case::ALL.map(|c| (s, c)))
+        .collect();
+    let mut samples = vec![Vec::with_capacity(cfg.reps); runs.len()];
+    let mut recycles = vec![Vec::with_capacity(cfg.reps); runs.len()];
+    let size_name = crate::units::format_bytes(size);
+    for (rep, timed) in std::iter::once((0, false)).chain((0..cfg.reps).map(|r| (r, true))) {
+        for i in 0..runs.len() {
+            if cfg
+                .cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed))
+            {
+                return Err(VmStartBenchError::Cancelled);
+            }
+            let k = if timed { (rep + i) % runs.len() } else { i };
+            let (s, case) = runs[k];
+            let starter = &mut starters[s];
+            // The fresh pages stay reserved while hugeprep's cases run: the pool cannot
+            // refill behind the lease while the start is timed.
+            let ballast = if case.leased() {
+                Some(Ballast::reserve(&world)?)
+            } else {
+                None
+            };
+            let seconds = starter.start(&world, case, &format!("{rep}-{k}"))?;
+            // The lease was released as the VM stopped: until the pool is warm again is
+            // what recycling it costs (a scrub, or a refill of what QEMU punched out).
+            let released = std::time::Instant::now();
+            world.settle()?;
+            let recycle = released.elapsed().as_secs_f64();
+            drop(ballast);
+            let label = case.label(starter.vmm(), cfg.threads);
+            let vmm = format!("{:?}", starter.vmm()).to_lowercase();
+            if timed {
+                samples[k].push(seconds);
+                recycles[k].push(recycle);
+                log(&format!(
+                    "{size_name} rep {}/{}  {vmm:<8} {label:<44} {seconds:.3} s",
+                    rep + 1,
+                    cfg.reps,
+                ));
+            } else {
+                log(&format!(
+                    "{size_name} warm-up  {vmm:<8} {label:<44} {seconds:.3} s"
+                ));
+            }
+        }
+    }
+    let runs: Vec<(Vmm, Case)> = runs.iter().map(|&(s, c)| (starters[s].vmm(), c)).collect();
+    drop(starters);
+    drop(world);
+    Ok(report::size_result(
+        size,
+        cfg.threads,
+        &runs,
+        samples,
+        recycles,
+    ))
+}

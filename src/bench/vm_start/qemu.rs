@@ -1,0 +1,136 @@
+//! The QEMU-alone cases: exec to QMP ready (VM paused, no devices), with the same QEMU
+//! launcher as `bench prefault` and the arguments `hugeprep qemu-args` prints.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::{Case, Result, Starter, VmStartBenchConfig, Vmm, World};
+use crate::bench::qemu::{self as launcher, QemuConfig, QemuVm};
+use crate::client::Client;
+use crate::pool::{LeaseInfo, LeaseRequest};
+use crate::vmm::{qemu as handoff, GuestMemoryFile};
+
+/// How long QEMU may take to become ready (a first touch since boot is ~25x slower).
+const READY_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Starts QEMU for each case.
+pub(crate) struct QemuStarter {
+    binary: PathBuf,
+}
+
+impl QemuStarter {
+    pub fn new(cfg: &VmStartBenchConfig) -> QemuStarter {
+        QemuStarter {
+            binary: cfg.qemu.clone(),
+        }
+    }
+
+    /// QEMU's own backend on `mem_path` (a fresh file QEMU creates, or a lease).
+    fn own_backend(&self, world: &World, mem_path: &Path, prealloc: bool) -> Result<f64> {
+        let config = QemuConfig {
+            binary: self.binary.clone(),
+            size: world.size,
+            mem_path: mem_path.to_path_buf(),
+            share: true,
+            prealloc,
+            prealloc_threads: world.threads,
+            qmp_socket: qmp_socket(world),
+        };
+        let start = Instant::now();
+        let mut vm = QemuVm::spawn(&config)?;
+        vm.wait_ready(READY_TIMEOUT)?;
+        let seconds = start.elapsed().as_secs_f64();
+        vm.quit(Duration::from_secs(10));
+        Ok(seconds)
+    }
+
+    /// A fresh file on the scratch mount, removed after.
+    fn fresh(&self, world: &World, prealloc: bool, tag: &str) -> Result<f64> {
+        let path = world.scratch.join(format!("qemu-{tag}"));
+        let _ = std::fs::remove_file(&path);
+        let result = self.own_backend(world, &path, prealloc);
+        let _ = std::fs::remove_file(&path);
+        result
+    }
+
+    /// A lease from the warm pool, timed from the request to QEMU ready (QEMU's exit and
+    /// the release are not part of the start); released after.
+    fn leased(&self, world: &World, handoff: Handoff, tag: &str) -> Result<f64> {
+        let client = Client::new(world.daemon.socket());
+        let start = Instant::now();
+        let lease = client.blocking(client.lease(&LeaseRequest {
+            name: format!("qemu-{tag}"),
+            size: world.size,
+            page_size: Some(world.page_size),
+            node: None,
+            owner: None,
+            pid: None,
+        }))?;
+        let lease_seconds = start.elapsed().as_secs_f64();
+        let result = match handoff {
+            Handoff::Prealloc => self.own_backend(world, &lease.path, true),
+            Handoff::QemuArgs => self.with_qemu_args(world, &lease, ""),
+            Handoff::Discard => self.with_qemu_args(world, &lease, ",discard-data=on"),
+        }
+        .map(|qemu_seconds| lease_seconds + qemu_seconds);
+        client.blocking(client.release(lease.id))?;
+        result
+    }
+
+    /// QEMU with exactly what `hugeprep qemu-args` prints for `lease`, `backend_extra`
+    /// appended to the backend's options.
+    fn with_qemu_args(&self, world: &World, lease: &LeaseInfo, backend_extra: &str) -> Result<f64> {
+        let qmp = qmp_socket(world);
+        let mut args = launcher::vm_args(&qmp);
+        let mut memory = handoff::machine_args(&GuestMemoryFile {
+            id: "mem0",
+            path: &lease.path,
+            size: lease.size,
+            node: Some(lease.node),
+        });
+        if let Some(backend) = memory
+            .iter_mut()
+            .find(|a| a.starts_with("memory-backend-file,"))
+        {
+            backend.push_str(backend_extra);
+        }
+        args.extend(memory);
+        let start = Instant::now();
+        let mut vm = QemuVm::spawn_args(&self.binary, &args, &qmp)?;
+        vm.wait_ready(READY_TIMEOUT)?;
+        let seconds = start.elapsed().as_secs_f64();
+        vm.quit(Duration::from_secs(10));
+        Ok(seconds)
+    }
+}
+
+/// How a lease reaches QEMU.
+#[derive(Debug, Clone, Copy)]
+enum Handoff {
+    /// `hugeprep qemu-args`.
+    QemuArgs,
+    /// QEMU's own `prealloc=on` over the lease.
+    Prealloc,
+    /// `hugeprep qemu-args` plus `discard-data=on`.
+    Discard,
+}
+
+fn qmp_socket(world: &World) -> PathBuf {
+    world.daemon.socket().with_file_name("qmp.sock")
+}
+
+impl Starter for QemuStarter {
+    fn vmm(&self) -> Vmm {
+        Vmm::Qemu
+    }
+
+    fn start(&mut self, world: &World, case: Case, tag: &str) -> Result<f64> {
+        match case {
+            Case::Immediate => self.fresh(world, true, tag),
+            Case::Floor => self.fresh(world, false, tag),
+            Case::Hugeprep => self.leased(world, Handoff::QemuArgs, tag),
+            Case::ImmediateOnLease => self.leased(world, Handoff::Prealloc, tag),
+            Case::HugeprepDiscard => self.leased(world, Handoff::Discard, tag),
+        }
+    }
+}

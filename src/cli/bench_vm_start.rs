@@ -1,0 +1,81 @@
+//! `hugeprep bench vm-start`: VM start time with the VMM's own preallocation, with no
+//! preallocation (the floor), and with hugeprep's warm pool.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use hugeprep::bench::qemu;
+use hugeprep::bench::vm_start::{self, VmStartBenchConfig, Vmm};
+use hugeprep::cpu::CpuInfo;
+use hugeprep::policy::ClearingPolicy;
+use hugeprep::units::parse_bytes;
+use hugeprep::PageSize;
+
+/// VM start, side by side per memory size: immediate preallocation, no preallocation (the
+/// floor), a hugeprep warm lease, and immediate preallocation over a lease.
+#[derive(Debug, clap::Args)]
+pub struct BenchVmStartArgs {
+    /// Guest memory sizes, comma-separated (a size needing more hugepages than the machine
+    /// can spare is skipped and listed).
+    #[arg(long, value_delimiter = ',', value_parser = parse_bytes, default_value = "1G,4G,8G")]
+    pub sizes: Vec<u64>,
+    /// Page size: 2M or 1G.
+    #[arg(long, default_value = "2M")]
+    pub page_size: PageSize,
+    /// Preallocation threads for QEMU and libvirt, workers for hugeprep (default: every CPU
+    /// this process may use).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Measured repetitions per case (after one warm-up start of each).
+    #[arg(long, default_value_t = 7)]
+    pub reps: usize,
+    /// QEMU binary (default: qemu-system-x86_64 from PATH).
+    #[arg(long)]
+    pub qemu: Option<PathBuf>,
+    /// VMMs to measure, comma-separated: qemu (exec to QMP ready) and libvirt (`virsh
+    /// create` to started, in a private libvirtd with hugeprep's hook).
+    #[arg(long, value_delimiter = ',', default_value = "qemu,libvirt")]
+    pub vmms: Vec<Vmm>,
+    /// Memory to leave to the rest of the machine; larger sizes are skipped.
+    #[arg(long, default_value = "4G", value_parser = parse_bytes)]
+    pub headroom: u64,
+    /// Write a chart (seconds to ready against memory size) to FILE as SVG.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// `--json`, `--json-out FILE`.
+    #[command(flatten)]
+    pub output: super::JsonOutput,
+}
+
+/// Runs `hugeprep bench vm-start`.
+pub fn run(args: BenchVmStartArgs) -> anyhow::Result<()> {
+    let cancel = hugeprep::sys::signals::cancel_on_signals()?;
+    let qemu =
+        args.qemu.clone().or_else(qemu::find_binary).context(
+            "--qemu: qemu-system-x86_64 not found in PATH (apt install qemu-system-x86)",
+        )?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| hugeprep::sys::affinity::allowed_cpus().len().max(1));
+    // Borrowed pool pages and timings must not be disturbed by tests or other benchmarks.
+    let _lock = hugeprep::hugetlb::lock::HugepageLock::acquire()?;
+    let cfg = VmStartBenchConfig {
+        sizes: args.sizes.clone(),
+        page_size: args.page_size,
+        threads,
+        reps: args.reps,
+        qemu,
+        vmms: args.vmms.clone(),
+        hook_binary: std::env::current_exe().context("finding this binary for libvirt's hook")?,
+        plan: ClearingPolicy::embedded().resolve(CpuInfo::host()).plan,
+        headroom: args.headroom,
+        cancel: Some(cancel),
+    };
+    let report = vm_start::run(&cfg, &|line| eprintln!("{line}"))?;
+    args.output.emit(&report, || report.table())?;
+    if let Some(path) = &args.svg {
+        std::fs::write(path, report.svg())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
