@@ -5,11 +5,14 @@ mod bench_clear;
 mod bench_prefault;
 mod bench_recycle;
 mod cpu;
+mod doctor;
+mod drain;
 mod lease;
 mod mount;
 mod pool;
 mod prepare;
 mod release;
+mod resume;
 mod serve;
 mod status;
 
@@ -51,6 +54,12 @@ pub enum Command {
     Prepare(prepare::PrepareArgs),
     /// Mount hugetlbfs of a page size, list the mounts, or unmount one.
     Mount(mount::MountArgs),
+    /// Ask the daemon to delete its warm files and give memory back to the kernel.
+    Drain(drain::DrainArgs),
+    /// Let pools emptied by `drain` refill to their targets.
+    Resume(resume::ResumeArgs),
+    /// Check this host for hugeprep: pools, mounts, kernel features, limits, CPU, daemon, VMMs.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// `hugeprep bench ...`.
@@ -95,6 +104,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Prepare(args) => prepare::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Cpu(args) => cpu::run(args),
+        Command::Drain(args) => drain::run(args),
+        Command::Resume(args) => resume::run(args),
+        Command::Doctor(args) => doctor::run(args),
     }
 }
 

@@ -30,6 +30,26 @@ pub struct HugepageLock {
 }
 
 impl HugepageLock {
+    /// Takes the lock if no other borrower holds it now; `None` when one does.
+    pub fn try_acquire() -> Result<Option<HugepageLock>, LockError> {
+        let path = PathBuf::from(LOCK_PATH);
+        let lock_err = |source| LockError {
+            path: path.clone(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(lock_err)?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(Some(HugepageLock { _lock: lock })),
+            Err((_, Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(lock_err(e.into())),
+        }
+    }
+
     /// Takes the lock, waiting (and saying so in the log) while another borrower holds it.
     pub fn acquire() -> Result<HugepageLock, LockError> {
         let path = PathBuf::from(LOCK_PATH);
