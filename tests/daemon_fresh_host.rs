@@ -1,0 +1,238 @@
+//! The README's quick start on a fresh host: no free hugepages, `hugeprep serve --warm 4G`,
+//! then `hugeprep status` shows 4 GiB warm and `hugeprep lease vm1 4G` returns a warm lease;
+//! `hugeprep drain --release-pools` gives back exactly the pages the daemon added. And the
+//! same host with `reserve = false`: the shortfall and its remedy in the log, `status` and
+//! `doctor`.
+
+mod daemon_util;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use daemon_util::Env;
+use hugeprep::hugetlb::pool::{self, Scope};
+use hugeprep::hugetlb::BackingFile;
+use hugeprep::topology::Topology;
+use hugeprep::PageSize;
+
+const GIB: u64 = 1 << 30;
+
+fn hugeprep(env: &Env, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .args(args)
+        .env("HUGEPREP_SOCKET", &env.socket)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `nr_hugepages` of 2 MiB pages on every node.
+fn node_pools() -> Vec<u64> {
+    Topology::detect()
+        .unwrap()
+        .node_ids()
+        .into_iter()
+        .map(|n| pool::read(Scope::Node(n), PageSize::Size2M).unwrap().total)
+        .collect()
+}
+
+/// Takes every free 2 MiB page other users left in the pools, so the daemon starts from
+/// none; the pages go back when the memfds are dropped.
+fn occupy_free_pages() -> Vec<BackingFile> {
+    let mut held = Vec::new();
+    for node in Topology::detect().unwrap().node_ids() {
+        let free = pool::available(Some(node), PageSize::Size2M).unwrap();
+        if free == 0 {
+            continue;
+        }
+        let size = free * PageSize::Size2M.bytes();
+        let f = BackingFile::memfd("occupy", size, PageSize::Size2M).unwrap();
+        hugeprep::pool::fault::fault_range(&f, 0..size, node, 1).unwrap();
+        held.push(f);
+    }
+    assert_eq!(pool::available(None, PageSize::Size2M).unwrap(), 0);
+    held
+}
+
+/// Polls `hugeprep status --json` until `done` holds (a liveness bound, not a speed check).
+fn wait_status(
+    env: &Env,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let status: serde_json::Value =
+            serde_json::from_str(&stdout(&hugeprep(env, &["status", "--json"]))).unwrap();
+        if done(&status) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {status:#}\n{}",
+            env.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn quick_start_on_a_host_with_no_free_hugepages() {
+    let env = Env::fresh("fresh-host");
+    let before = node_pools();
+    let occupied = occupy_free_pages();
+    let mut d = env.spawn(&["--warm", "4G"]);
+
+    let status = wait_status(&env, "4 GiB warm", |s| {
+        s["pool"]["kinds"][0]["warm_bytes"] == 4 * GIB
+    });
+    let kind = &status["pool"]["kinds"][0];
+    assert_eq!(kind["reserved_pages"], 2048, "{kind:#}");
+    assert!(kind["reason"].is_null(), "{kind:#}");
+    let text = stdout(&hugeprep(&env, &["status"]));
+    assert!(text.contains("4 GiB"), "{text}");
+    assert!(text.contains("the daemon added 2048 pages"), "{text}");
+
+    // A fresh host with the daemon at its target is healthy.
+    let libvirt = env.dir.join("libvirt");
+    std::fs::create_dir_all(&libvirt).unwrap();
+    let out = hugeprep(
+        &env,
+        &[
+            "doctor",
+            "--json",
+            "--no-probe",
+            "--libvirt-dir",
+            libvirt.to_str().unwrap(),
+        ],
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for f in report["findings"].as_array().unwrap() {
+        if f["check"] == "hugepages" || f["check"] == "daemon" || f["check"] == "kernel" {
+            assert!(f["severity"] == "ok" || f["severity"] == "info", "{f:#}");
+        }
+    }
+    assert_ne!(report["status"], "blocking", "{report:#}");
+
+    let lease: serde_json::Value =
+        serde_json::from_str(&stdout(&hugeprep(&env, &["lease", "vm1", "4G", "--json"]))).unwrap();
+    assert_eq!(lease["source"], "warm-exact", "{lease:#}");
+    assert_eq!(lease["size"], 4 * GIB);
+    stdout(&hugeprep(&env, &["release", "vm1"]));
+
+    // Give everything back: warm files deleted, nr_hugepages lowered by what was added.
+    let report: serde_json::Value = serde_json::from_str(&stdout(&hugeprep(
+        &env,
+        &["drain", "--release-pools", "--json"],
+    )))
+    .unwrap();
+    let released: u64 = report["released"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["released"].as_u64().unwrap())
+        .sum();
+    assert!(released >= 2048, "{report:#}");
+    assert_eq!(report["released"][0]["kept"], 0, "{report:#}");
+    d.stop();
+    drop(occupied);
+    assert_eq!(node_pools(), before, "{}", env.log());
+    assert!(
+        env.log().contains("raised the kernel's hugepage pool"),
+        "{}",
+        env.log()
+    );
+    // The ledger is empty: a restart gives back nothing more.
+    assert_eq!(
+        std::fs::read_dir(env.state.join("reservations/records"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn reserve_false_explains_the_shortfall_in_log_status_and_doctor() {
+    let env = Env::fresh("no-reserve");
+    let before = node_pools();
+    let occupied = occupy_free_pages();
+    let config = env.dir.join("hugeprep.toml");
+    std::fs::write(
+        &config,
+        "[pool]\nreserve = false\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\n",
+    )
+    .unwrap();
+    let d = env.spawn(&["--config", config.to_str().unwrap()]);
+    let status = wait_status(&env, "a reason", |s| {
+        s["pool"]["kinds"][0]["reason"].is_string()
+    });
+    let reason = status["pool"]["kinds"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.starts_with("kernel pool short by 32 2M pages on node 0; reserve disabled"),
+        "{reason}"
+    );
+    assert!(reason.contains("hugeprep pool --set"), "{reason}");
+    let text = stdout(&hugeprep(&env, &["status"]));
+    assert!(text.contains(&reason), "{text}");
+    // Logged once, not at every refill attempt.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        env.log().matches("warm target not met").count(),
+        1,
+        "{}",
+        env.log()
+    );
+
+    // Hugepages unavailable, reserve off: doctor says a VM start is blocked, and what to do.
+    let libvirt = env.dir.join("libvirt");
+    std::fs::create_dir_all(&libvirt).unwrap();
+    let out = hugeprep(
+        &env,
+        &[
+            "doctor",
+            "--no-probe",
+            "--config",
+            config.to_str().unwrap(),
+            "--libvirt-dir",
+            libvirt.to_str().unwrap(),
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains("BLOCKING"), "{text}");
+    assert!(text.contains("reserve is disabled"), "{text}");
+    assert!(
+        text.contains("-> hugeprep pool --set N --node 0 --page-size 2M"),
+        "{text}"
+    );
+    assert!(text.contains(&reason), "{text}");
+    drop(d);
+    drop(occupied);
+    assert_eq!(node_pools(), before);
+    assert_eq!(env.mount_used(), 0);
+}
+
+#[test]
+fn an_unreachable_daemon_is_reported_with_its_cause_once() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .args(["status", "--socket", "/nonexistent/hugeprep.sock"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    assert!(err.contains("is `hugeprep serve` running?"), "{err}");
+}
