@@ -135,6 +135,8 @@ impl Pool {
             })
             .collect();
         let mut released = Vec::new();
+        // A raise decided before the drain finishes first and is given back with the rest.
+        let _gate = self.reserve_gate.lock().unwrap_or_else(|e| e.into_inner());
         if req.release_pools {
             for &(node, ps) in &kinds {
                 let r = self.reservations.release(node, ps)?;

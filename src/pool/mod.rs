@@ -207,6 +207,9 @@ pub struct Pool {
     clean_start: bool,
     daemon_owner: Owner,
     reservations: reserve::Reservations,
+    /// Held while a pool is raised and while a drain gives pages back, so that a raise
+    /// decided before a drain never lands after it.
+    reserve_gate: Mutex<()>,
 }
 
 fn now_unix() -> u64 {
@@ -291,6 +294,7 @@ impl Pool {
                 gid: nix::unistd::getgid().as_raw(),
             },
             reservations,
+            reserve_gate: Mutex::new(()),
         }))
     }
 

@@ -239,6 +239,10 @@ impl Pool {
     /// Raises `node`'s pool by up to `short` pages, as far as the policy's limit, the node's
     /// memory and the kernel allow; whatever is still missing is explained.
     fn reserve_job(&self, node: u32, ps: PageSize, short: u64) {
+        let _gate = self.reserve_gate.lock().unwrap_or_else(|e| e.into_inner());
+        if self.shutdown.load(Ordering::SeqCst) || self.lock().drained.contains(&(node, ps)) {
+            return; // decided before a drain or a stop: nothing to fill any more
+        }
         let available = crate::topology::node_available_bytes(node).unwrap_or(0);
         let added_on_node = self.reservations.added_bytes_on(node);
         let (pages, limit) =
