@@ -226,6 +226,58 @@ fn reserve_false_explains_the_shortfall_in_log_status_and_doctor() {
 }
 
 #[test]
+fn a_bounded_reserve_fills_what_it_got_and_says_why() {
+    let env = Env::fresh("reserve-bounds");
+    let before = node_pools();
+    let occupied = occupy_free_pages();
+    // The limit lets the daemon add 16 of the 32 pages the target needs: it fills 32 MiB.
+    let config = env.dir.join("capped.toml");
+    std::fs::write(
+        &config,
+        "[pool]\nreserve_limit = \"32M\"\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\nsizes = [\"8M\"]\n",
+    )
+    .unwrap();
+    let mut d = env.spawn(&["--config", config.to_str().unwrap()]);
+    let status = wait_status(&env, "32 MiB warm and a reason", |s| {
+        s["pool"]["kinds"][0]["warm_bytes"] == 32 << 20
+            && s["pool"]["kinds"][0]["reason"].is_string()
+    });
+    let kind = &status["pool"]["kinds"][0];
+    assert_eq!(kind["reserved_pages"], 16, "{kind:#}");
+    let reason = kind["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("reserve_limit of 32 MiB reached"),
+        "{reason}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout(&hugeprep(
+        &env,
+        &["drain", "--release-pools", "--json"],
+    )))
+    .unwrap();
+    assert_eq!(report["released"][0]["released"], 16, "{report:#}");
+    d.stop();
+    assert_eq!(node_pools(), before);
+
+    // A margin larger than the node: nothing is raised, and the reason says how much there is.
+    let config = env.dir.join("margin.toml");
+    std::fs::write(
+        &config,
+        "[pool]\nreserve_margin = \"100T\"\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\n",
+    )
+    .unwrap();
+    let d = env.spawn(&["--config", config.to_str().unwrap()]);
+    let status = wait_status(&env, "a reason", |s| {
+        s["pool"]["kinds"][0]["reason"].is_string()
+    });
+    let reason = status["pool"]["kinds"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("node 0 has "), "{reason}");
+    assert!(reason.contains("available and keeps 100 TiB"), "{reason}");
+    drop(d);
+    drop(occupied);
+    assert_eq!(node_pools(), before);
+}
+
+#[test]
 fn an_unreachable_daemon_is_reported_with_its_cause_once() {
     let out = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
         .args(["status", "--socket", "/nonexistent/hugeprep.sock"])
