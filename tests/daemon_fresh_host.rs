@@ -86,6 +86,40 @@ fn wait_status(
     }
 }
 
+/// Writes a config file whose `[pool]` table is `pool` and starts the daemon with it.
+fn spawn_with_pool(env: &Env, name: &str, pool: &str) -> (daemon_util::Daemon, String) {
+    let config = env.dir.join(name);
+    std::fs::write(&config, format!("[pool]\n{pool}")).unwrap();
+    let config = config.to_str().unwrap().to_string();
+    (env.spawn(&["--config", &config]), config)
+}
+
+/// Waits for the first kind's `reason` and returns it.
+fn wait_reason(env: &Env) -> (serde_json::Value, String) {
+    let status = wait_status(env, "a reason", |s| {
+        s["pool"]["kinds"][0]["reason"].is_string()
+    });
+    let reason = status["pool"]["kinds"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (status, reason)
+}
+
+/// `hugeprep doctor` without the 1 GiB probe, against an empty libvirt directory.
+fn doctor(env: &Env, extra: &[&str]) -> Output {
+    let libvirt = env.dir.join("libvirt");
+    std::fs::create_dir_all(&libvirt).unwrap();
+    let mut args = vec![
+        "doctor",
+        "--no-probe",
+        "--libvirt-dir",
+        libvirt.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    hugeprep(env, &args)
+}
+
 #[test]
 fn quick_start_on_a_host_with_no_free_hugepages() {
     let env = Env::fresh("fresh-host");
@@ -104,18 +138,7 @@ fn quick_start_on_a_host_with_no_free_hugepages() {
     assert!(text.contains("the daemon added 2048 pages"), "{text}");
 
     // A fresh host with the daemon at its target is healthy.
-    let libvirt = env.dir.join("libvirt");
-    std::fs::create_dir_all(&libvirt).unwrap();
-    let out = hugeprep(
-        &env,
-        &[
-            "doctor",
-            "--json",
-            "--no-probe",
-            "--libvirt-dir",
-            libvirt.to_str().unwrap(),
-        ],
-    );
+    let out = doctor(&env, &["--json"]);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for f in report["findings"].as_array().unwrap() {
         if f["check"] == "hugepages" || f["check"] == "daemon" || f["check"] == "kernel" {
@@ -166,20 +189,12 @@ fn reserve_false_explains_the_shortfall_in_log_status_and_doctor() {
     let env = Env::fresh("no-reserve");
     let before = node_pools();
     let occupied = occupy_free_pages();
-    let config = env.dir.join("hugeprep.toml");
-    std::fs::write(
-        &config,
-        "[pool]\nreserve = false\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\n",
-    )
-    .unwrap();
-    let d = env.spawn(&["--config", config.to_str().unwrap()]);
-    let status = wait_status(&env, "a reason", |s| {
-        s["pool"]["kinds"][0]["reason"].is_string()
-    });
-    let reason = status["pool"]["kinds"][0]["reason"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (d, config) = spawn_with_pool(
+        &env,
+        "no-reserve.toml",
+        "reserve = false\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\n",
+    );
+    let (_, reason) = wait_reason(&env);
     assert!(
         reason.starts_with("kernel pool short by 32 2M pages on node 0; reserve disabled"),
         "{reason}"
@@ -197,19 +212,7 @@ fn reserve_false_explains_the_shortfall_in_log_status_and_doctor() {
     );
 
     // Hugepages unavailable, reserve off: doctor says a VM start is blocked, and what to do.
-    let libvirt = env.dir.join("libvirt");
-    std::fs::create_dir_all(&libvirt).unwrap();
-    let out = hugeprep(
-        &env,
-        &[
-            "doctor",
-            "--no-probe",
-            "--config",
-            config.to_str().unwrap(),
-            "--libvirt-dir",
-            libvirt.to_str().unwrap(),
-        ],
-    );
+    let out = doctor(&env, &["--config", &config]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(2), "{text}");
     assert!(text.contains("BLOCKING"), "{text}");
@@ -231,13 +234,11 @@ fn a_bounded_reserve_fills_what_it_got_and_says_why() {
     let before = node_pools();
     let occupied = occupy_free_pages();
     // The limit lets the daemon add 16 of the 32 pages the target needs: it fills 32 MiB.
-    let config = env.dir.join("capped.toml");
-    std::fs::write(
-        &config,
-        "[pool]\nreserve_limit = \"32M\"\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\nsizes = [\"8M\"]\n",
-    )
-    .unwrap();
-    let mut d = env.spawn(&["--config", config.to_str().unwrap()]);
+    let (mut d, _) = spawn_with_pool(
+        &env,
+        "capped.toml",
+        "reserve_limit = \"32M\"\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\nsizes = [\"8M\"]\n",
+    );
     let status = wait_status(&env, "32 MiB warm and a reason", |s| {
         s["pool"]["kinds"][0]["warm_bytes"] == 32 << 20
             && s["pool"]["kinds"][0]["reason"].is_string()
@@ -259,17 +260,12 @@ fn a_bounded_reserve_fills_what_it_got_and_says_why() {
     assert_eq!(node_pools(), before);
 
     // A margin larger than the node: nothing is raised, and the reason says how much there is.
-    let config = env.dir.join("margin.toml");
-    std::fs::write(
-        &config,
-        "[pool]\nreserve_margin = \"100T\"\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\n",
-    )
-    .unwrap();
-    let d = env.spawn(&["--config", config.to_str().unwrap()]);
-    let status = wait_status(&env, "a reason", |s| {
-        s["pool"]["kinds"][0]["reason"].is_string()
-    });
-    let reason = status["pool"]["kinds"][0]["reason"].as_str().unwrap();
+    let (d, _) = spawn_with_pool(
+        &env,
+        "margin.toml",
+        "reserve_margin = \"100T\"\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\n",
+    );
+    let (_, reason) = wait_reason(&env);
     assert!(reason.contains("node 0 has "), "{reason}");
     assert!(reason.contains("available and keeps 100 TiB"), "{reason}");
     drop(d);
