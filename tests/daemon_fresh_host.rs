@@ -274,6 +274,29 @@ fn a_bounded_reserve_fills_what_it_got_and_says_why() {
 }
 
 #[test]
+fn release_on_stop_gives_the_pages_back_at_a_clean_stop() {
+    let env = Env::fresh("release-on-stop");
+    let before = node_pools();
+    let occupied = occupy_free_pages();
+    let (mut d, _) = spawn_with_pool(
+        &env,
+        "release.toml",
+        "release_on_stop = true\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"32M\"\n",
+    );
+    wait_status(&env, "32 MiB warm", |s| {
+        s["pool"]["kinds"][0]["warm_bytes"] == 32 << 20
+    });
+    assert_eq!(
+        node_pools(),
+        before.iter().map(|p| p + 16).collect::<Vec<_>>()
+    );
+    d.stop();
+    assert_eq!(node_pools(), before, "{}", env.log());
+    assert!(Env::names(&env.pool_dir()).is_empty());
+    drop(occupied);
+}
+
+#[test]
 fn an_unreachable_daemon_is_reported_with_its_cause_once() {
     let out = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
         .args(["status", "--socket", "/nonexistent/hugeprep.sock"])

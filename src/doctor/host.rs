@@ -113,10 +113,10 @@ pub fn cpu(opts: &DoctorOptions, daemon: Option<&CpuReport>) -> Vec<Finding> {
                 "cpu",
                 "clearing",
                 format!(
-                    "{} by policy rule {} (source: {}); the daemon's start-up calibration is {calibration}",
+                    "{} by policy rule {} (decided by the rule; the daemon's start-up \
+                     calibration is {calibration}: hugeprep cpu --rules says why)",
                     r.method(),
-                    r.rule,
-                    r.source
+                    r.rule
                 ),
             ));
         }
