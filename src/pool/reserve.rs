@@ -178,7 +178,11 @@ impl Reservations {
                     node = rec.node, page_size = %rec.page_size, recorded = rec.pages, total,
                     "the pool is smaller than what hugeprep recorded adding: recording {pages}"
                 );
-                journal.write(&k, &Reserved { pages, ..rec })?;
+                if pages == 0 {
+                    journal.remove(&k)?;
+                } else {
+                    journal.write(&k, &Reserved { pages, ..rec })?;
+                }
             }
             if pages > 0 {
                 added.insert((rec.node, rec.page_size), pages);
