@@ -19,7 +19,8 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 
 use crate::api::{CpuReport, ErrorBody};
-use crate::pool::{LeaseInfo, LeaseRequest, PoolStatus};
+use crate::api::{ResumeRequest, VersionReport};
+use crate::pool::{DrainReport, DrainRequest, LeaseInfo, LeaseRequest, PoolStatus};
 
 /// The default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/hugeprep/hugeprep.sock";
@@ -207,6 +208,23 @@ impl Client {
     /// `GET /v1/pool`.
     pub async fn pool(&self) -> Result<PoolStatus> {
         self.call(Method::GET, "/v1/pool", None).await
+    }
+
+    /// `POST /v1/pool/drain`.
+    pub async fn drain(&self, req: &DrainRequest) -> Result<DrainReport> {
+        let body = serde_json::to_vec(req).unwrap_or_default();
+        self.call(Method::POST, "/v1/pool/drain", Some(body)).await
+    }
+
+    /// `POST /v1/pool/resume`.
+    pub async fn resume(&self, req: &ResumeRequest) -> Result<PoolStatus> {
+        let body = serde_json::to_vec(req).unwrap_or_default();
+        self.call(Method::POST, "/v1/pool/resume", Some(body)).await
+    }
+
+    /// `GET /v1/version`.
+    pub async fn version(&self) -> Result<VersionReport> {
+        self.call(Method::GET, "/v1/version", None).await
     }
 
     /// `GET /v1/cpu`.

@@ -20,6 +20,7 @@ pub mod clear;
 pub mod client;
 pub mod cpu;
 pub mod daemon;
+pub mod doctor;
 pub mod hugetlb;
 pub mod journal;
 pub mod page_size;

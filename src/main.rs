@@ -10,7 +10,7 @@ fn main() -> std::process::ExitCode {
     match cli::run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("hugeprep: {err:#}");
+            eprintln!("hugeprep: {}", cli::render_error(&err));
             std::process::ExitCode::FAILURE
         }
     }

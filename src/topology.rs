@@ -103,6 +103,37 @@ fn node_mem_bytes(node: u32) -> Result<u64, TopologyError> {
         .map_or(0, |kb| kb * 1024))
 }
 
+/// Bytes of a `meminfo` line (`Node 0 MemFree:  123 kB` or `MemAvailable:  123 kB`).
+fn meminfo_field(text: &str, field: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.split_whitespace().any(|w| w == field))
+        .and_then(|l| l.split_whitespace().rev().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+}
+
+/// Memory a new hugepage pool allocation on `node` can get: the node's free memory plus its
+/// page cache and reclaimable kernel memory (what the kernel reclaims to satisfy it), capped
+/// by the machine's `MemAvailable`. An estimate, like `MemAvailable` itself; hugepages already
+/// in pools are not counted.
+pub fn node_available_bytes(node: u32) -> Result<u64, TopologyError> {
+    let path = Path::new(NODE_ROOT).join(format!("node{node}/meminfo"));
+    let text = read(&path)?;
+    let node_bytes: u64 = [
+        "MemFree:",
+        "Active(file):",
+        "Inactive(file):",
+        "KReclaimable:",
+    ]
+    .iter()
+    .filter_map(|f| meminfo_field(&text, f))
+    .sum();
+    let system = read(Path::new("/proc/meminfo"))
+        .ok()
+        .and_then(|t| meminfo_field(&t, "MemAvailable:"));
+    Ok(system.map_or(node_bytes, |s| s.min(node_bytes)))
+}
+
 impl Topology {
     /// Reads the online nodes from `/sys/devices/system/node`.
     pub fn detect() -> Result<Topology, TopologyError> {
@@ -142,6 +173,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn meminfo_fields() {
+        let text = "Node 0 MemTotal:       24589344 kB\nNode 0 MemFree:  1024 kB\n";
+        assert_eq!(meminfo_field(text, "MemFree:"), Some(1 << 20));
+        assert_eq!(
+            meminfo_field("MemAvailable:  2 kB\n", "MemAvailable:"),
+            Some(2048)
+        );
+        assert_eq!(meminfo_field(text, "KReclaimable:"), None);
+    }
+
+    #[test]
     fn lists() {
         assert_eq!(parse_list("0\n"), Some(vec![0]));
         assert_eq!(parse_list("0-1,4-5"), Some(vec![0, 1, 4, 5]));
@@ -155,6 +197,8 @@ mod tests {
         let n0 = t.node(0).unwrap();
         assert!(!n0.cpus.is_empty());
         assert!(n0.mem_bytes > 0);
+        let avail = node_available_bytes(0).unwrap();
+        assert!(avail > 0 && avail <= n0.mem_bytes, "{avail}");
         let err = t.node(99).unwrap_err();
         assert!(err.to_string().contains("node 99"), "{err}");
     }

@@ -76,6 +76,7 @@ pub fn status_of(err: &ApiError) -> StatusCode {
             PoolError::Journal(_)
             | PoolError::File(_)
             | PoolError::Fault(_)
+            | PoolError::Reserve(_)
             | PoolError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         },
     }

@@ -6,8 +6,11 @@
 //! | `GET /v1/leases` | list leases |
 //! | `GET /v1/leases/{id}` | one lease |
 //! | `DELETE /v1/leases/{id}` | release a lease |
-//! | `GET /v1/pool` | pool counts per node and page size |
+//! | `GET /v1/pool` | pool counts per node and page size, and why a target is not met |
+//! | `POST /v1/pool/drain` | delete warm files, hold them at zero, optionally lower the kernel's pools ([`DrainRequest`](crate::pool::DrainRequest)) |
+//! | `POST /v1/pool/resume` | let drained kinds refill ([`ResumeRequest`]) |
 //! | `GET /v1/cpu` | the clearing method and which rule chose it |
+//! | `GET /v1/version` | the daemon's version |
 //!
 //! Errors are `{"error": "...", "field": "..."}` with a status from [`status_of`].
 
@@ -18,7 +21,7 @@ mod routes;
 
 pub use body::{parse_lease_request, LEASE_FIELDS};
 pub use error::{status_of, ApiError, ErrorBody};
-pub use routes::{router, ApiState, CpuReport};
+pub use routes::{router, ApiState, CpuReport, ResumeRequest, VersionReport};
 
 use std::future::Future;
 

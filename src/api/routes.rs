@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{Method, StatusCode, Uri};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
@@ -13,7 +13,7 @@ use super::body::parse_lease_request;
 use super::error::ApiError;
 use super::pidwatch;
 use crate::clear::{ClearPlan, Method as ClearMethod};
-use crate::pool::{LeaseInfo, Pool, PoolStatus};
+use crate::pool::{DrainReport, DrainRequest, LeaseInfo, Pool, PoolStatus};
 
 /// `GET /v1/cpu`: how memory is cleared and why.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -48,7 +48,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/leases", get(list_leases).post(create_lease))
         .route("/v1/leases/{id}", get(get_lease).delete(delete_lease))
         .route("/v1/pool", get(pool_status))
+        .route("/v1/pool/drain", post(drain_pool))
+        .route("/v1/pool/resume", post(resume_pool))
         .route("/v1/cpu", get(cpu))
+        .route("/v1/version", get(version))
         .fallback(no_route)
         .with_state(state)
 }
@@ -110,8 +113,67 @@ async fn pool_status(State(state): State<ApiState>) -> Json<PoolStatus> {
     Json(state.pool.status())
 }
 
+/// How long a drain waits for files in flight (scrubs, refills, releases) to settle.
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Decodes an optional JSON body (empty: the default); unknown fields are refused by name.
+fn json_body<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest {
+        field: None,
+        message: format!("malformed request: {e}"),
+    })
+}
+
+async fn drain_pool(
+    State(state): State<ApiState>,
+    body: Bytes,
+) -> Result<Json<DrainReport>, ApiError> {
+    let req: DrainRequest = json_body(&body)?;
+    let pool = Arc::clone(&state.pool);
+    Ok(Json(
+        blocking(move || Ok(pool.drain(&req, DRAIN_WAIT)?)).await?,
+    ))
+}
+
+/// `POST /v1/pool/resume`: which drained kinds refill again.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeRequest {
+    /// Only this node (default: every node).
+    #[serde(default)]
+    pub node: Option<u32>,
+    /// Only this page size (default: every page size).
+    #[serde(default)]
+    pub page_size: Option<crate::PageSize>,
+}
+
+async fn resume_pool(
+    State(state): State<ApiState>,
+    body: Bytes,
+) -> Result<Json<PoolStatus>, ApiError> {
+    let req: ResumeRequest = json_body(&body)?;
+    state.pool.resume(req.node, req.page_size)?;
+    Ok(Json(state.pool.status()))
+}
+
 async fn cpu(State(state): State<ApiState>) -> Json<CpuReport> {
     Json((*state.cpu).clone())
+}
+
+/// `GET /v1/version`: the daemon's version, so a client can tell it from its own.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VersionReport {
+    /// The daemon's package version.
+    pub version: String,
+}
+
+async fn version() -> Json<VersionReport> {
+    Json(VersionReport {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    })
 }
 
 async fn no_route(method: Method, uri: Uri) -> ApiError {

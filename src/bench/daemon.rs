@@ -48,7 +48,11 @@ pub struct BenchDaemon {
 
 impl BenchDaemon {
     /// Opens the pool of `config`, starts its worker and serves the API on `socket`.
-    pub fn start(config: PoolConfig, socket: &Path) -> Result<BenchDaemon, BenchDaemonError> {
+    ///
+    /// A benchmark borrows its pages itself and gives back exactly those, so its pool never
+    /// raises the kernel's pools on top (`reserve` is turned off whatever `config` says).
+    pub fn start(mut config: PoolConfig, socket: &Path) -> Result<BenchDaemon, BenchDaemonError> {
+        config.policy.reserve.enabled = false;
         let plan = config.plan;
         let pool = Pool::open(config)?;
         let worker = pool.spawn_worker().map_err(io("spawn the pool worker"))?;

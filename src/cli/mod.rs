@@ -6,6 +6,8 @@ mod bench_prefault;
 mod bench_recycle;
 mod bench_vm_start;
 mod cpu;
+mod doctor;
+mod drain;
 mod lease;
 mod libvirt_hook;
 mod mount;
@@ -13,6 +15,7 @@ mod pool;
 mod prepare;
 mod qemu_args;
 mod release;
+mod resume;
 mod serve;
 mod status;
 
@@ -58,6 +61,12 @@ pub enum Command {
     QemuArgs(qemu_args::QemuArgsArgs),
     /// libvirt's QEMU hook: gives file-backed domains their memory from the pool.
     LibvirtHook(libvirt_hook::LibvirtHookArgs),
+    /// Ask the daemon to delete its warm files and give memory back to the kernel.
+    Drain(drain::DrainArgs),
+    /// Let pools emptied by `drain` refill to their targets.
+    Resume(resume::ResumeArgs),
+    /// Check this host for hugeprep: pools, mounts, kernel features, limits, CPU, daemon, VMMs.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// `hugeprep bench ...`.
@@ -107,7 +116,31 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::QemuArgs(args) => qemu_args::run(args),
         Command::Cpu(args) => cpu::run(args),
         Command::LibvirtHook(args) => libvirt_hook::run(args),
+        Command::Drain(args) => drain::run(args),
+        Command::Resume(args) => resume::run(args),
+        Command::Doctor(args) => doctor::run(args),
     }
+}
+
+/// The error and its causes on one line, each cause once. Many of the library's error
+/// messages already name their cause (`mkdir /x: Permission denied`) so that a log line or an
+/// API error body is complete on its own, and they also expose it as `source()`; printing
+/// the whole chain would repeat it (`...: No such file or directory (os error 2) (is
+/// `hugeprep serve` running?): No such file or directory (os error 2)`). A cause whose text
+/// the message already holds adds nothing and is left out.
+pub fn render_error(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 /// The `--json` and `--json-out FILE` of every benchmark: JSON next to the human table.
@@ -139,5 +172,37 @@ impl JsonOutput {
             print!("{}", table());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let client = hugeprep::client::Client::new("/nonexistent/hugeprep-test.sock");
+        let err = anyhow::Error::new(client.blocking(client.pool()).unwrap_err());
+        let text = render_error(&err);
+        assert_eq!(text.matches("os error 2").count(), 1, "{text}");
+        assert!(text.contains("is `hugeprep serve` running?"), "{text}");
+
+        // A context above a library error that names its own cause.
+        let io = std::io::Error::from_raw_os_error(libc::EACCES);
+        let err = anyhow::Error::new(hugeprep::hugetlb::PoolError::Write {
+            scope: hugeprep::hugetlb::Scope::Node(0),
+            page_size: hugeprep::PageSize::Size2M,
+            path: "/sys/x/nr_hugepages".into(),
+            value: 4,
+            source: io,
+        })
+        .context("--set 4");
+        let text = render_error(&err);
+        assert_eq!(text.matches("Permission denied").count(), 1, "{text}");
+        assert!(text.starts_with("--set 4: node 0 2M: setting"), "{text}");
+
+        // Causes the message does not name are kept.
+        let err = anyhow::anyhow!("inner cause").context("outer");
+        assert_eq!(render_error(&err), "outer: inner cause");
     }
 }

@@ -108,6 +108,22 @@ pub fn render_daemon_table(pool: &PoolStatus) -> String {
             k.mount.display()
         ));
     }
+    for k in &pool.kinds {
+        let kind = format!("node {} {}", k.node, k.page_size);
+        if k.drained {
+            out.push_str(&format!("{kind}: drained (hugeprep resume refills it)\n"));
+        }
+        if let Some(reason) = &k.reason {
+            out.push_str(&format!("{kind}: target not met: {reason}\n"));
+        }
+        if k.reserved_pages > 0 {
+            out.push_str(&format!(
+                "{kind}: the daemon added {} pages to the kernel's pool \
+                 (hugeprep drain --release-pools gives them back)\n",
+                k.reserved_pages
+            ));
+        }
+    }
     out
 }
 

@@ -41,9 +41,13 @@ pub struct ServeArgs {
     /// Page size of the --warm target.
     #[arg(long, default_value = "2M")]
     pub page_size: PageSize,
-    /// File sizes to keep warm, comma-separated (e.g. 1G,2G); default: min(warm, 1G).
+    /// File sizes to keep warm, comma-separated (e.g. 1G,2G); default: min(warm, 16G).
     #[arg(long, value_delimiter = ',', value_parser = parse_bytes)]
     pub sizes: Vec<u64>,
+    /// Leave the kernel's hugepage pools to the operator: never raise `nr_hugepages` for the
+    /// warm target (the config file's `reserve = false`).
+    #[arg(long)]
+    pub no_reserve: bool,
     /// Verification of scrubbed memory: sample or full.
     #[arg(long, value_parser = parse_verify)]
     pub verify: Option<Verification>,
@@ -88,6 +92,9 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
             );
         }
         policy.set_warm(args.page_size, warm, args.sizes.clone());
+    }
+    if args.no_reserve {
+        policy.reserve.enabled = false;
     }
     if let Some(v) = args.verify {
         policy.verify = v;

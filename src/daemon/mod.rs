@@ -170,6 +170,12 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
     let served = api::serve(api_socket.listener, state, shutdown).await;
     pool.shutdown();
     let _ = tokio::task::spawn_blocking(move || worker.join()).await;
+    if pool.policy().reserve.release_on_stop {
+        match pool.give_back_on_stop() {
+            Ok(report) => tracing::info!(released = ?report.released, "gave memory back on stop"),
+            Err(err) => tracing::warn!(%err, "giving memory back on stop"),
+        }
+    }
     pool.mark_clean_shutdown()?;
     if !activated {
         let _ = std::fs::remove_file(&config.socket);

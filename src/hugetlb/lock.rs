@@ -23,6 +23,13 @@ pub struct LockError {
     pub source: io::Error,
 }
 
+fn lock_err(source: io::Error) -> LockError {
+    LockError {
+        path: PathBuf::from(LOCK_PATH),
+        source,
+    }
+}
+
 /// The machine-wide hugepage lock, released on drop.
 #[derive(Debug)]
 pub struct HugepageLock {
@@ -30,23 +37,30 @@ pub struct HugepageLock {
 }
 
 impl HugepageLock {
-    /// Takes the lock, waiting (and saying so in the log) while another borrower holds it.
-    pub fn acquire() -> Result<HugepageLock, LockError> {
-        let path = PathBuf::from(LOCK_PATH);
-        let lock_err = |source| LockError {
-            path: path.clone(),
-            source,
-        };
-        let file = OpenOptions::new()
+    fn open() -> Result<File, LockError> {
+        OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
-            .open(&path)
-            .map_err(lock_err)?;
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            .open(LOCK_PATH)
+            .map_err(lock_err)
+    }
+
+    /// Takes the lock if no other borrower holds it now; `None` when one does.
+    pub fn try_acquire() -> Result<Option<HugepageLock>, LockError> {
+        match Flock::lock(Self::open()?, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(Some(HugepageLock { _lock: lock })),
+            Err((_, Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(lock_err(e.into())),
+        }
+    }
+
+    /// Takes the lock, waiting (and saying so in the log) while another borrower holds it.
+    pub fn acquire() -> Result<HugepageLock, LockError> {
+        match Flock::lock(Self::open()?, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => Ok(HugepageLock { _lock: lock }),
             Err((file, Errno::EWOULDBLOCK)) => {
-                tracing::info!("waiting for {} (another hugepage borrower)", path.display());
+                tracing::info!("waiting for {LOCK_PATH} (another hugepage borrower)");
                 Flock::lock(file, FlockArg::LockExclusive)
                     .map(|lock| HugepageLock { _lock: lock })
                     .map_err(|(_, e)| lock_err(e.into()))

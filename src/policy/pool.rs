@@ -49,7 +49,7 @@ pub struct TargetSpec {
     /// Bytes to keep warm, e.g. `"4G"`.
     pub warm: String,
     /// File sizes to keep (a mix of VM sizes), e.g. `["1G", "2G"]`; empty: files of
-    /// `min(warm, 1G)`.
+    /// `min(warm, 16G)`, so a lease of the whole target (up to 16 GiB) is one warm file.
     #[serde(default)]
     pub sizes: Vec<String>,
 }
@@ -70,10 +70,57 @@ pub struct PoolPolicySpec {
     /// Warm targets.
     #[serde(default, rename = "target")]
     pub targets: Vec<TargetSpec>,
+    /// Raise a node's kernel pool (`nr_hugepages`) by what its targets lack; `false` leaves
+    /// the kernel's pools to the operator.
+    #[serde(default = "default_true")]
+    pub reserve: bool,
+    /// The most hugeprep adds to one node's kernel pools (all page sizes together), e.g.
+    /// `"64G"`; none by default (the margin still applies).
+    #[serde(default)]
+    pub reserve_limit: Option<String>,
+    /// Memory every node keeps outside the hugepage pools when hugeprep raises them.
+    #[serde(default = "default_margin")]
+    pub reserve_margin: String,
+    /// On a clean stop, delete the warm files and lower the pools by what hugeprep added
+    /// (default: keep them for the next start).
+    #[serde(default)]
+    pub release_on_stop: bool,
 }
 
 fn default_bandwidth() -> String {
     "8G".to_string()
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_margin() -> String {
+    "1G".to_string()
+}
+
+/// How the daemon raises the kernel's pools for its targets (see `docs/operations.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReservePolicy {
+    /// Whether the daemon raises pools at all.
+    pub enabled: bool,
+    /// The most bytes it adds to one node's pools, all page sizes together.
+    pub limit: Option<u64>,
+    /// Bytes every node keeps available outside the pools.
+    pub margin: u64,
+    /// Give warm files and added pages back on a clean stop.
+    pub release_on_stop: bool,
+}
+
+impl Default for ReservePolicy {
+    fn default() -> Self {
+        ReservePolicy {
+            enabled: true,
+            limit: None,
+            margin: 1 << 30,
+            release_on_stop: false,
+        }
+    }
 }
 
 /// A validated warm target.
@@ -100,6 +147,8 @@ pub struct PoolPolicy {
     pub threads: usize,
     /// Warm targets.
     pub targets: Vec<Target>,
+    /// Raising the kernel's pools for the targets.
+    pub reserve: ReservePolicy,
 }
 
 fn field_bytes(field: String, text: &str) -> Result<u64, PoolPolicyError> {
@@ -111,6 +160,13 @@ fn field_bytes(field: String, text: &str) -> Result<u64, PoolPolicyError> {
 
 fn round_down(bytes: u64, page: PageSize) -> u64 {
     bytes / page.bytes() * page.bytes()
+}
+
+/// The file size kept when a target names none: the whole target up to 16 GiB, so that the
+/// quick start's `--warm 4G` serves `hugeprep lease vm1 4G` from one warm file (files of
+/// 1 GiB made such a lease grow one file by 3 GiB of cold pages).
+fn default_file_size(warm: u64, page: PageSize) -> u64 {
+    warm.min(round_down(16 << 30, page).max(page.bytes()))
 }
 
 impl PoolPolicySpec {
@@ -139,7 +195,7 @@ impl PoolPolicySpec {
                 sizes.push(bytes);
             }
             if sizes.is_empty() && warm > 0 {
-                sizes.push(warm.min(round_down(1 << 30, t.page_size).max(t.page_size.bytes())));
+                sizes.push(default_file_size(warm, t.page_size));
             }
             targets.push(Target {
                 page_size: t.page_size,
@@ -148,11 +204,21 @@ impl PoolPolicySpec {
                 sizes,
             });
         }
+        let limit = match &self.reserve_limit {
+            Some(text) => Some(field_bytes("reserve_limit".into(), text)?),
+            None => None,
+        };
         Ok(PoolPolicy {
             verify: self.verify,
             scrub_bandwidth: (bw > 0).then_some(bw),
             threads: self.threads,
             targets,
+            reserve: ReservePolicy {
+                enabled: self.reserve,
+                limit,
+                margin: field_bytes("reserve_margin".into(), &self.reserve_margin)?,
+                release_on_stop: self.release_on_stop,
+            },
         })
     }
 }
@@ -177,6 +243,7 @@ impl PoolPolicy {
             scrub_bandwidth: Some(8 << 30),
             threads: 0,
             targets: Vec::new(),
+            reserve: ReservePolicy::default(),
         })
     }
 
@@ -203,7 +270,7 @@ impl PoolPolicy {
             .retain(|t| !(t.page_size == page_size && t.node.is_none()));
         let warm = round_down(warm, page_size);
         let sizes = if sizes.is_empty() {
-            vec![warm.min(round_down(1 << 30, page_size).max(page_size.bytes()))]
+            vec![default_file_size(warm, page_size)]
         } else {
             sizes
         };
@@ -272,7 +339,28 @@ mod tests {
             p.target(0, PageSize::Size2M).unwrap().sizes,
             vec![256 << 20, 512 << 20]
         );
-        assert_eq!(p.target(1, PageSize::Size2M).unwrap().sizes, vec![1 << 30]);
+        assert_eq!(p.target(1, PageSize::Size2M).unwrap().sizes, vec![2 << 30]);
+        assert!(p.reserve.enabled);
+        assert_eq!(p.reserve.margin, 1 << 30);
+    }
+
+    #[test]
+    fn reserve_is_on_by_default_and_configurable() {
+        let p = PoolPolicy::from_toml(
+            "reserve = false\nreserve_limit = \"8G\"\nreserve_margin = \"512M\"\nrelease_on_stop = true\n",
+        )
+        .unwrap();
+        assert_eq!(
+            p.reserve,
+            ReservePolicy {
+                enabled: false,
+                limit: Some(8 << 30),
+                margin: 512 << 20,
+                release_on_stop: true,
+            }
+        );
+        let err = PoolPolicy::from_toml("reserve_margin = \"lots\"\n").unwrap_err();
+        assert!(err.to_string().contains("reserve_margin"), "{err}");
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub enum PoolError {
     /// A file operation failed.
     #[error(transparent)]
     File(#[from] FileError),
+    /// Raising or lowering a kernel pool, or its ledger, failed.
+    #[error(transparent)]
+    Reserve(#[from] crate::pool::reserve::ReserveError),
     /// Faulting pages failed.
     #[error(transparent)]
     Fault(#[from] FaultError),

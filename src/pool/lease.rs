@@ -356,7 +356,7 @@ impl Pool {
     }
 
     /// Deletes an idle file under the lock (used to make room for a lease).
-    fn delete_locked(&self, st: &mut State, id: u64) {
+    pub(super) fn delete_locked(&self, st: &mut State, id: u64) {
         let Some(e) = st.files.get(&id) else { return };
         let Ok(mount) = self.mount(e.rec.page_size) else {
             return;

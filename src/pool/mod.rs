@@ -17,6 +17,7 @@
 //! (and a clean shutdown waits for requests in flight), so the file is scrubbed, never
 //! handed out unproven. See `docs/pool.md`.
 
+mod drain;
 mod error;
 pub mod fault;
 mod holders;
@@ -27,6 +28,7 @@ pub mod placement;
 mod record;
 mod recover;
 mod request;
+pub mod reserve;
 mod status;
 mod worker;
 
@@ -49,6 +51,7 @@ use crate::topology::Topology;
 
 pub use crate::policy::pool as policy;
 pub use crate::policy::pool::{PoolPolicy, Verification};
+pub use drain::{DrainReport, DrainRequest};
 pub use error::{PoolError, Result};
 pub use record::{file_key, FileRecord, FileState, LeaseInfo, LeaseRecord, LeaseSource};
 pub use recover::RecoveryReport;
@@ -137,6 +140,12 @@ struct State {
     refill_turn: usize,
     refill_backoff: Option<Instant>,
     last_scrub: Option<ScrubReport>,
+    /// Why a kind's target is not met, as last logged (see `Pool::explain`).
+    reasons: BTreeMap<(u32, PageSize), String>,
+    /// When a kind's pool may be raised again after the kernel or a limit refused.
+    reserve_backoff: BTreeMap<(u32, PageSize), Instant>,
+    /// Kinds emptied by a drain: kept at a target of zero until resumed.
+    drained: BTreeSet<(u32, PageSize)>,
 }
 
 impl State {
@@ -199,6 +208,10 @@ pub struct Pool {
     shutdown: AtomicBool,
     clean_start: bool,
     daemon_owner: Owner,
+    reservations: reserve::Reservations,
+    /// Held while a pool is raised and while a drain gives pages back, so that a raise
+    /// decided before a drain never lands after it.
+    reserve_gate: Mutex<()>,
 }
 
 fn now_unix() -> u64 {
@@ -242,6 +255,7 @@ impl Pool {
             mounts.insert(ps, PoolMount::new(root, ps)?);
         }
         let journal = Journal::open(&config.state_dir)?;
+        let reservations = reserve::Reservations::open(&config.state_dir)?;
         let clean_start = journal.was_clean_shutdown();
         let (files, max_id, report) = recover::reconcile(&journal, &mounts, clean_start)?;
         // From here on a crash means warm records must be proven again.
@@ -281,6 +295,8 @@ impl Pool {
                 uid: nix::unistd::getuid().as_raw(),
                 gid: nix::unistd::getgid().as_raw(),
             },
+            reservations,
+            reserve_gate: Mutex::new(()),
         }))
     }
 
@@ -296,6 +312,11 @@ impl Pool {
     /// The policy in force.
     pub fn policy(&self) -> &PoolPolicy {
         &self.policy
+    }
+
+    /// The ledger of pages the daemon added to the kernel's pools.
+    pub fn reservations(&self) -> &reserve::Reservations {
+        &self.reservations
     }
 
     /// The scrubber (clearing method).

@@ -36,6 +36,16 @@ pub struct KindStatus {
     pub kernel_total_pages: u64,
     /// Bytes in use on the mount by its size limit (`statfs`), when it has one.
     pub mount_used_bytes: Option<u64>,
+    /// Pages the daemon added to the kernel's pool of this size on the node (and gives back
+    /// with `hugeprep drain --release-pools`).
+    #[serde(default)]
+    pub reserved_pages: u64,
+    /// Why the target is not met, with what to do; `None` when it is met or being filled.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Emptied by `hugeprep drain`: kept at zero until `hugeprep resume`.
+    #[serde(default)]
+    pub drained: bool,
 }
 
 /// `GET /v1/pool`.
@@ -88,6 +98,9 @@ impl Pool {
                     kernel_free_pages: kernel::node_free_pages(n, *ps).unwrap_or(0),
                     kernel_total_pages: kernel::node_total_pages(n, *ps).unwrap_or(0),
                     mount_used_bytes: kernel::mount_used_pages(&mount.root).map(|p| p * ps.bytes()),
+                    reserved_pages: self.reservations.added(n, *ps),
+                    reason: st.reasons.get(&(n, *ps)).cloned(),
+                    drained: st.drained.contains(&(n, *ps)),
                 });
             }
         }

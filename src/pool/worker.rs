@@ -8,20 +8,31 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    fault, file_key, holders, holes, kernel, Entry, FileRecord, FileState, Pool, State, Work,
+    fault, file_key, holders, holes, kernel, reserve, Entry, FileRecord, FileState, Pool,
+    PoolMount, State, Work,
 };
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;
 use crate::scrub::{ScrubError, ScrubOptions};
+use crate::units::format_bytes;
 
 /// How long refill waits after the kernel could not supply a file.
 const REFILL_BACKOFF: Duration = Duration::from_secs(2);
+
+/// How long the worker waits before raising a kernel pool again after the kernel or a limit
+/// gave fewer pages than the target needs (each try may compact memory).
+const RESERVE_BACKOFF: Duration = Duration::from_secs(30);
 
 #[derive(Debug)]
 enum Job {
     Scrub(u64),
     Delete(u64),
     Fill(u64),
+    Reserve {
+        node: u32,
+        page_size: PageSize,
+        pages: u64,
+    },
 }
 
 impl Pool {
@@ -59,12 +70,21 @@ impl Pool {
                 Job::Scrub(id) => self.scrub_job(id),
                 Job::Delete(id) => self.delete_job(id),
                 Job::Fill(id) => self.fill_job(id),
+                Job::Reserve {
+                    node,
+                    page_size,
+                    pages,
+                } => self.reserve_job(node, page_size, pages),
             }
             self.changed.notify_all();
         }
     }
 
-    fn target(&self, node: u32, ps: PageSize) -> u64 {
+    /// The bytes to keep warm: the policy's target, or none while the kind is drained.
+    fn target(&self, st: &State, node: u32, ps: PageSize) -> u64 {
+        if st.drained.contains(&(node, ps)) {
+            return 0;
+        }
         self.policy.target_bytes(node, ps)
     }
 
@@ -78,7 +98,7 @@ impl Pool {
             .map(|e| e.rec.clone());
         if let Some(rec) = dirty {
             let keep = st.pool_bytes(rec.node, rec.page_size) + rec.size
-                <= self.target(rec.node, rec.page_size);
+                <= self.target(st, rec.node, rec.page_size);
             if keep {
                 let scrubbing = FileRecord {
                     state: FileState::Scrubbing,
@@ -98,7 +118,7 @@ impl Pool {
         // 2. Above target (the policy changed, or leases came back): give back warm files.
         for (ps, _) in self.mounts.iter() {
             for node in self.topology.node_ids() {
-                if st.pool_bytes(node, *ps) > self.target(node, *ps) {
+                if st.pool_bytes(node, *ps) > self.target(st, node, *ps) {
                     let victim = st
                         .of_kind(node, *ps)
                         .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
@@ -119,7 +139,14 @@ impl Pool {
                 let Some(target) = self.policy.target(node, *ps) else {
                     continue;
                 };
+                if st.drained.contains(&(node, *ps)) {
+                    continue;
+                }
                 let deficit = target.warm.saturating_sub(st.pool_bytes(node, *ps));
+                if deficit == 0 {
+                    self.explain(st, node, *ps, None);
+                    continue;
+                }
                 let n = target.sizes.len();
                 // Files come back from leases at their own sizes, so the deficit can be
                 // smaller than every size in the mix: fill it exactly then, or the pool would
@@ -132,6 +159,9 @@ impl Pool {
                     .filter(|&s| s > 0);
                 let Some(size) = size else { continue };
                 if kernel::available_bytes(node, *ps, &mount.root) < size {
+                    if let Some(job) = self.shortfall(st, node, *ps, mount, deficit, size) {
+                        return Some(job);
+                    }
                     st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
                     continue;
                 }
@@ -160,6 +190,126 @@ impl Pool {
             }
         }
         None
+    }
+
+    /// A kind's target lacks `deficit` bytes and the kernel cannot supply the next file of
+    /// `size`: a job that raises the node's pool, or else the reason, logged and shown.
+    fn shortfall(
+        &self,
+        st: &mut State,
+        node: u32,
+        ps: PageSize,
+        mount: &PoolMount,
+        deficit: u64,
+        size: u64,
+    ) -> Option<Job> {
+        let page = ps.bytes();
+        if let Some(free) = kernel::mount_free_pages(&mount.root) {
+            if free * page < size {
+                let reason = format!(
+                    "mount {} is full: its size limit leaves {} free (remount it larger)",
+                    mount.root.display(),
+                    format_bytes(free * page)
+                );
+                self.explain(st, node, ps, Some(reason));
+                return None;
+            }
+        }
+        let free = crate::hugetlb::pool::available(Some(node), ps).unwrap_or(0);
+        let short = deficit.div_ceil(page).saturating_sub(free).max(1);
+        if !self.policy.reserve.enabled {
+            let reason = reserve::Limit::Disabled.explain(node, ps, short);
+            self.explain(st, node, ps, Some(reason));
+            return None;
+        }
+        if st
+            .reserve_backoff
+            .get(&(node, ps))
+            .is_some_and(|t| Instant::now() < *t)
+        {
+            return None;
+        }
+        Some(Job::Reserve {
+            node,
+            page_size: ps,
+            pages: short,
+        })
+    }
+
+    /// Raises `node`'s pool by up to `short` pages, as far as the policy's limit, the node's
+    /// memory and the kernel allow; whatever is still missing is explained.
+    fn reserve_job(&self, node: u32, ps: PageSize, short: u64) {
+        let _gate = self.reserve_gate.lock().unwrap_or_else(|e| e.into_inner());
+        if self.shutdown.load(Ordering::SeqCst) || self.lock().drained.contains(&(node, ps)) {
+            return; // decided before a drain or a stop: nothing to fill any more
+        }
+        let available = crate::topology::node_available_bytes(node).unwrap_or(0);
+        let added_on_node = self.reservations.added_bytes_on(node);
+        let (pages, limit) =
+            reserve::plan(short, ps, &self.policy.reserve, added_on_node, available);
+        let raised = if pages > 0 {
+            self.reservations.raise(node, ps, pages)
+        } else {
+            Ok(reserve::Raise { asked: 0, added: 0 })
+        };
+        let mut st = self.lock();
+        let reason = match raised {
+            Ok(r) => {
+                if r.added > 0 {
+                    tracing::info!(
+                        node, page_size = %ps, added = r.added, asked = r.asked,
+                        held = self.reservations.added(node, ps),
+                        "raised the kernel's hugepage pool for the warm target"
+                    );
+                }
+                let still = short - r.added.min(short);
+                if still == 0 {
+                    None
+                } else if r.added < r.asked {
+                    Some(format!(
+                        "kernel pool short by {still} {ps} pages on node {node}; the kernel added                          {} of the {} pages asked (memory short or fragmented{})",
+                        r.added,
+                        r.asked,
+                        if ps == PageSize::Size1G {
+                            ": reserve 1G pages at boot, hugepagesz=1G hugepages=N"
+                        } else {
+                            ""
+                        }
+                    ))
+                } else {
+                    limit.map(|l| l.explain(node, ps, still))
+                }
+            }
+            Err(err) => Some(format!(
+                "kernel pool short by {short} {ps} pages on node {node}; raising it failed: {err}"
+            )),
+        };
+        if reason.is_some() {
+            st.reserve_backoff
+                .insert((node, ps), Instant::now() + RESERVE_BACKOFF);
+            self.explain(&mut st, node, ps, reason);
+        }
+    }
+
+    /// Records why a kind's target is not met (`None`: it is met) and says so in the log once,
+    /// and again whenever the reason changes. The metrics (a later issue) read the same
+    /// reasons through [`Pool::status`].
+    pub(super) fn explain(&self, st: &mut State, node: u32, ps: PageSize, reason: Option<String>) {
+        let key = (node, ps);
+        match reason {
+            Some(reason) => {
+                if st.reasons.get(&key) != Some(&reason) {
+                    tracing::warn!(node, page_size = %ps, "warm target not met: {reason}");
+                    st.reasons.insert(key, reason);
+                }
+            }
+            None => {
+                if st.reasons.remove(&key).is_some() {
+                    tracing::info!(node, page_size = %ps, "warm target met");
+                }
+                st.reserve_backoff.remove(&key);
+            }
+        }
     }
 
     fn mark(&self, st: &mut State, id: u64, work: Work) -> Option<u64> {

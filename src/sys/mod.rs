@@ -7,4 +7,5 @@ pub mod mmap;
 pub mod numa;
 pub mod pidfd;
 pub mod priority;
+pub mod probe;
 pub mod signals;

@@ -25,7 +25,8 @@ pub struct Env {
     pub state: PathBuf,
     pub socket: PathBuf,
     pub mount_bytes: u64,
-    _reservation: HugepageReservation,
+    _reservation: Option<HugepageReservation>,
+    _lock: Option<hugeprep::hugetlb::lock::HugepageLock>,
 }
 
 impl Env {
@@ -37,6 +38,23 @@ impl Env {
         let reservation = HugepageReservation::ensure_free(PageSize::Size2M, pages)
             .expect("reading/writing the hugepage pool (run as root)")
             .unwrap_or_else(|| panic!("{name}: the kernel cannot supply {pages} 2 MiB pages"));
+        let mut env = Env::with_mount(name, &format!("pagesize=2M,size={mount_bytes}"));
+        env.mount_bytes = mount_bytes;
+        env._reservation = Some(reservation);
+        env
+    }
+
+    /// A fresh host's view: the machine-wide hugepage lock held, no pages reserved for the
+    /// test, and a hugetlbfs mount without a size limit, so the daemon itself must raise the
+    /// kernel's pool.
+    pub fn fresh(name: &str) -> Env {
+        let lock = hugeprep::testing::lock().expect("taking the hugepage test lock");
+        let mut env = Env::with_mount(name, "pagesize=2M");
+        env._lock = Some(lock);
+        env
+    }
+
+    fn with_mount(name: &str, options: &str) -> Env {
         let dir = std::env::temp_dir().join(format!("hugeprep-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let mount = dir.join("mnt");
@@ -47,7 +65,7 @@ impl Env {
             &mount,
             Some("hugetlbfs"),
             nix::mount::MsFlags::empty(),
-            Some(format!("pagesize=2M,size={mount_bytes}").as_str()),
+            Some(options),
         )
         .unwrap();
         Env {
@@ -55,8 +73,9 @@ impl Env {
             dir,
             mount,
             state,
-            mount_bytes,
-            _reservation: reservation,
+            mount_bytes: 0,
+            _reservation: None,
+            _lock: None,
         }
     }
 
@@ -130,7 +149,7 @@ impl Env {
 
     /// Free 2 MiB pages in the kernel's pool right now.
     pub fn free_pages(&self) -> u64 {
-        self._reservation.free_pages()
+        hugeprep::hugetlb::pool::available(None, PageSize::Size2M).unwrap_or(0)
     }
 
     /// Bytes of the mount in use (its size limit minus free blocks).

@@ -1,0 +1,160 @@
+//! The CPU and its clearing method, the daemon, and systemd.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use super::{DoctorOptions, Finding, Severity};
+use crate::api::CpuReport;
+use crate::client::{Client, ClientError};
+use crate::cpu::CpuInfo;
+use crate::policy::ClearingPolicy;
+use crate::pool::PoolStatus;
+
+/// What the daemon answered.
+pub struct DaemonView {
+    /// Whether it answered at all.
+    pub reachable: bool,
+    /// Its pool.
+    pub pool: Option<PoolStatus>,
+    /// Its clearing method.
+    pub cpu: Option<CpuReport>,
+    /// Findings about it.
+    pub findings: Vec<Finding>,
+}
+
+/// Asks the daemon for its version, pool and clearing method (5 s per request).
+pub fn daemon(opts: &DoctorOptions) -> DaemonView {
+    let client = Client::new(&opts.socket).with_timeout(Duration::from_secs(5));
+    let subject = opts.socket.display().to_string();
+    let version =
+        match client.blocking(client.version()) {
+            Ok(v) => v.version,
+            Err(e) => {
+                let (severity, remedy) = match e {
+                ClientError::Connect { .. } => (
+                    Severity::Warning,
+                    "start it: scripts/run --warm 4G, or systemctl start hugeprep (leases need it)",
+                ),
+                _ => (Severity::Warning, "see the daemon's log (journalctl -u hugeprep)"),
+            };
+                let finding =
+                    Finding::new("daemon", subject, severity, format!("not reachable: {e}"))
+                        .remedy(remedy);
+                return DaemonView {
+                    reachable: false,
+                    pool: None,
+                    cpu: None,
+                    findings: vec![finding],
+                };
+            }
+        };
+    let mine = env!("CARGO_PKG_VERSION");
+    let mut findings = vec![if version == mine {
+        Finding::ok(
+            "daemon",
+            subject.clone(),
+            format!("running, version {version}"),
+        )
+    } else {
+        Finding::new(
+            "daemon",
+            subject.clone(),
+            Severity::Warning,
+            format!("running version {version}, this command is {mine}"),
+        )
+        .remedy("restart the daemon after an upgrade")
+    }];
+    let pool = client.blocking(client.pool());
+    let cpu = client.blocking(client.cpu());
+    if let Err(e) = &pool {
+        findings.push(Finding::new(
+            "daemon",
+            subject,
+            Severity::Warning,
+            format!("GET /v1/pool: {e}"),
+        ));
+    }
+    DaemonView {
+        reachable: true,
+        pool: pool.ok(),
+        cpu: cpu.ok(),
+        findings,
+    }
+}
+
+/// The CPU, the clearing method its policy rule picks and who decided (the daemon's
+/// decision, calibration included, when it runs).
+pub fn cpu(opts: &DoctorOptions, daemon: Option<&CpuReport>) -> Vec<Finding> {
+    let cpu = CpuInfo::host();
+    let identity = format!(
+        "{} family {:#x} model {:#x} ({})",
+        cpu.vendor_id, cpu.family, cpu.model, cpu.brand
+    );
+    let mut out = vec![Finding::ok("cpu", "identity", identity)];
+    if let Some(d) = daemon {
+        out.push(Finding::ok(
+            "cpu",
+            "clearing",
+            format!(
+                "the daemon clears with {} (rule {}, decided by {})",
+                d.method,
+                d.rule,
+                format!("{:?}", d.decided_by).to_lowercase()
+            ),
+        ));
+        return out;
+    }
+    match ClearingPolicy::load(opts.clearing_policy.as_deref()) {
+        Ok(policy) => {
+            let r = policy.resolve(cpu);
+            let calibration = format!("{:?}", policy.calibration()).to_lowercase();
+            out.push(Finding::ok(
+                "cpu",
+                "clearing",
+                format!(
+                    "{} by policy rule {} (decided by the rule; the daemon's start-up \
+                     calibration is {calibration}: hugeprep cpu --rules says why)",
+                    r.method(),
+                    r.rule
+                ),
+            ));
+        }
+        Err(e) => out.push(
+            Finding::new("cpu", "clearing policy", Severity::Blocking, e.to_string())
+                .remedy("fix the policy file, or drop clearing_policy to use the embedded one"),
+        ),
+    }
+    out
+}
+
+fn systemctl(args: &[&str]) -> Option<String> {
+    let out = Command::new("systemctl").args(args).output().ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The units, when systemd is the init system (`/run/systemd/system` exists).
+pub fn systemd() -> Vec<Finding> {
+    if !Path::new("/run/systemd/system").is_dir() {
+        return vec![Finding::new(
+            "systemd",
+            "init",
+            Severity::Info,
+            "systemd is not running here: units not checked",
+        )];
+    }
+    ["hugeprep.socket", "hugeprep.service"]
+        .iter()
+        .map(|unit| {
+            let enabled = systemctl(&["is-enabled", unit]).unwrap_or_default();
+            let active = systemctl(&["is-active", unit]).unwrap_or_default();
+            let message = format!("{enabled}, {active}");
+            if enabled == "enabled" || active == "active" {
+                Finding::ok("systemd", *unit, message)
+            } else {
+                Finding::new("systemd", *unit, Severity::Info, message)
+                    .remedy(format!("systemctl enable --now {unit}"))
+            }
+        })
+        .collect()
+}

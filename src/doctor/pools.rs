@@ -1,0 +1,259 @@
+//! Hugepage pools per node and page size, whether 1 GiB pages can still be had, and the
+//! hugetlbfs mounts.
+
+use super::{DoctorOptions, Finding, Severity};
+use crate::hugetlb::lock::HugepageLock;
+use crate::hugetlb::mount;
+use crate::hugetlb::pool::{self, PoolTopUp, Scope};
+use crate::page_size::PageSize;
+use crate::pool::{KindStatus, PoolStatus};
+use crate::topology::{self, Topology};
+use crate::units::format_bytes;
+
+const CHECK: &str = "hugepages";
+
+/// One finding per node and page size the kernel has; with the daemon's pool when it runs.
+pub fn pools(opts: &DoctorOptions, daemon: Option<&PoolStatus>) -> Vec<Finding> {
+    let sizes = pool::page_sizes();
+    if sizes.is_empty() {
+        return vec![Finding::new(
+            CHECK,
+            "kernel",
+            Severity::Blocking,
+            "this kernel has no hugepage pools (/sys/kernel/mm/hugepages is missing)",
+        )
+        .remedy("use a kernel built with CONFIG_HUGETLBFS and CONFIG_HUGETLB_PAGE")];
+    }
+    let topology = match Topology::detect() {
+        Ok(t) => t,
+        Err(e) => {
+            return vec![Finding::new(
+                CHECK,
+                "topology",
+                Severity::Blocking,
+                e.to_string(),
+            )]
+        }
+    };
+    let mut out = Vec::new();
+    for node in topology.node_ids() {
+        for &ps in &sizes {
+            let kind =
+                daemon.and_then(|d| d.kinds.iter().find(|k| k.node == node && k.page_size == ps));
+            out.push(kernel_pool(opts, node, ps, kind));
+            if let Some(k) = kind {
+                out.extend(daemon_kind(k));
+            }
+        }
+    }
+    out
+}
+
+fn kernel_pool(
+    opts: &DoctorOptions,
+    node: u32,
+    ps: PageSize,
+    kind: Option<&KindStatus>,
+) -> Finding {
+    let subject = format!("node {node} {ps}");
+    let counts = match pool::read(Scope::Node(node), ps) {
+        Ok(c) => c,
+        Err(e) => return Finding::new(CHECK, subject, Severity::Warning, e.to_string()),
+    };
+    let free = pool::available(Some(node), ps).unwrap_or(0);
+    let message = format!(
+        "kernel pool {} pages ({}), {free} free",
+        counts.total,
+        format_bytes(counts.total_bytes())
+    );
+    let needed = opts.page_sizes.contains(&ps);
+    if free > 0 {
+        return Finding::ok(CHECK, subject, message);
+    }
+    if ps == PageSize::Size1G && opts.probe_1g {
+        return one_gig(node, needed, message);
+    }
+    if !needed {
+        return Finding::new(CHECK, subject, Severity::Info, message);
+    }
+    let daemon_fills = kind.is_some_and(|k| k.target_bytes > 0 && !k.drained);
+    let set = format!("hugeprep pool --set N --node {node} --page-size {ps}");
+    if daemon_fills && kind.is_some_and(|k| k.warm_bytes > 0) {
+        return Finding::ok(
+            CHECK,
+            subject,
+            format!("{message}: its pages are in the daemon's warm pool"),
+        );
+    }
+    if !opts.reserve.enabled {
+        return Finding::new(
+            CHECK,
+            subject,
+            Severity::Blocking,
+            format!("{message}, and reserve is disabled: a lease of {ps} pages fails"),
+        )
+        .remedy(format!(
+            "{set}, or set reserve = true in [pool] of the daemon's config"
+        ));
+    }
+    let available = topology::node_available_bytes(node).unwrap_or(0);
+    if available < opts.reserve.margin + ps.bytes() {
+        return Finding::new(
+            CHECK,
+            subject,
+            Severity::Blocking,
+            format!(
+                "{message}; node {node} has {} available and keeps {} (reserve_margin): the \
+                 pool cannot grow",
+                format_bytes(available),
+                format_bytes(opts.reserve.margin)
+            ),
+        )
+        .remedy("free memory on the node, or lower reserve_margin");
+    }
+    if daemon_fills {
+        return Finding::ok(
+            CHECK,
+            subject,
+            format!(
+                "{message}; the daemon raises it for its warm target (node {node} has {} available)",
+                format_bytes(available)
+            ),
+        );
+    }
+    Finding::new(
+        CHECK,
+        subject,
+        Severity::Warning,
+        format!(
+            "{message}: leases fail until a warm target makes the daemon raise it (node {node} \
+             has {} available)",
+            format_bytes(available)
+        ),
+    )
+    .remedy(format!(
+        "hugeprep serve --warm 4G (raises the pool itself), or {set}"
+    ))
+}
+
+/// No free 1 GiB page: ask the kernel for one more and give it straight back. 1 GiB pages
+/// need 1 GiB of contiguous memory, which fragments soon after boot.
+fn one_gig(node: u32, needed: bool, message: String) -> Finding {
+    let subject = format!("node {node} 1G");
+    let unmet = if needed {
+        Severity::Warning
+    } else {
+        Severity::Info
+    };
+    let boot = "reserve 1G pages at boot: kernel command line hugepagesz=1G hugepages=N";
+    if !nix::unistd::geteuid().is_root() {
+        return Finding::new(
+            CHECK,
+            subject,
+            Severity::Info,
+            format!("{message} (not probed: run as root)"),
+        );
+    }
+    let lock = match HugepageLock::try_acquire() {
+        Ok(Some(lock)) => lock,
+        Ok(None) | Err(_) => {
+            return Finding::new(
+                CHECK,
+                subject,
+                Severity::Info,
+                format!("{message} (not probed: another hugepage borrower holds the lock)"),
+            )
+        }
+    };
+    let probe = PoolTopUp::raise(Some(node), PageSize::Size1G, 1);
+    let got = probe.as_ref().map_or(0, |t| t.added());
+    drop(probe); // gives the page back
+    drop(lock);
+    if got > 0 {
+        Finding::ok(
+            CHECK,
+            subject,
+            format!("{message}; the kernel can still supply 1 GiB pages"),
+        )
+    } else {
+        Finding::new(
+            CHECK,
+            subject,
+            unmet,
+            format!("{message}; the kernel cannot supply a 1 GiB page now (memory fragmented)"),
+        )
+        .remedy(boot)
+    }
+}
+
+fn daemon_kind(k: &KindStatus) -> Option<Finding> {
+    let subject = format!("node {} {} pool", k.node, k.page_size);
+    if k.drained {
+        return Some(
+            Finding::new(CHECK, subject, Severity::Info, "drained by hugeprep drain")
+                .remedy("hugeprep resume"),
+        );
+    }
+    if let Some(reason) = &k.reason {
+        return Some(Finding::new(
+            CHECK,
+            subject,
+            Severity::Warning,
+            format!(
+                "warm target {} not met ({} warm): {reason}",
+                format_bytes(k.target_bytes),
+                format_bytes(k.warm_bytes)
+            ),
+        ));
+    }
+    (k.target_bytes > 0).then(|| {
+        Finding::ok(
+            CHECK,
+            subject,
+            format!(
+                "{} warm of a {} target; the daemon added {} pages to the kernel's pool",
+                format_bytes(k.warm_bytes),
+                format_bytes(k.target_bytes),
+                k.reserved_pages
+            ),
+        )
+    })
+}
+
+/// A hugetlbfs mount for each page size VMs need.
+pub fn mounts(opts: &DoctorOptions) -> Vec<Finding> {
+    let found = match mount::mounts() {
+        Ok(m) => m,
+        Err(e) => {
+            return vec![Finding::new(
+                "mounts",
+                "mountinfo",
+                Severity::Warning,
+                e.to_string(),
+            )]
+        }
+    };
+    opts.page_sizes
+        .iter()
+        .map(|&ps| {
+            let paths: Vec<String> = found
+                .iter()
+                .filter(|m| m.page_size == ps)
+                .map(|m| m.path.display().to_string())
+                .collect();
+            if paths.is_empty() {
+                Finding::new(
+                    "mounts",
+                    format!("hugetlbfs {ps}"),
+                    Severity::Info,
+                    "no mount: the daemon mounts its own under its run directory (/run/hugeprep)",
+                )
+                .remedy(format!(
+                    "for a fixed path libvirt can use: hugeprep mount --page-size {ps} /dev/hugepages"
+                ))
+            } else {
+                Finding::ok("mounts", format!("hugetlbfs {ps}"), paths.join(", "))
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,355 @@
+//! Raising the kernel's hugepage pools for the warm targets, and giving back exactly what was
+//! raised.
+//!
+//! When a node's kernel pool cannot cover its target, the worker raises that node's
+//! `nr_hugepages` (the per-node sysfs file) by the shortfall, bounded by the policy's limit
+//! and by the node's available memory minus a margin. Every page the kernel really added is
+//! recorded in a ledger in the state directory (`<state>/reservations/`, one journal record
+//! per node and page size), so that after a restart or a crash `hugeprep drain
+//! --release-pools` (or a stop with `release_on_stop`) lowers the pool by exactly that, never
+//! touching pages someone else added. The sysfs write comes before the ledger write: a crash
+//! in between leaves those pages in the pool, unrecorded, rather than ever lowering a pool
+//! by pages hugeprep did not add.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hugetlb::pool::{self as kpool, Scope};
+use crate::journal::{Journal, JournalError};
+use crate::page_size::PageSize;
+use crate::policy::pool::ReservePolicy;
+use crate::units::format_bytes;
+
+/// The ledger's directory under the state directory.
+pub const LEDGER_DIR: &str = "reservations";
+
+/// One ledger record: pages hugeprep added to a node's pool of one page size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reserved {
+    /// Node.
+    pub node: u32,
+    /// Page size.
+    pub page_size: PageSize,
+    /// Pages added and not given back yet.
+    pub pages: u64,
+}
+
+fn key(node: u32, page_size: PageSize) -> String {
+    format!("node{node}-{}", page_size.name())
+}
+
+/// Errors of the ledger and of resizing a pool.
+#[derive(Debug, thiserror::Error)]
+pub enum ReserveError {
+    /// The ledger could not be written or read.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// The kernel's pool could not be read or written.
+    #[error(transparent)]
+    Pool(#[from] kpool::PoolError),
+}
+
+/// What limits a raise (when something does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// Reserving is off (`reserve = false`).
+    Disabled,
+    /// The policy's `reserve_limit` for the node is used up.
+    Cap {
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// The node's available memory minus the margin.
+    Memory {
+        /// Bytes available on the node.
+        available: u64,
+        /// Bytes kept back.
+        margin: u64,
+    },
+}
+
+/// How many pages to add to cover `need` pages: the need, bounded by the policy's limit (minus
+/// what hugeprep already added to the node, in bytes over every page size) and by the node's
+/// available memory minus the margin. Returns the pages and what bounded them, if anything did.
+pub fn plan(
+    need: u64,
+    page_size: PageSize,
+    policy: &ReservePolicy,
+    added_on_node: u64,
+    available: u64,
+) -> (u64, Option<Limit>) {
+    if !policy.enabled {
+        return (0, Some(Limit::Disabled));
+    }
+    let page = page_size.bytes();
+    let mut pages = need;
+    let mut limit = None;
+    if let Some(cap) = policy.limit {
+        let room = cap.saturating_sub(added_on_node) / page;
+        if room < pages {
+            pages = room;
+            limit = Some(Limit::Cap { limit: cap });
+        }
+    }
+    let room = available.saturating_sub(policy.margin) / page;
+    if room < pages {
+        pages = room;
+        limit = Some(Limit::Memory {
+            available,
+            margin: policy.margin,
+        });
+    }
+    (pages, limit)
+}
+
+impl Limit {
+    /// Why the target cannot be met, for the log, `GET /v1/pool` and `hugeprep status`.
+    pub fn explain(&self, node: u32, page_size: PageSize, short: u64) -> String {
+        match self {
+            Limit::Disabled => format!(
+                "kernel pool short by {short} {page_size} pages on node {node}; reserve disabled \
+                 (raise it: hugeprep pool --set N --node {node} --page-size {page_size}, or set \
+                 reserve = true)"
+            ),
+            Limit::Cap { limit } => format!(
+                "kernel pool short by {short} {page_size} pages on node {node}; reserve_limit of \
+                 {} reached on the node (raise reserve_limit)",
+                format_bytes(*limit)
+            ),
+            Limit::Memory { available, margin } => format!(
+                "kernel pool short by {short} {page_size} pages on node {node}; node {node} has \
+                 {} available and keeps {} (reserve_margin) for the host (lower the target or \
+                 free memory)",
+                format_bytes(*available),
+                format_bytes(*margin)
+            ),
+        }
+    }
+}
+
+/// The outcome of raising one pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Raise {
+    /// Pages asked of the kernel.
+    pub asked: u64,
+    /// Pages the kernel added.
+    pub added: u64,
+}
+
+/// The outcome of giving pages back to one pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Released {
+    /// Node.
+    pub node: u32,
+    /// Page size.
+    pub page_size: PageSize,
+    /// Pages lowered from `nr_hugepages`.
+    pub released: u64,
+    /// Pages hugeprep added that are still in use (leases) and stay recorded.
+    pub kept: u64,
+}
+
+/// The ledger of pages hugeprep added to the kernel's pools.
+#[derive(Debug)]
+pub struct Reservations {
+    journal: Journal,
+    added: Mutex<BTreeMap<(u32, PageSize), u64>>,
+}
+
+impl Reservations {
+    /// Opens the ledger in `state_dir`. A record larger than the node's pool now (the
+    /// operator lowered it by hand) is cut to the pool: hugeprep never lowers a pool by more
+    /// than it holds.
+    pub fn open(state_dir: &Path) -> Result<Reservations, ReserveError> {
+        let journal = Journal::open(&state_dir.join(LEDGER_DIR))?;
+        let mut added = BTreeMap::new();
+        for (k, rec) in journal.load::<Reserved>()? {
+            if k != key(rec.node, rec.page_size) {
+                journal.remove(&k)?;
+                continue;
+            }
+            let total = kpool::read(Scope::Node(rec.node), rec.page_size).map_or(0, |c| c.total);
+            let pages = rec.pages.min(total);
+            if pages < rec.pages {
+                tracing::warn!(
+                    node = rec.node, page_size = %rec.page_size, recorded = rec.pages, total,
+                    "the pool is smaller than what hugeprep recorded adding: recording {pages}"
+                );
+                if pages == 0 {
+                    journal.remove(&k)?;
+                } else {
+                    journal.write(&k, &Reserved { pages, ..rec })?;
+                }
+            }
+            if pages > 0 {
+                added.insert((rec.node, rec.page_size), pages);
+            }
+        }
+        Ok(Reservations {
+            journal,
+            added: Mutex::new(added),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(u32, PageSize), u64>> {
+        self.added.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Pages hugeprep added to this pool and still holds.
+    pub fn added(&self, node: u32, page_size: PageSize) -> u64 {
+        self.lock().get(&(node, page_size)).copied().unwrap_or(0)
+    }
+
+    /// Bytes hugeprep added to `node`'s pools, every page size.
+    pub fn added_bytes_on(&self, node: u32) -> u64 {
+        self.lock()
+            .iter()
+            .filter(|((n, _), _)| *n == node)
+            .map(|((_, ps), pages)| pages * ps.bytes())
+            .sum()
+    }
+
+    fn record(&self, node: u32, page_size: PageSize, pages: u64) -> Result<(), ReserveError> {
+        let k = key(node, page_size);
+        if pages == 0 {
+            self.journal.remove(&k)?;
+        } else {
+            let rec = Reserved {
+                node,
+                page_size,
+                pages,
+            };
+            self.journal.write(&k, &rec)?;
+        }
+        let mut added = self.lock();
+        if pages == 0 {
+            added.remove(&(node, page_size));
+        } else {
+            added.insert((node, page_size), pages);
+        }
+        Ok(())
+    }
+
+    /// Raises `node`'s pool by `pages` (a delta on the node's `nr_hugepages`) and records what
+    /// the kernel added, which may be fewer (memory short or fragmented).
+    pub fn raise(&self, node: u32, page_size: PageSize, pages: u64) -> Result<Raise, ReserveError> {
+        let scope = Scope::Node(node);
+        let before = kpool::read(scope, page_size)?.total;
+        let resize = kpool::set_pages(scope, page_size, before + pages)?;
+        let added = resize.after.saturating_sub(before);
+        if added > 0 {
+            self.record(node, page_size, self.added(node, page_size) + added)?;
+        }
+        Ok(Raise {
+            asked: pages,
+            added,
+        })
+    }
+
+    /// Lowers `node`'s pool by what hugeprep added, as far as those pages are free (the
+    /// kernel never frees pages in use), and records what is still held.
+    pub fn release(&self, node: u32, page_size: PageSize) -> Result<Released, ReserveError> {
+        let held = self.added(node, page_size);
+        let mut out = Released {
+            node,
+            page_size,
+            released: 0,
+            kept: held,
+        };
+        if held == 0 {
+            return Ok(out);
+        }
+        let scope = Scope::Node(node);
+        let before = kpool::read(scope, page_size)?.total;
+        let resize = kpool::set_pages(scope, page_size, before.saturating_sub(held))?;
+        out.released = before.saturating_sub(resize.after).min(held);
+        out.kept = held - out.released;
+        self.record(node, page_size, out.kept)?;
+        Ok(out)
+    }
+
+    /// Every pool hugeprep holds pages of.
+    pub fn held(&self) -> Vec<Reserved> {
+        self.lock()
+            .iter()
+            .map(|(&(node, page_size), &pages)| Reserved {
+                node,
+                page_size,
+                pages,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = 1 << 30;
+
+    #[test]
+    fn plan_is_bounded_by_the_limit_and_the_margin() {
+        let on = ReservePolicy::default();
+        let ps = PageSize::Size2M;
+        assert_eq!(plan(512, ps, &on, 0, 8 * G), (512, None));
+        // 1.5 GiB available, 1 GiB margin: 256 pages.
+        let (pages, limit) = plan(2048, ps, &on, 0, 3 * G / 2);
+        assert_eq!(pages, 256);
+        assert!(matches!(limit, Some(Limit::Memory { .. })));
+        let capped = ReservePolicy {
+            limit: Some(2 * G),
+            ..on.clone()
+        };
+        // 1 GiB already added on the node (any page size): 512 pages of room.
+        assert_eq!(
+            plan(2048, ps, &capped, G, 64 * G),
+            (512, Some(Limit::Cap { limit: 2 * G }))
+        );
+        let off = ReservePolicy {
+            enabled: false,
+            ..on
+        };
+        assert_eq!(plan(1, ps, &off, 0, 64 * G), (0, Some(Limit::Disabled)));
+    }
+
+    #[test]
+    fn a_record_larger_than_the_pool_is_cut_to_it() {
+        let dir = std::env::temp_dir().join(format!("hugeprep-ledger-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let journal = Journal::open(&dir.join(LEDGER_DIR)).unwrap();
+        let huge = Reserved {
+            node: 0,
+            page_size: PageSize::Size1G,
+            pages: 1 << 40,
+        };
+        journal.write(&key(0, PageSize::Size1G), &huge).unwrap();
+        journal.write("stray", &huge).unwrap();
+        let ledger = Reservations::open(&dir).unwrap();
+        let total = kpool::read(Scope::Node(0), PageSize::Size1G).unwrap().total;
+        assert_eq!(ledger.added(0, PageSize::Size1G), total);
+        let kept: Vec<(String, Reserved)> = journal.load().unwrap();
+        assert!(kept
+            .iter()
+            .all(|(k, r)| *k == key(0, r.page_size) && r.pages == total));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn explanations_name_the_node_and_the_remedy() {
+        let text = Limit::Disabled.explain(0, PageSize::Size2M, 1024);
+        assert!(
+            text.starts_with("kernel pool short by 1024 2M pages on node 0; reserve disabled"),
+            "{text}"
+        );
+        assert!(text.contains("hugeprep pool --set"), "{text}");
+        let text = Limit::Memory {
+            available: 1288490189,
+            margin: G,
+        }
+        .explain(0, PageSize::Size2M, 3);
+        assert!(text.contains("node 0 has 1.2 GiB available"), "{text}");
+    }
+}

@@ -1,0 +1,313 @@
+//! The README's quick start on a fresh host: no free hugepages, `hugeprep serve --warm 4G`,
+//! then `hugeprep status` shows 4 GiB warm and `hugeprep lease vm1 4G` returns a warm lease;
+//! `hugeprep drain --release-pools` gives back exactly the pages the daemon added. And the
+//! same host with `reserve = false`: the shortfall and its remedy in the log, `status` and
+//! `doctor`.
+
+mod daemon_util;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use daemon_util::Env;
+use hugeprep::hugetlb::pool::{self, Scope};
+use hugeprep::hugetlb::BackingFile;
+use hugeprep::topology::Topology;
+use hugeprep::PageSize;
+
+const GIB: u64 = 1 << 30;
+
+fn hugeprep(env: &Env, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .args(args)
+        .env("HUGEPREP_SOCKET", &env.socket)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `nr_hugepages` of 2 MiB pages on every node.
+fn node_pools() -> Vec<u64> {
+    Topology::detect()
+        .unwrap()
+        .node_ids()
+        .into_iter()
+        .map(|n| pool::read(Scope::Node(n), PageSize::Size2M).unwrap().total)
+        .collect()
+}
+
+/// Takes every free 2 MiB page other users left in the pools, so the daemon starts from
+/// none; the pages go back when the memfds are dropped.
+fn occupy_free_pages() -> Vec<BackingFile> {
+    let mut held = Vec::new();
+    for node in Topology::detect().unwrap().node_ids() {
+        let free = pool::available(Some(node), PageSize::Size2M).unwrap();
+        if free == 0 {
+            continue;
+        }
+        let size = free * PageSize::Size2M.bytes();
+        let f = BackingFile::memfd("occupy", size, PageSize::Size2M).unwrap();
+        hugeprep::pool::fault::fault_range(&f, 0..size, node, 1).unwrap();
+        held.push(f);
+    }
+    assert_eq!(pool::available(None, PageSize::Size2M).unwrap(), 0);
+    held
+}
+
+/// Polls `hugeprep status --json` until `done` holds (a liveness bound, not a speed check).
+fn wait_status(
+    env: &Env,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let status: serde_json::Value =
+            serde_json::from_str(&stdout(&hugeprep(env, &["status", "--json"]))).unwrap();
+        if done(&status) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {status:#}\n{}",
+            env.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Writes a config file whose `[pool]` table is `pool` and starts the daemon with it.
+fn spawn_with_pool(env: &Env, name: &str, pool: &str) -> (daemon_util::Daemon, String) {
+    let config = env.dir.join(name);
+    std::fs::write(&config, format!("[pool]\n{pool}")).unwrap();
+    let config = config.to_str().unwrap().to_string();
+    (env.spawn(&["--config", &config]), config)
+}
+
+/// Waits for the first kind's `reason` and returns it.
+fn wait_reason(env: &Env) -> (serde_json::Value, String) {
+    let status = wait_status(env, "a reason", |s| {
+        s["pool"]["kinds"][0]["reason"].is_string()
+    });
+    let reason = status["pool"]["kinds"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (status, reason)
+}
+
+/// `hugeprep doctor` without the 1 GiB probe, against an empty libvirt directory.
+fn doctor(env: &Env, extra: &[&str]) -> Output {
+    let libvirt = env.dir.join("libvirt");
+    std::fs::create_dir_all(&libvirt).unwrap();
+    let mut args = vec![
+        "doctor",
+        "--no-probe",
+        "--libvirt-dir",
+        libvirt.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    hugeprep(env, &args)
+}
+
+#[test]
+fn quick_start_on_a_host_with_no_free_hugepages() {
+    let env = Env::fresh("fresh-host");
+    let before = node_pools();
+    let occupied = occupy_free_pages();
+    let mut d = env.spawn(&["--warm", "4G"]);
+
+    let status = wait_status(&env, "4 GiB warm", |s| {
+        s["pool"]["kinds"][0]["warm_bytes"] == 4 * GIB
+    });
+    let kind = &status["pool"]["kinds"][0];
+    assert_eq!(kind["reserved_pages"], 2048, "{kind:#}");
+    assert!(kind["reason"].is_null(), "{kind:#}");
+    let text = stdout(&hugeprep(&env, &["status"]));
+    assert!(text.contains("4 GiB"), "{text}");
+    assert!(text.contains("the daemon added 2048 pages"), "{text}");
+
+    // A fresh host with the daemon at its target is healthy.
+    let out = doctor(&env, &["--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for f in report["findings"].as_array().unwrap() {
+        if f["check"] == "hugepages" || f["check"] == "daemon" || f["check"] == "kernel" {
+            assert!(f["severity"] == "ok" || f["severity"] == "info", "{f:#}");
+        }
+    }
+    assert_ne!(report["status"], "blocking", "{report:#}");
+    if !std::path::Path::new("/run/libvirt/libvirt-sock").exists() {
+        // Nothing here is degraded either (a running libvirtd without hugeprep's hook would be).
+        assert_eq!(out.status.code(), Some(0), "{report:#}");
+    }
+
+    let lease: serde_json::Value =
+        serde_json::from_str(&stdout(&hugeprep(&env, &["lease", "vm1", "4G", "--json"]))).unwrap();
+    assert_eq!(lease["source"], "warm-exact", "{lease:#}");
+    assert_eq!(lease["size"], 4 * GIB);
+    stdout(&hugeprep(&env, &["release", "vm1"]));
+
+    // Give everything back: warm files deleted, nr_hugepages lowered by what was added.
+    let report: serde_json::Value = serde_json::from_str(&stdout(&hugeprep(
+        &env,
+        &["drain", "--release-pools", "--json"],
+    )))
+    .unwrap();
+    let released: u64 = report["released"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["released"].as_u64().unwrap())
+        .sum();
+    assert!(released >= 2048, "{report:#}");
+    assert_eq!(report["released"][0]["kept"], 0, "{report:#}");
+    d.stop();
+    drop(occupied);
+    assert_eq!(node_pools(), before, "{}", env.log());
+    assert!(
+        env.log().contains("raised the kernel's hugepage pool"),
+        "{}",
+        env.log()
+    );
+    // The ledger is empty: a restart gives back nothing more.
+    assert_eq!(
+        std::fs::read_dir(env.state.join("reservations/records"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn reserve_false_explains_the_shortfall_in_log_status_and_doctor() {
+    let env = Env::fresh("no-reserve");
+    let before = node_pools();
+    let occupied = occupy_free_pages();
+    let (d, config) = spawn_with_pool(
+        &env,
+        "no-reserve.toml",
+        "reserve = false\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\n",
+    );
+    let (_, reason) = wait_reason(&env);
+    assert!(
+        reason.starts_with("kernel pool short by 32 2M pages on node 0; reserve disabled"),
+        "{reason}"
+    );
+    assert!(reason.contains("hugeprep pool --set"), "{reason}");
+    let text = stdout(&hugeprep(&env, &["status"]));
+    assert!(text.contains(&reason), "{text}");
+    // Logged once, not at every refill attempt.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        env.log().matches("warm target not met").count(),
+        1,
+        "{}",
+        env.log()
+    );
+
+    // Hugepages unavailable, reserve off: doctor says a VM start is blocked, and what to do.
+    let out = doctor(&env, &["--config", &config]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains("BLOCKING"), "{text}");
+    assert!(text.contains("reserve is disabled"), "{text}");
+    assert!(
+        text.contains("-> hugeprep pool --set N --node 0 --page-size 2M"),
+        "{text}"
+    );
+    assert!(text.contains(&reason), "{text}");
+    drop(d);
+    drop(occupied);
+    assert_eq!(node_pools(), before);
+    assert_eq!(env.mount_used(), 0);
+}
+
+#[test]
+fn a_bounded_reserve_fills_what_it_got_and_says_why() {
+    let env = Env::fresh("reserve-bounds");
+    let before = node_pools();
+    let occupied = occupy_free_pages();
+    // The limit lets the daemon add 16 of the 32 pages the target needs: it fills 32 MiB.
+    let (mut d, _) = spawn_with_pool(
+        &env,
+        "capped.toml",
+        "reserve_limit = \"32M\"\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\nsizes = [\"8M\"]\n",
+    );
+    let status = wait_status(&env, "32 MiB warm and a reason", |s| {
+        s["pool"]["kinds"][0]["warm_bytes"] == 32 << 20
+            && s["pool"]["kinds"][0]["reason"].is_string()
+    });
+    let kind = &status["pool"]["kinds"][0];
+    assert_eq!(kind["reserved_pages"], 16, "{kind:#}");
+    let reason = kind["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("reserve_limit of 32 MiB reached"),
+        "{reason}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout(&hugeprep(
+        &env,
+        &["drain", "--release-pools", "--json"],
+    )))
+    .unwrap();
+    assert_eq!(report["released"][0]["released"], 16, "{report:#}");
+    d.stop();
+    assert_eq!(node_pools(), before);
+
+    // A margin larger than the node: nothing is raised, and the reason says how much there is.
+    let (d, _) = spawn_with_pool(
+        &env,
+        "margin.toml",
+        "reserve_margin = \"100T\"\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\n",
+    );
+    let (_, reason) = wait_reason(&env);
+    assert!(reason.contains("node 0 has "), "{reason}");
+    assert!(reason.contains("available and keeps 100 TiB"), "{reason}");
+    drop(d);
+    drop(occupied);
+    assert_eq!(node_pools(), before);
+}
+
+#[test]
+fn release_on_stop_gives_the_pages_back_at_a_clean_stop() {
+    let env = Env::fresh("release-on-stop");
+    let before = node_pools();
+    let occupied = occupy_free_pages();
+    let (mut d, _) = spawn_with_pool(
+        &env,
+        "release.toml",
+        "release_on_stop = true\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"32M\"\n",
+    );
+    wait_status(&env, "32 MiB warm", |s| {
+        s["pool"]["kinds"][0]["warm_bytes"] == 32 << 20
+    });
+    assert_eq!(
+        node_pools(),
+        before.iter().map(|p| p + 16).collect::<Vec<_>>()
+    );
+    d.stop();
+    assert_eq!(node_pools(), before, "{}", env.log());
+    assert!(Env::names(&env.pool_dir()).is_empty());
+    drop(occupied);
+}
+
+#[test]
+fn an_unreachable_daemon_is_reported_with_its_cause_once() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .args(["status", "--socket", "/nonexistent/hugeprep.sock"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    assert!(err.contains("is `hugeprep serve` running?"), "{err}");
+}
