@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::clear::{ClearError, ClearPlan, Clearer, Method};
+use crate::clear::{ClearError, ClearPlan, ClearPurpose, Clearer, Method};
 use crate::hugetlb::{BackingFile, FileError};
 use crate::policy::pool::Verification;
 use crate::sys::affinity::pin_current_thread;
@@ -233,15 +233,16 @@ fn set_priority(background: bool, control: &ScrubControl) {
 }
 
 impl Scrubber {
-    /// A scrubber that clears with `plan`; fails when this CPU lacks the plan's method.
+    /// A scrubber that clears with `plan` for [`ClearPurpose::Scrub`] (released memory is
+    /// not read again soon, so it always streams, whatever `nt_min_extent` says); fails when
+    /// this CPU lacks the plan's method.
     pub fn new(plan: ClearPlan) -> Result<Scrubber, ClearError> {
         Ok(Scrubber {
-            clearer: Clearer::new(plan)?,
+            clearer: Clearer::new(plan.for_purpose(ClearPurpose::Scrub))?,
         })
     }
 
-    /// The plan's clearing method (scrubs clear 64 MiB extents per worker, above any
-    /// policy's minimum non-temporal extent).
+    /// The plan's clearing method, used for every extent of a scrub.
     pub fn method(&self) -> Method {
         self.clearer.plan().method
     }

@@ -12,6 +12,7 @@
 //! ```
 
 mod clearing;
+mod confidence;
 mod error;
 pub mod pool;
 mod resolution;
@@ -22,6 +23,9 @@ pub use clearing::{
     CalibrationMode, ClearingPolicy, IdMatch, NtMinExtent, Rule, Threads, BUILTIN_FALLBACK_RULE,
     CALIBRATION_BUDGET, EMBEDDED_CLEARING_POLICY, EMBEDDED_CLEARING_POLICY_PATH,
     FALLBACK_LLC_BYTES,
+};
+pub use confidence::{
+    Confidence, Evidence, Judgement, Margins, GUESS_MARGINS, KNOWN_MODEL_MARGINS,
 };
 pub use error::PolicyError;
 pub use pool::{PoolPolicy, PoolPolicyError, Verification};
