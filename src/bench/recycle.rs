@@ -294,6 +294,8 @@ fn latency(
             rule: "bench".into(),
             source: "bench recycle's own plan".into(),
             decided_by: crate::policy::DecidedBy::Rule,
+            confidence: crate::policy::Confidence::default(),
+            reason: "bench recycle's own plan".into(),
             calibration: None,
         }),
     };

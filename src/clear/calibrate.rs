@@ -119,7 +119,7 @@ impl Calibration {
 }
 
 /// Times every available method over a [`CALIBRATION_BUFFER`]-byte scratch buffer, spending
-/// about `budget` on the timed repetitions after an untimed warm-up (240 ms: about 300 ms in
+/// about `budget` on the timed repetitions after an untimed warm-up (200 ms: about 300 ms in
 /// all). Runs on the calling thread without changing its CPU affinity.
 pub fn calibrate(budget: Duration) -> Result<Calibration, CalibrateError> {
     calibrate_with(&super::available_methods(), CALIBRATION_BUFFER, budget)

@@ -34,7 +34,7 @@ pub const BUILTIN_FALLBACK_RULE: &str = "builtin-fallback";
 
 /// How long a calibration may spend timing the clearing methods, after its warm-up: with the
 /// warm-up, a calibration takes about 300 ms.
-pub const CALIBRATION_BUDGET: std::time::Duration = std::time::Duration::from_millis(240);
+pub const CALIBRATION_BUDGET: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The top-level `calibration` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -28,5 +28,6 @@ pub use confidence::{
     Confidence, Evidence, Judgement, Margins, GUESS_MARGINS, KNOWN_MODEL_MARGINS,
 };
 pub use error::PolicyError;
+
 pub use pool::{PoolPolicy, PoolPolicyError, Verification};
 pub use resolution::{CalibrationOutcome, DecidedBy, Resolution, Timings, CALIBRATION_TOLERANCE};
