@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use super::clear::{ClearBenchReport, KernelResult, MethodResult};
 use super::svg::{LineChart, ReferenceLine, Series};
-use crate::clear::Method;
+use crate::clear::{ClearPurpose, Method};
 use crate::page_size::PageSize;
 use crate::units::format_bytes;
 
@@ -181,7 +181,7 @@ impl ClearBenchReport {
         if let Some(policy) = &self.policy {
             let _ = writeln!(
                 out,
-                "\nPolicy: {} (rule: {}), against the best method at chunks >= {}:",
+                "\nIn use: {} (rule: {}), against the best method at chunks >= {}:",
                 policy.method,
                 policy.rule,
                 format_bytes(POLICY_CHECK_MIN_CHUNK as u64)
@@ -189,10 +189,10 @@ impl ClearBenchReport {
             let mut rows = vec![vec![
                 "chunk".to_string(),
                 "threads".to_string(),
-                "policy".to_string(),
+                "in use".to_string(),
                 "best".to_string(),
-                "policy/best".to_string(),
-                "policy/kernel 2M".to_string(),
+                "in use/best".to_string(),
+                "in use/kernel 2M".to_string(),
             ]];
             for v in self.policy_verdicts() {
                 rows.push(vec![
@@ -215,11 +215,55 @@ impl ClearBenchReport {
             } else {
                 let _ = writeln!(out, "  (policy method not measured at these chunks)");
             }
+            self.purposes_table(&mut out, &threads);
+            out += &self.goals_text();
         }
         for note in &self.notes {
             let _ = writeln!(out, "note: {note}");
         }
         out
+    }
+
+    /// The plan in use timed for a scrub (always streams) and for use-soon memory (cached
+    /// below `nt_min_extent`), per chunk size and thread count.
+    fn purposes_table(&self, out: &mut String, threads: &[usize]) {
+        if self.purposes.is_empty() {
+            return;
+        }
+        let Some(policy) = &self.policy else {
+            return;
+        };
+        let _ = writeln!(
+            out,
+            "\nThe plan in use by purpose (scrub: always {}; use-soon: rep-stosb below nt_min_extent = {}):",
+            policy.method,
+            format_bytes(policy.plan.nt_min_extent as u64)
+        );
+        let mut rows = vec![vec!["purpose".to_string(), "chunk".to_string()]];
+        rows[0].extend(threads.iter().map(|t| format!("{t} thr")));
+        for purpose in [ClearPurpose::Scrub, ClearPurpose::UseSoon] {
+            for chunk in self.chunk_sizes() {
+                let cells: Vec<_> = threads
+                    .iter()
+                    .map(|&t| {
+                        self.purposes.iter().find(|p| {
+                            p.purpose == purpose && p.chunk_bytes == chunk && p.threads == t
+                        })
+                    })
+                    .collect();
+                let Some(used) = cells.iter().flatten().next().map(|p| p.method_used) else {
+                    continue;
+                };
+                let mut row = vec![format!("{purpose} ({used})"), format_bytes(chunk as u64)];
+                row.extend(
+                    cells
+                        .iter()
+                        .map(|c| c.map_or("-".to_string(), |p| p.gbps.to_string())),
+                );
+                rows.push(row);
+            }
+        }
+        render_rows(out, &rows);
     }
 
     /// A chart of GB/s per method against chunk size (log x axis) at the largest thread count
@@ -324,15 +368,17 @@ mod tests {
             }
         }
         ClearBenchReport {
-            policy: Some(PolicyChoice {
-                method: Method::RepStosb,
-                rule: "pending".into(),
-            }),
+            policy: Some(PolicyChoice::rule_only(
+                crate::clear::ClearPlan::always(Method::RepStosb),
+                "pending",
+            )),
             buffer_bytes: 8 << 20,
             hugepage_backed: true,
             reps: 5,
             cpus: vec![0, 1],
             results,
+            purposes: Vec::new(),
+            goals: Vec::new(),
             kernel: vec![KernelResult {
                 page_size: PageSize::Size2M,
                 threads: 1,
@@ -351,7 +397,7 @@ mod tests {
             "{table}"
         );
         assert!(
-            table.contains("Policy: rep-stosb (rule: pending)"),
+            table.contains("In use: rep-stosb (rule: pending)"),
             "{table}"
         );
         assert!(table.contains("96%"), "{table}");

@@ -4,6 +4,7 @@
 mod bench_clear;
 mod bench_prefault;
 mod bench_recycle;
+mod clearing_in_use;
 mod cpu;
 mod lease;
 mod mount;
