@@ -92,6 +92,10 @@ pub struct MethodResult {
     pub threads: usize,
     /// Throughput over the repetitions, GB/s.
     pub gbps: Summary,
+    /// Each repetition's GB/s, in order: repetition `i` of every method in a cell ran in
+    /// the same interleaved round, so they can be compared in pairs.
+    #[serde(default)]
+    pub samples_gbps: Vec<f64>,
 }
 
 /// The plan in use, for one [`ClearPurpose`], at one chunk size and thread count.
@@ -403,6 +407,7 @@ pub fn run(
                             chunk_bytes: chunk,
                             threads,
                             gbps,
+                            samples_gbps: samples.clone(),
                         }),
                         Timed::Purpose(purpose) => purposes.push(PurposeResult {
                             purpose: *purpose,

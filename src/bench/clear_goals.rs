@@ -21,7 +21,8 @@ pub struct ThreadGoals {
     pub cells: usize,
     /// Cells where it is within 10% of the best method.
     pub cells_within_10pct: usize,
-    /// Its lowest fraction of the best method over those cells.
+    /// Its lowest fraction of the best method over those cells (paired repetitions where
+    /// kept, see [`super::clear_report::PolicyVerdict::fraction`]).
     pub worst_fraction_of_best: f64,
     /// The chunk size of that cell.
     pub worst_chunk_bytes: usize,
@@ -50,9 +51,7 @@ impl ClearBenchReport {
             .into_iter()
             .map(|t| {
                 let cells: Vec<_> = verdicts.iter().filter(|v| v.threads == t).collect();
-                let fraction = |v: &&super::clear_report::PolicyVerdict| {
-                    v.policy_gbps / v.best_gbps.max(f64::MIN_POSITIVE)
-                };
+                let fraction = |v: &&super::clear_report::PolicyVerdict| v.fraction();
                 let worst = cells
                     .iter()
                     .min_by(|a, b| fraction(a).total_cmp(&fraction(b)));

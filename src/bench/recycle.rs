@@ -127,6 +127,8 @@ pub struct MethodClear {
     pub method: Method,
     /// Median and range, GB/s.
     pub gbps: Summary,
+    /// GB/s per repetition, each taken in the same round as the scrub's of that index.
+    pub samples_gbps: Vec<f64>,
 }
 
 /// Lease latency over the API.
@@ -169,7 +171,11 @@ pub struct RecycleBenchReport {
     pub best_clear: Option<MethodClear>,
     /// (b) Median scrub / best clearing median.
     pub scrub_to_best: Option<f64>,
-    /// (b) met: the scrub reaches at least 90% of the best clearing throughput.
+    /// (b) The scrub against the method it compares worst with, repetition by repetition
+    /// (the median of the per-round ratios; steadier on a shared host), and that method.
+    pub scrub_to_best_paired: Option<(f64, Method)>,
+    /// (b) met: the scrub reaches at least 90% of the best clearing throughput (by the
+    /// paired ratio).
     pub scrub_goal_met: Option<bool>,
     /// Lease latency, when run.
     pub latency: Option<LatencyResult>,
@@ -306,6 +312,7 @@ fn throughput(
             Ok(MethodClear {
                 method: c.plan().method,
                 gbps: summary(samples)?,
+                samples_gbps: samples.clone(),
             })
         })
         .collect::<Result<Vec<_>, RecycleBenchError>>()?;
@@ -476,6 +483,12 @@ pub fn run(
         .iter()
         .max_by(|a, b| a.gbps.median.total_cmp(&b.gbps.median))
         .cloned();
+    let paired = clear_methods
+        .iter()
+        .filter_map(|m| {
+            Summary::paired_ratio(&scrub.samples_gbps, &m.samples_gbps).map(|f| (f, m.method))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0));
     Ok(RecycleBenchReport {
         size: cfg.size,
         page_size: cfg.page_size,
@@ -485,9 +498,8 @@ pub fn run(
         scrub_to_best: best_clear
             .as_ref()
             .map(|b| scrub.gbps.median / b.gbps.median),
-        scrub_goal_met: best_clear
-            .as_ref()
-            .map(|b| scrub.gbps.median >= SCRUB_GOAL * b.gbps.median),
+        scrub_goal_met: paired.map(|(f, _)| f >= SCRUB_GOAL),
+        scrub_to_best_paired: paired,
         best_clear,
         clear_methods,
         scrub,
@@ -518,14 +530,18 @@ impl RecycleBenchReport {
                 m.gbps.to_string()
             );
         }
-        if let (Some(best), Some(ratio), Some(met)) =
-            (&self.best_clear, self.scrub_to_best, self.scrub_goal_met)
-        {
+        if let (Some(best), Some(ratio), Some((paired, vs)), Some(met)) = (
+            &self.best_clear,
+            self.scrub_to_best,
+            self.scrub_to_best_paired,
+            self.scrub_goal_met,
+        ) {
             s += &format!(
-                "(b) scrub / best clear ({} {:.1}): {:.0}% (goal >= {:.0}%: {})\n",
+                "(b) scrub / best clear: {:.0}% of {} {:.1} by medians, {:.0}% paired per round against {vs} (goal >= {:.0}%: {})\n",
+                ratio * 100.0,
                 best.method,
                 best.gbps.median,
-                ratio * 100.0,
+                paired * 100.0,
                 SCRUB_GOAL * 100.0,
                 if met { "met" } else { "NOT met" }
             );
