@@ -38,6 +38,10 @@ pub struct ThreadGoals {
     pub in_use_to_kernel: Option<f64>,
     /// `best_gbps / kernel_2m_gbps`.
     pub best_to_kernel: Option<f64>,
+    /// How far apart two timings of the same code were in this run: the method in use timed
+    /// raw and as the scrub plan (which streams with the same method at every chunk size),
+    /// the median over the cells of |a - b| / max(a, b). A shortfall smaller than this is noise.
+    pub noise: Option<f64>,
 }
 
 impl ClearBenchReport {
@@ -66,6 +70,19 @@ impl ClearBenchReport {
                     .map(|k| k.gbps.median)
                     .filter(|g| *g > 0.0);
                 let within = cells.iter().filter(|v| v.within(GOAL_TOLERANCE)).count();
+                let spreads: Vec<f64> = cells
+                    .iter()
+                    .filter_map(|v| {
+                        let scrub = self.purposes.iter().find(|p| {
+                            p.purpose == crate::clear::ClearPurpose::Scrub
+                                && p.chunk_bytes == v.chunk_bytes
+                                && p.threads == t
+                        })?;
+                        let (a, b) = (scrub.gbps.median, v.policy_gbps);
+                        (a.max(b) > 0.0).then(|| (a - b).abs() / a.max(b))
+                    })
+                    .collect();
+                let noise = crate::stats::Summary::of(&spreads).map(|s| s.median);
                 ThreadGoals {
                     threads: t,
                     cells: cells.len(),
@@ -78,6 +95,7 @@ impl ClearBenchReport {
                     best_gbps,
                     in_use_to_kernel: kernel.map(|k| in_use_gbps / k),
                     best_to_kernel: kernel.map(|k| best_gbps / k),
+                    noise,
                 }
             })
             .collect()
@@ -103,8 +121,14 @@ impl ClearBenchReport {
                 }
                 _ => "kernel fault-in 2M not measured".to_string(),
             };
+            let noise = g.noise.map_or(String::new(), |n| {
+                format!(
+                    "; the same code timed twice differed by {:.0}% (median)",
+                    n * 100.0
+                )
+            });
             out += &format!(
-                "  {} thread{}: (a) {} of {} cells >= 2 MiB within 10% of the best{} (worst {:.0}% at {}); (c) {kernel}\n",
+                "  {} thread{}: (a) {} of {} cells >= 2 MiB within 10% of the best{} (worst {:.0}% at {}{noise}); (c) {kernel}\n",
                 g.threads,
                 if g.threads == 1 { "" } else { "s" },
                 g.cells_within_10pct,
