@@ -160,7 +160,7 @@ impl Resolution {
     ///
     /// r.apply_calibration(CalibrationMode::Report, &timings, None);
     /// assert_eq!((r.method(), r.decided_by), (rule_method, DecidedBy::Rule));
-    /// assert!(!r.calibration.unwrap().within_tolerance);
+    /// assert!(!r.calibration.as_ref().unwrap().within_tolerance);
     ///
     /// r.apply_calibration(CalibrationMode::Override, &timings, None);
     /// assert_eq!((r.method(), r.decided_by), (fastest, DecidedBy::Calibration));
