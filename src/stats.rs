@@ -41,6 +41,25 @@ impl Summary {
         })
     }
 
+    /// The median of `a[i] / b[i]` over samples taken in pairs (interleaved in the same
+    /// repetition): a slow moment of a shared host slows both sides of a pair, so this ratio
+    /// is steadier than the ratio of the two medians. `None` without a usable pair.
+    ///
+    /// ```
+    /// use hugeprep::stats::Summary;
+    /// // Both sides slowed down together in the second pair.
+    /// assert_eq!(Summary::paired_ratio(&[90.0, 45.0, 88.0], &[100.0, 50.0, 80.0]), Some(0.9));
+    /// ```
+    pub fn paired_ratio(a: &[f64], b: &[f64]) -> Option<f64> {
+        let ratios: Vec<f64> = a
+            .iter()
+            .zip(b)
+            .filter(|(_, b)| **b > 0.0)
+            .map(|(a, b)| a / b)
+            .collect();
+        Summary::of(&ratios).map(|s| s.median)
+    }
+
     /// The `q` quantile (0.0..=1.0) of `samples` by nearest rank, e.g. 0.99 for p99.
     pub fn quantile(samples: &[f64], q: f64) -> Option<f64> {
         if samples.is_empty() {

@@ -4,11 +4,12 @@
 
 use std::ops::ControlFlow;
 
-use hugeprep::bench::clear::{self, ClearBenchConfig};
+use hugeprep::bench::clear::{self, ClearBenchConfig, PolicyChoice};
+use hugeprep::clear::{available_methods, ClearPurpose};
 use hugeprep::hugetlb::lock::HugepageLock;
 use hugeprep::hugetlb::pool::{self, Scope};
 use hugeprep::sys::affinity::allowed_cpus;
-use hugeprep::{Method, PageSize};
+use hugeprep::{ClearPlan, Method, PageSize};
 
 #[test]
 fn small_run_reports_every_combination_and_gives_pages_back() {
@@ -24,7 +25,13 @@ fn small_run_reports_every_combination_and_gives_pages_back() {
         buffer_bytes: 8 << 20,
         reps: 5,
         kernel_page_sizes: vec![PageSize::Size2M],
-        policy: Some((Method::RepStosb, "test rule".into())),
+        policy: Some(PolicyChoice::rule_only(
+            ClearPlan {
+                nt_min_extent: 4 << 20,
+                ..ClearPlan::always(Method::Movnti)
+            },
+            "test rule",
+        )),
     };
     let mut steps = Vec::new();
     let report = clear::run(&config, &lock, &mut |p| {
@@ -56,18 +63,66 @@ fn small_run_reports_every_combination_and_gives_pages_back() {
     let last = steps.last().unwrap();
     assert_eq!(last.done, last.total);
 
+    // The plan in use, timed for both purposes: a scrub streams at every chunk size, a
+    // use-soon clear takes cached rep stosb below nt_min_extent (4 MiB here).
+    assert_eq!(report.purposes.len(), 2 * 2 * threads.len());
+    for p in &report.purposes {
+        let cached = p.purpose == ClearPurpose::UseSoon && p.chunk_bytes < 4 << 20;
+        let want = if cached {
+            Method::RepStosb
+        } else {
+            Method::Movnti
+        };
+        assert_eq!(p.method_used, want, "{p:?}");
+    }
+    // Goals per thread count: movnti was not among the raw methods, so no cell compares.
+    assert!(report.goals.is_empty(), "{:?}", report.goals);
+
     let table = report.table();
     assert!(table.contains("kernel fault-in"), "{table}");
     assert!(
-        table.contains("Policy: rep-stosb (rule: test rule)"),
+        table.contains("In use: movnti (rule: test rule)"),
         "{table}"
     );
+    assert!(table.contains("use-soon (rep-stosb)"), "{table}");
+    assert!(table.contains("Goals (reported, not asserted)"), "{table}");
     assert!(report.svg().contains("<polyline"));
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(
         json["results"].as_array().unwrap().len(),
         report.results.len()
     );
+}
+
+/// The goals compare the method in use with the best raw method at >= 2 MiB per thread count,
+/// next to the kernel's fault-in.
+#[test]
+fn goals_are_reported_per_thread_count() {
+    let lock = HugepageLock::acquire().unwrap();
+    let config = ClearBenchConfig {
+        methods: vec![Method::RepStosb, Method::WriteBytes],
+        chunk_sizes: vec![2 << 20],
+        threads: vec![1],
+        buffer_bytes: 8 << 20,
+        reps: 5,
+        kernel_page_sizes: vec![PageSize::Size2M],
+        policy: Some(PolicyChoice::rule_only(
+            ClearPlan::always(Method::RepStosb),
+            "test rule",
+        )),
+    };
+    let report = clear::run(&config, &lock, &mut |_| ControlFlow::Continue(())).unwrap();
+    let [g] = report.goals.as_slice() else {
+        panic!("{:?}", report.goals)
+    };
+    assert_eq!((g.threads, g.cells), (1, 1));
+    assert!(
+        g.kernel_2m_gbps.is_some() && g.in_use_to_kernel.is_some(),
+        "{g:?}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["goals"][0]["threads"], 1);
+    assert!(available_methods().contains(&Method::RepStosb));
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! starts, on ordinary and hugepage-backed memory: the extent must end up exactly as the
 //! naive reference leaves it (zero inside, the pattern untouched in the guard bytes).
 
-use hugeprep::clear::{available_methods, ClearError, Clearer};
+use hugeprep::clear::{available_methods, ClearError, ClearPurpose, Clearer};
 use hugeprep::sys::affinity::allowed_cpus;
 use hugeprep::sys::mmap::MmapRegion;
 use hugeprep::testing::HugepageReservation;
@@ -36,12 +36,14 @@ fn plans(method: Method) -> [ClearPlan; 3] {
             method,
             fence_interval: 3 * 64,
             nt_min_extent: 0,
+            purpose: ClearPurpose::UseSoon,
         },
         ClearPlan::always(method),
         ClearPlan {
             method,
             fence_interval: 64 << 10,
             nt_min_extent: 1 << 20,
+            purpose: ClearPurpose::UseSoon,
         },
     ]
 }
@@ -163,6 +165,7 @@ fn small_extents_take_the_cached_path_for_streaming_methods_only() {
             method,
             fence_interval: 2 << 20,
             nt_min_extent: 32 << 20,
+            purpose: ClearPurpose::UseSoon,
         })
         .unwrap();
         let small = if method.is_non_temporal() {
@@ -172,6 +175,25 @@ fn small_extents_take_the_cached_path_for_streaming_methods_only() {
         };
         assert_eq!(clearer.method_for((32 << 20) - 1), small);
         assert_eq!(clearer.method_for(32 << 20), method);
+    }
+}
+
+/// A scrub's memory is not read again soon: it streams at every extent size, even below an
+/// LLC as large as the masked Intel Xeon's 480 MiB.
+#[test]
+fn a_scrub_streams_below_nt_min_extent() {
+    for method in available_methods() {
+        let plan = ClearPlan {
+            method,
+            fence_interval: 2 << 20,
+            nt_min_extent: 480 << 20,
+            purpose: ClearPurpose::Scrub,
+        };
+        let clearer = Clearer::new(plan).unwrap();
+        assert_eq!(clearer.method_for(4096), method);
+        assert_eq!(clearer.method_for(64 << 20), method);
+        let scrubber = hugeprep::scrub::Scrubber::new(plan.for_purpose(ClearPurpose::UseSoon));
+        assert_eq!(scrubber.unwrap().plan().purpose, ClearPurpose::Scrub);
     }
 }
 

@@ -166,6 +166,37 @@ fn cpu_route_reports_rule_source_and_calibration() {
     );
 }
 
+/// The default calibration (`auto`) runs at the first start, is stored in the state
+/// directory, and a restart on the same CPU, kernel and policy reuses it unless told to redo.
+#[test]
+fn calibration_is_stored_and_reused_across_restarts() {
+    let env = Env::new("calstore", 8 * MIB);
+    let origin = |d: &daemon_util::Daemon| {
+        let cpu = d.client.blocking(d.client.cpu()).unwrap();
+        assert!(!cpu.reason.is_empty(), "{cpu:?}");
+        let c = cpu.calibration.expect("calibration ran or was reused");
+        assert_eq!(c["outcome"]["mode"], "auto", "{c}");
+        (
+            c["origin"]["kind"].as_str().unwrap().to_string(),
+            c["measured"].clone(),
+        )
+    };
+    let mut d = env.spawn(&["--calibration", "auto"]);
+    let (first, measured) = origin(&d);
+    d.stop();
+    let mut d = env.spawn(&["--calibration", "auto"]);
+    let (second, reused) = origin(&d);
+    d.stop();
+    let d = env.spawn(&["--calibration", "auto", "--recalibrate"]);
+    let (third, _) = origin(&d);
+    assert_eq!(
+        (first.as_str(), second.as_str(), third.as_str()),
+        ("measured", "stored", "measured")
+    );
+    assert_eq!(measured, reused);
+    assert!(env.state.join("calibration/records/clearing.json").exists());
+}
+
 /// Socket activation through systemd's own tool: `systemd-socket-activate` listens, starts
 /// the daemon on the first connection with the socket as fd 3, and that first request is
 /// answered on the inherited socket.

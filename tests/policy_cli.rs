@@ -11,7 +11,7 @@ fn hugeprep(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn cpu_json_has_identity_and_decision() {
-    let out = hugeprep(&["cpu", "--json", "--rules"]);
+    let out = hugeprep(&["cpu", "--json", "--rules", "--no-calibrate"]);
     assert!(
         out.status.success(),
         "{}",
@@ -28,6 +28,8 @@ fn cpu_json_has_identity_and_decision() {
         "method",
         "rule",
         "decided_by",
+        "confidence",
+        "reason",
         "source",
         "plan",
         "threads",
@@ -111,4 +113,58 @@ fn cpu_calibrate_records_the_outcome() {
             (&"rule".into(), &c["rule_method"])
         );
     }
+}
+
+/// By default `hugeprep cpu` calibrates as the daemon does (`auto`), says which happened and
+/// why; with `--state-dir` a second run reuses the stored result and `--recalibrate` redoes it.
+#[test]
+fn cpu_calibrates_by_default_and_reuses_a_stored_calibration() {
+    let _lock = hugeprep::testing::lock().unwrap();
+    let dir = std::env::temp_dir().join(format!("hugeprep-cli-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["cpu", "--json", "--state-dir", dir.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = hugeprep(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let first = run(&[]);
+    let c = &first["calibration"];
+    assert_eq!(first["calibration_mode"], "auto", "{first}");
+    assert_eq!(c["mode"], "auto", "{first}");
+    assert_eq!(c["origin"]["kind"], "measured", "{first}");
+    assert_eq!(c["origin"]["why"], "no stored calibration", "{first}");
+    assert!(
+        c["reason"].as_str().unwrap().starts_with("rule is "),
+        "{first}"
+    );
+    assert_eq!(first["reason"], c["reason"]);
+    assert_eq!(first["method"], c["chosen"]);
+    let rounds = c["measured"]["methods"][0]["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), hugeprep::clear::CALIBRATION_ROUNDS, "{first}");
+    assert!(
+        c["measured"]["hugepage_backed"].as_bool().unwrap()
+            || c["measured"]["backing_note"].is_string(),
+        "{first}"
+    );
+
+    let second = run(&[]);
+    assert_eq!(
+        second["calibration"]["origin"]["kind"], "stored",
+        "{second}"
+    );
+    assert_eq!(second["method"], first["method"]);
+    assert_eq!(second["calibration"]["measured"], c["measured"]);
+
+    let third = run(&["--recalibrate"]);
+    assert_eq!(
+        third["calibration"]["origin"]["why"], "asked to recalibrate",
+        "{third}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -3,7 +3,9 @@
 
 use hugeprep::clear::Method;
 use hugeprep::cpu::{CpuInfo, CpuidTable, Feature, LlcSource, Vendor};
-use hugeprep::policy::{ClearingPolicy, DecidedBy, BUILTIN_FALLBACK_RULE};
+use hugeprep::policy::{
+    CalibrationMode, ClearingPolicy, Confidence, DecidedBy, BUILTIN_FALLBACK_RULE,
+};
 
 const INTEL: &[u8; 12] = b"GenuineIntel";
 const AMD: &[u8; 12] = b"AuthenticAMD";
@@ -17,6 +19,8 @@ const AVX512BW: u32 = 1 << 30;
 const AVX512VL: u32 = 1 << 31;
 const AVX512: u32 = AVX512F | AVX512BW | AVX512VL;
 const FSRM_EDX: u32 = 1 << 4;
+const AVX512FP16_EDX: u32 = 1 << 23;
+const AMX_TILE_EDX: u32 = 1 << 24;
 const MOVDIR64B_ECX: u32 = 1 << 28;
 
 /// One CPU as its CPUID registers describe it.
@@ -81,6 +85,29 @@ impl Identity {
     }
 }
 
+/// The masked Intel Xeon VM of issue 9: signature 0x000a0671 (family 6 model 0xa7, a client
+/// model number, stepping 1), AVX-512F/BW/VL, AVX512-FP16, AMX, MOVDIR64B, FSRM, a 480 MiB
+/// LLC in CPUID, brand "Intel(R) Xeon(R) Processor". Measured there: rep stosb 8.5-10.5 GB/s
+/// with 1 thread against avx512-nt 22-25, so the policy must pick avx512-nt.
+fn masked_xeon() -> Identity {
+    Identity {
+        name: "Sapphire Rapids class Xeon, model masked (VM)",
+        vendor: INTEL,
+        brand: "Intel(R) Xeon(R) Processor",
+        signature: 0x000a_0671,
+        leaf7_ebx: AVX2 | ERMS | AVX512,
+        leaf7_ecx: MOVDIR64B_ECX,
+        leaf7_edx: FSRM_EDX | AVX512FP16_EDX | AMX_TILE_EDX,
+        clzero: false,
+        l3: (15, 524288), // 480 MiB
+        family: 6,
+        model: 0xa7,
+        stepping: 1,
+        rule: "intel-server-amx",
+        method: Method::Avx512Nt,
+    }
+}
+
 fn identities() -> Vec<Identity> {
     vec![
         Identity {
@@ -132,6 +159,22 @@ fn identities() -> Vec<Identity> {
             method: Method::RepStosb,
         },
         Identity {
+            name: "Coffee Lake",
+            vendor: INTEL,
+            brand: "Intel(R) Core(TM) i7-8700K CPU @ 3.70GHz",
+            signature: 0x0009_06ea,
+            leaf7_ebx: AVX2 | ERMS,
+            leaf7_ecx: 0,
+            leaf7_edx: 0,
+            clzero: false,
+            l3: (12, 16384), // 12 MiB
+            family: 6,
+            model: 0x9e,
+            stepping: 10,
+            rule: "intel-skylake-client-derivatives",
+            method: Method::RepStosb,
+        },
+        Identity {
             name: "Ice Lake-SP",
             vendor: INTEL,
             brand: "Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz",
@@ -162,6 +205,13 @@ fn identities() -> Vec<Identity> {
             stepping: 8,
             rule: "intel-xeon-avx512-nt",
             method: Method::Avx512Nt,
+        },
+        masked_xeon(),
+        Identity {
+            name: "Sapphire Rapids class, AMX hidden (VM)",
+            leaf7_edx: FSRM_EDX | AVX512FP16_EDX,
+            rule: "intel-server-avx512fp16",
+            ..masked_xeon()
         },
         Identity {
             name: "Zen 2 (Rome)",
@@ -315,6 +365,8 @@ fn cpuid_values_decode_to_the_real_identity() {
             (Feature::Erms, id.leaf7_ebx & ERMS != 0),
             (Feature::Fsrm, id.leaf7_edx & FSRM_EDX != 0),
             (Feature::Movdir64b, id.leaf7_ecx & MOVDIR64B_ECX != 0),
+            (Feature::Amx, id.leaf7_edx & AMX_TILE_EDX != 0),
+            (Feature::Avx512fp16, id.leaf7_edx & AVX512FP16_EDX != 0),
         ] {
             assert_eq!(cpu.has(feature), expected, "{} {feature:?}", id.name);
         }
@@ -393,4 +445,73 @@ fn host_resolves_to_a_rule() {
     }
     // On the host the LLC size is cross-checked with sysfs.
     assert_ne!(cpu.llc_source, LlcSource::Unknown, "{cpu}");
+}
+
+/// The masked Xeon of issue 9 picks avx512-nt by its features, not rep stosb through the
+/// generic ERMS fallback; as a feature rule it is a guess, which `auto` calibration replaces
+/// when another method is clearly faster and keeps when it is the fastest, as measured there.
+#[test]
+fn masked_sapphire_rapids_class_xeon_picks_avx512_nt_by_features() {
+    let cpu = CpuInfo::from_cpuid(masked_xeon().cpuid());
+    assert_eq!(cpu.signature, 0x000a_0671);
+    assert_eq!((cpu.family, cpu.model, cpu.stepping), (6, 0xa7, 1));
+    assert_eq!(cpu.llc_bytes, Some(480 << 20));
+    for f in [
+        Feature::Avx512f,
+        Feature::Avx512bw,
+        Feature::Avx512vl,
+        Feature::Avx512fp16,
+        Feature::Amx,
+        Feature::Movdir64b,
+        Feature::Fsrm,
+        Feature::Erms,
+    ] {
+        assert!(cpu.has(f), "{f}");
+    }
+    let policy = ClearingPolicy::embedded();
+    let mut r = policy.resolve(&cpu);
+    assert_eq!(
+        (r.rule.as_str(), r.method(), r.confidence),
+        ("intel-server-amx", Method::Avx512Nt, Confidence::Guess)
+    );
+    // The measurements from that machine (GB/s, 1 thread, 3 rounds): avx512-nt stays.
+    let measured = [
+        (Method::RepStosb, 9.5),
+        (Method::Movnti, 12.0),
+        (Method::Avx2Nt, 21.0),
+        (Method::Avx512Nt, 23.5),
+    ];
+    r.apply_calibration(CalibrationMode::Auto, &measured, None);
+    assert_eq!(
+        (r.method(), r.decided_by),
+        (Method::Avx512Nt, DecidedBy::Rule)
+    );
+    // Scrubs stream whatever the 480 MiB LLC says; only use-soon clears below it are cached.
+    assert_eq!(r.plan.nt_min_extent, 480 << 20);
+    assert_eq!(r.plan.method_for(64 << 20), Method::Avx512Nt);
+    let soon = r.plan.for_purpose(hugeprep::clear::ClearPurpose::UseSoon);
+    assert_eq!(soon.method_for(64 << 20), Method::RepStosb);
+}
+
+/// Every rule says how sure it is, and the ones for known models say so in their source.
+#[test]
+fn embedded_rules_carry_a_confidence() {
+    let policy = ClearingPolicy::embedded();
+    assert_eq!(policy.calibration(), CalibrationMode::Auto);
+    let confidence = |name: &str| {
+        policy
+            .rules()
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.confidence)
+    };
+    assert_eq!(confidence("amd-zen5"), Some(Confidence::Measured));
+    assert_eq!(confidence("amd-zen3"), Some(Confidence::Published));
+    assert_eq!(
+        confidence("intel-skylake-server"),
+        Some(Confidence::Published)
+    );
+    for fallback in ["generic-erms", "amd-clzero", "intel-server-amx", "amd-zen4"] {
+        assert_eq!(confidence(fallback), Some(Confidence::Guess), "{fallback}");
+    }
 }

@@ -138,7 +138,14 @@ fn cases() -> Vec<Case> {
             &format!("calibration = \"always\"\n{GOOD_RULE}"),
             1,
             "calibration",
-            "expected off, report or override",
+            "expected off, report, override or auto",
+        ),
+        case(
+            "unknown confidence",
+            "[[rule]]\nname = \"a\"\nmethod = \"movnti\"\nsource = \"s\"\nconfidence = \"sure\"\n",
+            5,
+            "rule[1].confidence",
+            "expected measured, published or guess",
         ),
         case(
             "duplicate rule name",

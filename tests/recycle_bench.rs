@@ -21,10 +21,23 @@ fn small_run_measures_both_paths_and_gives_every_page_back() {
         leases: 5,
         lease_size: 4 << 20,
         plan: ClearPlan::always(Method::WriteBytes),
+        methods: vec![Method::WriteBytes, Method::RepStosb],
         state_dir: None,
     };
     let report = recycle::run(&config, &|_| {}).unwrap();
     assert!(report.scrub.gbps.median > 0.0 && report.delete_refault.gbps.median > 0.0);
+    // Goal (b): the scrub against the best raw clear of the same file at the same threads.
+    let methods: Vec<Method> = report.clear_methods.iter().map(|m| m.method).collect();
+    assert_eq!(methods, [Method::WriteBytes, Method::RepStosb]);
+    let best = report.best_clear.as_ref().expect("methods were timed");
+    let ratio = report.scrub_to_best.unwrap();
+    assert_eq!(ratio, report.scrub.gbps.median / best.gbps.median);
+    assert!(ratio > 0.0);
+    let (paired, _) = report.scrub_to_best_paired.unwrap();
+    assert_eq!(report.scrub_goal_met, Some(paired >= recycle::SCRUB_GOAL));
+    let table = report.table();
+    assert!(table.contains("(b) scrub / best clear"), "{table}");
+    assert!(table.contains("(c) scrub / delete-refault"), "{table}");
     let latency = report.latency.expect("latency part ran");
     assert_eq!(latency.warm_exact, 5, "{latency:?}");
     assert_eq!(

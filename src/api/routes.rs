@@ -28,6 +28,13 @@ pub struct CpuReport {
     pub source: String,
     /// Whether the rule or the calibration run decided the method.
     pub decided_by: crate::policy::DecidedBy,
+    /// The rule's confidence: `measured`, `published` or `guess`.
+    #[serde(default)]
+    pub confidence: crate::policy::Confidence,
+    /// Why this method is in use: the rule alone, or what calibration measured and the
+    /// margin it applied.
+    #[serde(default)]
+    pub reason: String,
     /// Calibration results, when a calibration ran.
     #[serde(default)]
     pub calibration: Option<serde_json::Value>,

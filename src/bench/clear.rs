@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use super::clear_config::{ClearBenchConfig, PolicyChoice, CHUNK_SIZES, MIN_REPS};
 use super::Summary;
-use crate::clear::{ClearError, ClearPlan, Clearer, Method};
+use crate::clear::{ClearError, ClearPlan, ClearPurpose, Clearer, Method};
 use crate::hugetlb::lock::HugepageLock;
 use crate::hugetlb::{BackingFile, FileError};
 use crate::hugetlb::{PoolError, PoolTopUp};
@@ -25,21 +26,6 @@ use crate::page_size::PageSize;
 use crate::sys::affinity::{allowed_cpus, pin_current_thread, AffinityError};
 use crate::sys::mmap::{MmapError, MmapRegion};
 use crate::units::{format_bytes, gbps};
-
-/// The chunk sizes of a full run: a base page, the smallest extent where a per-call `sfence`
-/// stops hurting, a 2 MiB hugepage, around and above the LLC, and a 1 GiB hugepage.
-pub const CHUNK_SIZES: [usize; 7] = [
-    4 << 10,
-    64 << 10,
-    2 << 20,
-    8 << 20,
-    32 << 20,
-    128 << 20,
-    1 << 30,
-];
-
-/// Fewest timed repetitions a measurement may have: a median and range need a handful.
-pub const MIN_REPS: usize = 5;
 
 /// A benchmark that cannot start or could not finish.
 #[derive(Debug, thiserror::Error)]
@@ -95,108 +81,6 @@ pub enum ClearBenchError {
     },
 }
 
-/// What to measure.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ClearBenchConfig {
-    /// Methods to time (each must be available).
-    pub methods: Vec<Method>,
-    /// Bytes per kernel call; sizes larger than the buffer are skipped with a note.
-    pub chunk_sizes: Vec<usize>,
-    /// Worker thread counts; at most the number of CPUs this process may use.
-    pub threads: Vec<usize>,
-    /// Bytes cleared per repetition (a multiple of 2 MiB); also the size of the 2 MiB
-    /// fault-in baseline.
-    pub buffer_bytes: usize,
-    /// Timed repetitions per measurement, after one warm-up ([`MIN_REPS`] or more).
-    pub reps: usize,
-    /// Page sizes whose kernel fault-in is measured as the baseline.
-    pub kernel_page_sizes: Vec<PageSize>,
-    /// The method the clearing policy chose and the rule that chose it, reported alongside.
-    pub policy: Option<(Method, String)>,
-}
-
-impl ClearBenchConfig {
-    /// The full run: every available method, [`CHUNK_SIZES`], 1 to all allowed CPUs, a
-    /// 1 GiB buffer, 7 repetitions, 2 MiB and 1 GiB fault-in baselines.
-    pub fn full() -> ClearBenchConfig {
-        ClearBenchConfig {
-            methods: crate::clear::available_methods(),
-            chunk_sizes: CHUNK_SIZES.to_vec(),
-            threads: (1..=allowed_cpus().len().max(1)).collect(),
-            buffer_bytes: 1 << 30,
-            reps: 7,
-            kernel_page_sizes: PageSize::ALL.to_vec(),
-            policy: None,
-        }
-    }
-
-    /// The quick run (well under a minute on two cores): no 1 GiB or 8 MiB chunks, a
-    /// 512 MiB buffer, 5 repetitions.
-    pub fn quick() -> ClearBenchConfig {
-        ClearBenchConfig {
-            chunk_sizes: vec![4 << 10, 64 << 10, 2 << 20, 32 << 20, 128 << 20],
-            buffer_bytes: 512 << 20,
-            reps: MIN_REPS,
-            ..ClearBenchConfig::full()
-        }
-    }
-
-    fn validate(&self, cpus: &[usize]) -> Result<(), ClearBenchError> {
-        let bad = |field, problem: String| Err(ClearBenchError::Config { field, problem });
-        let page = PageSize::Size2M.bytes() as usize;
-        if self.methods.is_empty() {
-            return bad("methods", "is empty: name at least one method".into());
-        }
-        if self.buffer_bytes == 0 || self.buffer_bytes % page != 0 {
-            return bad(
-                "buffer",
-                format!(
-                    "= {} must be a positive multiple of 2 MiB",
-                    self.buffer_bytes
-                ),
-            );
-        }
-        if let Some(&c) = self.chunk_sizes.iter().find(|&&c| c == 0 || c % 4096 != 0) {
-            return bad(
-                "chunks",
-                format!("contains {c}: chunk sizes must be positive multiples of 4 KiB"),
-            );
-        }
-        if self.chunk_sizes.is_empty() {
-            return bad("chunks", "is empty".into());
-        }
-        match self.threads.iter().find(|&&t| t == 0 || t > cpus.len()) {
-            Some(&t) => {
-                return bad(
-                    "threads",
-                    format!(
-                        "contains {t}: thread counts must be 1 to {} (the CPUs this process may use: {cpus:?})",
-                        cpus.len()
-                    ),
-                )
-            }
-            None if self.threads.is_empty() => return bad("threads", "is empty".into()),
-            None => {}
-        }
-        if self.reps < MIN_REPS {
-            return bad(
-                "reps",
-                format!("= {} is below the minimum of {MIN_REPS}", self.reps),
-            );
-        }
-        Ok(())
-    }
-}
-
-/// The policy's choice, as reported.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PolicyChoice {
-    /// The method the policy picked for this CPU.
-    pub method: Method,
-    /// The rule that picked it.
-    pub rule: String,
-}
-
 /// One method at one chunk size and thread count.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MethodResult {
@@ -208,6 +92,41 @@ pub struct MethodResult {
     pub threads: usize,
     /// Throughput over the repetitions, GB/s.
     pub gbps: Summary,
+    /// Each repetition's GB/s, in order: repetition `i` of every method in a cell ran in
+    /// the same interleaved round, so they can be compared in pairs.
+    #[serde(default)]
+    pub samples_gbps: Vec<f64>,
+}
+
+/// The plan in use, for one [`ClearPurpose`], at one chunk size and thread count.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PurposeResult {
+    /// Scrub (always streams) or use-soon (cached below `nt_min_extent`).
+    pub purpose: ClearPurpose,
+    /// The method the plan used for chunks of this size.
+    pub method_used: Method,
+    /// Bytes per kernel call.
+    pub chunk_bytes: usize,
+    /// Worker threads.
+    pub threads: usize,
+    /// Throughput over the repetitions, GB/s.
+    pub gbps: Summary,
+}
+
+/// What one timed clearer is.
+#[derive(Debug, Clone, Copy)]
+enum Timed {
+    Method(Method),
+    Purpose(ClearPurpose),
+}
+
+impl std::fmt::Display for Timed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Timed::Method(m) => write!(f, "{m}"),
+            Timed::Purpose(p) => write!(f, "in use ({p})"),
+        }
+    }
 }
 
 /// The kernel's fault-path zeroing of fresh hugetlbfs pages at one thread count.
@@ -236,8 +155,12 @@ pub struct ClearBenchReport {
     pub cpus: Vec<usize>,
     /// Every method x chunk size x thread count measured.
     pub results: Vec<MethodResult>,
+    /// The plan in use for each purpose x chunk size x thread count (when a policy was given).
+    pub purposes: Vec<PurposeResult>,
     /// The kernel fault-in baselines.
     pub kernel: Vec<KernelResult>,
+    /// The restated goals per thread count (see [`super::clear_goals`]).
+    pub goals: Vec<super::clear_goals::ThreadGoals>,
     /// What was skipped and why.
     pub notes: Vec<String>,
 }
@@ -378,11 +301,18 @@ pub fn run(
 ) -> Result<ClearBenchReport, ClearBenchError> {
     let cpus = allowed_cpus();
     config.validate(&cpus)?;
-    let clearers = config
+    // Every method raw, then the plan in use for each purpose.
+    let mut timed = config
         .methods
         .iter()
-        .map(|&m| Clearer::new(ClearPlan::always(m)))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|&m| Ok((Timed::Method(m), Clearer::new(ClearPlan::always(m))?)))
+        .collect::<Result<Vec<_>, ClearError>>()?;
+    if let Some(policy) = &config.policy {
+        for purpose in [ClearPurpose::Scrub, ClearPurpose::UseSoon] {
+            let clearer = Clearer::new(policy.plan.for_purpose(purpose))?;
+            timed.push((Timed::Purpose(purpose), clearer));
+        }
+    }
     let mut notes = Vec::new();
     let buffer = config.buffer_bytes;
     let chunks: Vec<usize> = config
@@ -398,7 +328,7 @@ pub fn run(
             format_bytes(buffer as u64)
         ));
     }
-    let total = clearers.len() * chunks.len() * config.threads.len()
+    let total = timed.len() * chunks.len() * config.threads.len()
         + config.kernel_page_sizes.len() * config.threads.len();
     let mut done = 0;
     let mut step = |label: String| {
@@ -416,6 +346,7 @@ pub fn run(
     let page_2m = PageSize::Size2M.bytes() as usize;
     let topup_2m = PoolTopUp::raise(None, PageSize::Size2M, (buffer / page_2m) as u64)?;
     let mut results = Vec::new();
+    let mut purposes = Vec::new();
     let hugepage_backed;
     {
         let (mut region, huge) = match MmapRegion::anonymous(buffer, Some(PageSize::Size2M)) {
@@ -436,31 +367,56 @@ pub fn run(
         hugepage_backed = huge;
         let _ = region.populate_write(0, buffer);
         region.as_mut_slice().fill(0);
-        for clearer in &clearers {
-            for &chunk in &chunks {
-                for &threads in &config.threads {
-                    let method = clearer.plan().method;
-                    step(format!(
-                        "{method} {} x{threads}",
+        for &chunk in &chunks {
+            for &threads in &config.threads {
+                for (what, _) in &timed {
+                    step(format!("{what} {} x{threads}", format_bytes(chunk as u64)))?;
+                }
+                if buffer / chunk < threads {
+                    notes.push(format!(
+                        "{} chunks with {threads} threads skipped: fewer chunks than threads",
                         format_bytes(chunk as u64)
-                    ))?;
-                    if buffer / chunk < threads {
-                        notes.push(format!(
-                            "{method} at {} chunks with {threads} threads skipped: fewer chunks than threads",
-                            format_bytes(chunk as u64)
-                        ));
-                        continue;
+                    ));
+                    continue;
+                }
+                let buf = region.as_mut_slice();
+                let cpus = &cpus[..threads];
+                // Interleaved: one warm-up each, then every repetition times every clearer
+                // once, in a rotated order, so that a slow moment of the shared host hits
+                // all of them alike and the cells of one row compare fairly.
+                for (_, clearer) in &timed {
+                    clear_by_chunks(clearer, buf, chunk, cpus)?;
+                }
+                let mut samples = vec![Vec::with_capacity(config.reps); timed.len()];
+                for rep in 0..config.reps {
+                    for k in 0..timed.len() {
+                        let i = (k + rep) % timed.len();
+                        let took = clear_by_chunks(&timed[i].1, buf, chunk, cpus)?;
+                        samples[i].push(gbps(buffer as u64, took.as_secs_f64()));
                     }
-                    let buf = region.as_mut_slice();
-                    let summary = repeat(config.reps, buffer, || {
-                        clear_by_chunks(clearer, buf, chunk, &cpus[..threads])
-                    })?;
-                    results.push(MethodResult {
-                        method,
-                        chunk_bytes: chunk,
-                        threads,
-                        gbps: summary,
+                }
+                for ((what, clearer), samples) in timed.iter().zip(&samples) {
+                    let gbps = Summary::of(samples).unwrap_or(Summary {
+                        median: 0.0,
+                        min: 0.0,
+                        max: 0.0,
                     });
+                    match what {
+                        Timed::Method(method) => results.push(MethodResult {
+                            method: *method,
+                            chunk_bytes: chunk,
+                            threads,
+                            gbps,
+                            samples_gbps: samples.clone(),
+                        }),
+                        Timed::Purpose(purpose) => purposes.push(PurposeResult {
+                            purpose: *purpose,
+                            method_used: clearer.method_for(chunk),
+                            chunk_bytes: chunk,
+                            threads,
+                            gbps,
+                        }),
+                    }
                 }
             }
         }
@@ -516,19 +472,20 @@ pub fn run(
         total,
         label: "done".into(),
     });
-    Ok(ClearBenchReport {
-        policy: config
-            .policy
-            .clone()
-            .map(|(method, rule)| PolicyChoice { method, rule }),
+    let mut report = ClearBenchReport {
+        policy: config.policy.clone(),
         buffer_bytes: buffer,
         hugepage_backed,
         reps: config.reps,
         cpus,
         results,
+        purposes,
         kernel,
+        goals: Vec::new(),
         notes,
-    })
+    };
+    report.goals = report.goals();
+    Ok(report)
 }
 
 #[cfg(test)]

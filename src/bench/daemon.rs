@@ -73,6 +73,8 @@ impl BenchDaemon {
                 rule: "bench".into(),
                 source: "the benchmark's own plan".into(),
                 decided_by: crate::policy::DecidedBy::Rule,
+                confidence: crate::policy::Confidence::default(),
+                reason: "the benchmark's own plan".into(),
                 calibration: None,
             }),
         };

@@ -2,6 +2,8 @@
 //! reported as median and range, in a table and as JSON.
 
 pub mod clear;
+pub mod clear_config;
+pub mod clear_goals;
 pub mod clear_report;
 pub mod daemon;
 pub mod prefault;

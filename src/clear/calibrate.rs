@@ -15,10 +15,12 @@ use crate::sys::mmap::{MmapError, MmapRegion};
 /// Zen 4), so that every timed clear streams to memory rather than into the cache.
 pub const CALIBRATION_BUFFER: usize = 128 << 20;
 
-/// Fewest timed repetitions per method, however short the budget.
-const MIN_REPS: usize = 3;
-/// Most timed repetitions per method, however long the budget.
-const MAX_REPS: usize = 200;
+/// Rounds of timing: every method is timed once per round, in a rotated order, so that a
+/// slow moment of a shared host hits every method alike and a rule can be judged on each
+/// round separately.
+pub const CALIBRATION_ROUNDS: usize = 3;
+/// Most timed repetitions per method and round, however long the budget.
+const MAX_REPS_PER_ROUND: usize = 60;
 
 /// Calibration could not run.
 #[derive(Debug, thiserror::Error)]
@@ -46,12 +48,15 @@ pub enum CalibrateError {
 }
 
 /// One method's measured throughput.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MethodTiming {
     /// The method timed.
     pub method: Method,
-    /// Median throughput over the timed repetitions, GB/s (10^9 bytes per second).
+    /// Median throughput over every timed repetition, GB/s (10^9 bytes per second).
     pub gbps: f64,
+    /// Median throughput in each round, GB/s.
+    #[serde(default)]
+    pub rounds: Vec<f64>,
 }
 
 /// What calibration measured on this machine.
@@ -62,6 +67,12 @@ pub struct Calibration {
     /// Whether the buffer was backed by 2 MiB hugepages (otherwise ordinary anonymous
     /// memory, whose TLB misses make every method a little slower).
     pub hugepage_backed: bool,
+    /// Why the buffer is not hugepage-backed, when it is not.
+    #[serde(default)]
+    pub backing_note: Option<String>,
+    /// Wall time of the whole calibration, warm-up included, in milliseconds.
+    #[serde(default)]
+    pub elapsed_ms: f64,
     /// Every method timed, in the order asked.
     pub methods: Vec<MethodTiming>,
     /// The method with the highest median throughput.
@@ -86,10 +97,12 @@ impl Calibration {
     /// let c = Calibration {
     ///     buffer_bytes: 128 << 20,
     ///     hugepage_backed: true,
+    ///     backing_note: None,
+    ///     elapsed_ms: 260.0,
     ///     methods: vec![
-    ///         MethodTiming { method: Method::Avx512Nt, gbps: 73.0 },
-    ///         MethodTiming { method: Method::Clzero, gbps: 69.0 },
-    ///         MethodTiming { method: Method::Movnti, gbps: 37.0 },
+    ///         MethodTiming { method: Method::Avx512Nt, gbps: 73.0, rounds: vec![] },
+    ///         MethodTiming { method: Method::Clzero, gbps: 69.0, rounds: vec![] },
+    ///         MethodTiming { method: Method::Movnti, gbps: 37.0, rounds: vec![] },
     ///     ],
     ///     fastest: Method::Avx512Nt,
     /// };
@@ -106,8 +119,8 @@ impl Calibration {
 }
 
 /// Times every available method over a [`CALIBRATION_BUFFER`]-byte scratch buffer, spending
-/// about `budget` (200 ms is plenty) on the timed repetitions after an untimed warm-up.
-/// Runs on the calling thread without changing its CPU affinity.
+/// about `budget` on the timed repetitions after an untimed warm-up (200 ms: about 300 ms in
+/// all). Runs on the calling thread without changing its CPU affinity.
 pub fn calibrate(budget: Duration) -> Result<Calibration, CalibrateError> {
     calibrate_with(&super::available_methods(), CALIBRATION_BUFFER, budget)
 }
@@ -115,16 +128,19 @@ pub fn calibrate(budget: Duration) -> Result<Calibration, CalibrateError> {
 /// [`calibrate`] with a chosen set of methods and buffer size (rounded up to 2 MiB).
 ///
 /// The buffer is hugepage-backed when the kernel has enough free 2 MiB pages, otherwise
-/// ordinary anonymous memory; [`Calibration::hugepage_backed`] says which. It is populated
-/// and cleared once before timing, because the first touch of memory (on a VM host: of
-/// guest-physical memory since boot) is many times slower than any clearing method. Each
-/// method then gets one untimed clear and an equal share of `budget`, at least three timed
-/// clears of the whole buffer, and reports the median.
+/// ordinary anonymous memory; [`Calibration::hugepage_backed`] and
+/// [`Calibration::backing_note`] say which and why. It is populated and cleared once before
+/// timing, because the first touch of memory (on a VM host: of guest-physical memory since
+/// boot) is many times slower than any clearing method, and each method clears it once
+/// untimed. Then [`CALIBRATION_ROUNDS`] rounds time every method, in a rotated order, for an
+/// equal share of `budget` (at least one clear of the whole buffer each); each method reports
+/// its median per round and over every sample.
 pub fn calibrate_with(
     methods: &[Method],
     buffer_bytes: usize,
     budget: Duration,
 ) -> Result<Calibration, CalibrateError> {
+    let began = Instant::now();
     if methods.is_empty() {
         return Err(CalibrateError::NoMethods);
     }
@@ -137,44 +153,66 @@ pub fn calibrate_with(
         .map(|&m| Clearer::new(ClearPlan::always(m)))
         .collect::<Result<Vec<_>, _>>()?;
     let len = buffer_bytes.div_ceil(page) * page;
-    let (mut region, hugepage_backed) = match MmapRegion::anonymous(len, Some(PageSize::Size2M)) {
-        Ok(region) => (region, true),
-        Err(_) => {
+    let (mut region, backing_note) = match MmapRegion::anonymous(len, Some(PageSize::Size2M)) {
+        Ok(region) => (region, None),
+        Err(err) => {
             let region = MmapRegion::anonymous(len, None)
                 .map_err(|source| CalibrateError::Map { len, source })?;
-            (region, false)
+            let note = format!(
+                "the kernel could not supply {} of free 2M hugepages ({err}): timed on ordinary memory",
+                crate::units::format_bytes(len as u64)
+            );
+            tracing::info!("calibration: {note}");
+            (region, Some(note))
         }
     };
     // Populating is only a speed-up (kernels before 5.14 lack it): the clear below touches
     // every page anyway.
     let _ = region.populate_write(0, len);
     region.as_mut_slice().fill(0);
-
-    let share = budget / methods.len() as u32;
-    let mut timings = Vec::with_capacity(methods.len());
     for clearer in &clearers {
-        let buf = region.as_mut_slice();
-        clearer.clear(buf);
-        let started = Instant::now();
-        let mut samples = Vec::new();
-        while samples.len() < MAX_REPS && (samples.len() < MIN_REPS || started.elapsed() < share) {
-            let t = Instant::now();
-            clearer.clear(buf);
-            samples.push(crate::units::gbps(len as u64, t.elapsed().as_secs_f64()));
-        }
-        timings.push(MethodTiming {
-            method: clearer.plan().method,
-            // At least MIN_REPS samples were taken, so there is a median.
-            gbps: Summary::of(&samples).map_or(0.0, |s| s.median),
-        });
+        clearer.clear(region.as_mut_slice());
     }
+
+    let share = budget / (methods.len() * CALIBRATION_ROUNDS) as u32;
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); methods.len()];
+    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); methods.len()];
+    for round in 0..CALIBRATION_ROUNDS {
+        for k in 0..clearers.len() {
+            let i = (k + round) % clearers.len();
+            let buf = region.as_mut_slice();
+            let started = Instant::now();
+            let mut this_round = Vec::new();
+            while this_round.is_empty()
+                || (this_round.len() < MAX_REPS_PER_ROUND && started.elapsed() < share)
+            {
+                let t = Instant::now();
+                clearers[i].clear(buf);
+                this_round.push(crate::units::gbps(len as u64, t.elapsed().as_secs_f64()));
+            }
+            rounds[i].push(Summary::of(&this_round).map_or(0.0, |s| s.median));
+            samples[i].extend(this_round);
+        }
+    }
+    let timings: Vec<MethodTiming> = clearers
+        .iter()
+        .zip(samples.iter().zip(rounds))
+        .map(|(clearer, (samples, rounds))| MethodTiming {
+            method: clearer.plan().method,
+            // Every round timed at least once, so there is a median.
+            gbps: Summary::of(samples).map_or(0.0, |s| s.median),
+            rounds,
+        })
+        .collect();
     let fastest = timings
         .iter()
         .max_by(|a, b| a.gbps.total_cmp(&b.gbps))
         .map_or(methods[0], |t| t.method);
     Ok(Calibration {
         buffer_bytes: len,
-        hugepage_backed,
+        hugepage_backed: backing_note.is_none(),
+        backing_note,
+        elapsed_ms: began.elapsed().as_secs_f64() * 1e3,
         methods: timings,
         fastest,
     })

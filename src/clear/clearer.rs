@@ -96,14 +96,15 @@ impl Clearer {
         &self.plan
     }
 
-    /// The kernel for an extent of `len` bytes: non-temporal methods give way to cached
-    /// `rep stosb` below `nt_min_extent`, where streaming stores would only evict data that
-    /// the cache could have held anyway.
+    /// The kernel for an extent of `len` bytes: for memory used right after the clear
+    /// ([`super::ClearPurpose::UseSoon`]), non-temporal methods give way to cached `rep stosb`
+    /// below `nt_min_extent`, so that the zeroes are still in the cache for that use. A scrub
+    /// always streams.
     pub(crate) fn kernel_for(&self, len: usize) -> Kernel {
-        if self.plan.method.is_non_temporal() && len < self.plan.nt_min_extent {
-            Kernel::REP_STOSB
-        } else {
+        if self.plan.method_for(len) == self.plan.method {
             self.kernel
+        } else {
+            Kernel::REP_STOSB
         }
     }
 
@@ -112,8 +113,9 @@ impl Clearer {
         self.kernel_for(len).method()
     }
 
-    /// Zeroes `buf` on the calling thread. Extents shorter than the plan's `nt_min_extent`
-    /// are cleared with `rep stosb` (cached) whatever the method.
+    /// Zeroes `buf` on the calling thread. With [`super::ClearPurpose::UseSoon`], extents
+    /// shorter than the plan's `nt_min_extent` are cleared with `rep stosb` (cached) whatever
+    /// the method.
     pub fn clear(&self, buf: &mut [u8]) {
         kernels::zero(self.kernel_for(buf.len()), buf, self.plan.fence_interval);
     }

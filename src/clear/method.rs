@@ -84,7 +84,37 @@ impl FromStr for Method {
     }
 }
 
-/// How to clear: the method plus the knobs a policy rule sets.
+/// What the cleared memory is for, which decides whether small extents may stay in the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClearPurpose {
+    /// Released guest memory, zeroed to be handed to another VM later: nobody reads it soon,
+    /// so cached stores would only evict useful data. Always the plan's streaming method,
+    /// whatever the extent and LLC size.
+    #[default]
+    Scrub,
+    /// Memory that is read or written right after the clear: extents below `nt_min_extent`
+    /// use cached `rep stosb` so that the zeroes are still in the cache for that use.
+    UseSoon,
+}
+
+impl ClearPurpose {
+    /// `scrub` or `use-soon`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ClearPurpose::Scrub => "scrub",
+            ClearPurpose::UseSoon => "use-soon",
+        }
+    }
+}
+
+impl fmt::Display for ClearPurpose {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How to clear: the method plus the knobs a policy rule sets, and what the memory is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClearPlan {
     /// The method for extents of at least `nt_min_extent` bytes.
@@ -93,9 +123,13 @@ pub struct ClearPlan {
     /// that costs two thirds of the bandwidth). Also the slice size for progress and
     /// throttling.
     pub fence_interval: usize,
-    /// Extents smaller than this are cleared with `rep stosb` (cached), because streaming
-    /// stores only pay off above the LLC size.
+    /// With [`ClearPurpose::UseSoon`], extents smaller than this are cleared with
+    /// `rep stosb` (cached), so that data used right after the clear is still in the cache.
+    /// A [`ClearPurpose::Scrub`] ignores it.
     pub nt_min_extent: usize,
+    /// Which of the two cases this plan clears for.
+    #[serde(default)]
+    pub purpose: ClearPurpose,
 }
 
 impl ClearPlan {
@@ -105,6 +139,34 @@ impl ClearPlan {
             method,
             fence_interval: 2 << 20,
             nt_min_extent: 0,
+            purpose: ClearPurpose::Scrub,
+        }
+    }
+
+    /// The same plan for `purpose`.
+    pub const fn for_purpose(self, purpose: ClearPurpose) -> ClearPlan {
+        ClearPlan { purpose, ..self }
+    }
+
+    /// The method an extent of `len` bytes is cleared with: the plan's, except that a
+    /// [`ClearPurpose::UseSoon`] extent below `nt_min_extent` uses cached `rep stosb`.
+    ///
+    /// ```
+    /// use hugeprep::clear::{ClearPlan, ClearPurpose, Method};
+    /// let plan = ClearPlan { nt_min_extent: 480 << 20, ..ClearPlan::always(Method::Avx512Nt) };
+    /// assert_eq!(plan.method_for(64 << 20), Method::Avx512Nt);
+    /// let soon = plan.for_purpose(ClearPurpose::UseSoon);
+    /// assert_eq!(soon.method_for(64 << 20), Method::RepStosb);
+    /// assert_eq!(soon.method_for(512 << 20), Method::Avx512Nt);
+    /// ```
+    pub const fn method_for(&self, len: usize) -> Method {
+        let cached = matches!(self.purpose, ClearPurpose::UseSoon)
+            && self.method.is_non_temporal()
+            && len < self.nt_min_extent;
+        if cached {
+            Method::RepStosb
+        } else {
+            self.method
         }
     }
 }

@@ -14,8 +14,9 @@ mod parallel;
 
 pub use calibrate::{
     calibrate, calibrate_with, CalibrateError, Calibration, MethodTiming, CALIBRATION_BUFFER,
+    CALIBRATION_ROUNDS,
 };
 pub use clearer::{ClearError, Clearer};
 pub use detect::available_methods;
-pub use method::{ClearPlan, Method, MethodError};
+pub use method::{ClearPlan, ClearPurpose, Method, MethodError};
 pub use parallel::CHUNK_ALIGN;

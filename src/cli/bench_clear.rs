@@ -6,10 +6,8 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use anyhow::Context;
-use hugeprep::bench::clear::{self, BenchProgress, ClearBenchConfig};
-use hugeprep::cpu::CpuInfo;
+use hugeprep::bench::clear::{self, BenchProgress, ClearBenchConfig, PolicyChoice};
 use hugeprep::hugetlb::lock::HugepageLock;
-use hugeprep::policy::ClearingPolicy;
 use hugeprep::units::parse_bytes;
 use hugeprep::Method;
 
@@ -48,15 +46,6 @@ fn parse_size(s: &str) -> Result<usize, String> {
     usize::try_from(bytes).map_err(|_| format!("size {s:?} does not fit in memory"))
 }
 
-/// The policy's method and rule for this CPU.
-///
-/// The method the embedded clearing policy chooses for this CPU, and the rule that chose it,
-/// so the report can say how far the policy's choice is from the best method measured.
-fn policy_choice() -> (Method, String) {
-    let resolution = ClearingPolicy::embedded().resolve(CpuInfo::host());
-    (resolution.method(), resolution.rule)
-}
-
 /// Runs the benchmark and prints or writes its results.
 pub fn run(args: BenchClearArgs) -> anyhow::Result<()> {
     let mut config = if args.quick {
@@ -79,9 +68,9 @@ pub fn run(args: BenchClearArgs) -> anyhow::Result<()> {
     if let Some(reps) = args.reps {
         config.reps = reps;
     }
-    config.policy = Some(policy_choice());
-
     let lock = HugepageLock::acquire()?;
+    let in_use = super::clearing_in_use::decide_in_use(&lock)?;
+    config.policy = Some(PolicyChoice::from_resolution(&in_use));
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")

@@ -1,8 +1,6 @@
 //! `hugeprep bench recycle`: scrub-and-return vs delete-and-refault, and warm lease latency.
 
 use hugeprep::bench::recycle::{self, RecycleBenchConfig};
-use hugeprep::cpu::CpuInfo;
-use hugeprep::policy::ClearingPolicy;
 use hugeprep::units::parse_bytes;
 use hugeprep::PageSize;
 
@@ -40,14 +38,23 @@ pub struct BenchRecycleArgs {
 /// Runs `hugeprep bench recycle`: one report per thread count (the lease-latency part only
 /// with the first), as `{"runs": [...]}` in JSON.
 pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
-    let resolution = ClearingPolicy::embedded().resolve(CpuInfo::host());
     let threads = if args.threads.is_empty() {
         (1..=hugeprep::sys::affinity::allowed_cpus().len()).collect()
     } else {
         args.threads.clone()
     };
     // Borrowed pool pages and timings must not be disturbed by tests or other benchmarks.
-    let _lock = hugeprep::hugetlb::lock::HugepageLock::acquire()?;
+    let lock = hugeprep::hugetlb::lock::HugepageLock::acquire()?;
+    let resolution = super::clearing_in_use::decide_in_use(&lock)?;
+    let in_use = hugeprep::bench::clear::PolicyChoice::from_resolution(&resolution);
+    eprintln!(
+        "method in use: {} (rule {}, {}, decided by {}): {}",
+        in_use.method,
+        in_use.rule,
+        in_use.confidence,
+        format!("{:?}", in_use.decided_by).to_lowercase(),
+        in_use.reason
+    );
     let mut runs = Vec::with_capacity(threads.len());
     for (i, &threads) in threads.iter().enumerate() {
         let cfg = RecycleBenchConfig {
@@ -58,11 +65,23 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
             leases: if i == 0 { args.leases } else { 0 },
             lease_size: args.lease_size,
             plan: resolution.plan,
+            methods: hugeprep::clear::available_methods(),
             state_dir: args.state_dir.clone(),
         };
         runs.push(recycle::run(&cfg, &|line| eprintln!("{line}"))?);
     }
-    args.output.emit(&serde_json::json!({ "runs": runs }), || {
-        runs.iter().map(|r| r.table() + "\n").collect()
-    })
+    args.output.emit(
+        &serde_json::json!({ "in_use": in_use, "runs": runs }),
+        || {
+            let head = format!(
+                "method in use: {} (rule {}, {}, decided by {})\n  why: {}\n\n",
+                in_use.method,
+                in_use.rule,
+                in_use.confidence,
+                format!("{:?}", in_use.decided_by).to_lowercase(),
+                in_use.reason
+            );
+            head + &runs.iter().map(|r| r.table() + "\n").collect::<String>()
+        },
+    )
 }

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use anyhow::Context;
 use serde::Serialize;
 
-use hugeprep::clear::Calibration;
+use hugeprep::clear::{Calibration, CALIBRATION_ROUNDS};
 use hugeprep::cpu::{CpuInfo, LlcSource};
-use hugeprep::policy::{CalibrationMode, ClearingPolicy, Resolution, CALIBRATION_TOLERANCE};
+use hugeprep::daemon::calibration::{decide_stored, CalibrationOrigin, StoredDecision};
+use hugeprep::policy::{CalibrationMode, ClearingPolicy, Resolution};
 use hugeprep::sys::affinity::allowed_cpus;
 use hugeprep::units::format_bytes;
 
@@ -17,13 +18,23 @@ pub struct CpuArgs {
     /// Clearing policy file to use instead of the embedded `policies/clearing.toml`.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
-    /// Time every available clearing method (about 200 ms) and apply the policy's
-    /// `calibration` setting (`off` is treated as `report` here, since you asked).
-    #[arg(long)]
+    /// Calibrate even when the policy's `calibration` is `off` (as `report`). By default
+    /// `hugeprep cpu` calibrates as the daemon does, with the policy's setting (`auto`).
+    #[arg(long, conflicts_with = "no_calibrate")]
     pub calibrate: bool,
-    /// With --calibrate: the calibration mode, instead of the policy's setting.
-    #[arg(long, value_name = "MODE", requires = "calibrate")]
+    /// Show the rule's choice only: do not time the methods (about 300 ms).
+    #[arg(long)]
+    pub no_calibrate: bool,
+    /// The calibration mode, instead of the policy's setting: off, report, override, auto.
+    #[arg(long, value_name = "MODE")]
     pub calibration: Option<CalibrationMode>,
+    /// Reuse and store the calibration in this state directory, as the daemon does with
+    /// its journal directory (pass the daemon's to see what it decided).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// With --state-dir: measure again even when a stored calibration matches.
+    #[arg(long, requires = "state_dir")]
+    pub recalibrate: bool,
     /// List every rule and why it does or does not match.
     #[arg(long)]
     pub rules: bool,
@@ -40,6 +51,8 @@ struct Report<'a> {
     method: &'a str,
     rule: &'a str,
     decided_by: hugeprep::policy::DecidedBy,
+    confidence: hugeprep::policy::Confidence,
+    reason: String,
     source: &'a str,
     plan: &'a hugeprep::ClearPlan,
     threads: hugeprep::policy::Threads,
@@ -56,6 +69,8 @@ struct CalibrationReport<'a> {
     #[serde(flatten)]
     outcome: &'a hugeprep::policy::CalibrationOutcome,
     measured: &'a Calibration,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    origin: Option<&'a CalibrationOrigin>,
 }
 
 #[derive(Serialize)]
@@ -71,20 +86,42 @@ pub fn run(args: CpuArgs) -> anyhow::Result<()> {
     let cpu = CpuInfo::host();
     let policy = ClearingPolicy::load(args.policy.as_deref())?;
     let mode = match (args.calibration, policy.calibration()) {
+        _ if args.no_calibrate => CalibrationMode::Off,
         (Some(mode), _) => mode,
-        (None, CalibrationMode::Off) => CalibrationMode::Report,
+        (None, CalibrationMode::Off) if args.calibrate => CalibrationMode::Report,
         (None, mode) => mode,
     };
-    let (resolution, measured) = policy
-        .decide(
-            cpu,
-            if args.calibrate {
-                mode
-            } else {
-                CalibrationMode::Off
-            },
-        )
-        .context("calibration failed")?;
+    let decision = match &args.state_dir {
+        Some(dir) => decide_stored(&policy, cpu, mode, dir, args.recalibrate)
+            .context("calibration failed")?,
+        None => {
+            let (resolution, measured) = policy.decide(cpu, mode).context("calibration failed")?;
+            let origin = measured.as_ref().map(|_| CalibrationOrigin::Measured {
+                why: "hugeprep cpu without --state-dir measures every time".into(),
+            });
+            StoredDecision {
+                resolution,
+                measured,
+                origin,
+            }
+        }
+    };
+    let (resolution, measured) = (&decision.resolution, decision.measured.as_ref());
+    let reason = resolution.calibration.as_ref().map_or_else(
+        || {
+            format!(
+                "first matching rule {} ({}); calibration {}",
+                resolution.rule,
+                resolution.confidence,
+                if mode == CalibrationMode::Off {
+                    "off"
+                } else {
+                    "measured nothing"
+                }
+            )
+        },
+        |c| c.reason.clone(),
+    );
     let policy_name = if policy.is_embedded() {
         format!("{} (embedded)", policy.origin().display())
     } else {
@@ -109,20 +146,20 @@ pub fn run(args: CpuArgs) -> anyhow::Result<()> {
             method: resolution.method().name(),
             rule: &resolution.rule,
             decided_by: resolution.decided_by,
+            confidence: resolution.confidence,
+            reason: reason.clone(),
             source: &resolution.source,
             plan: &resolution.plan,
             threads: resolution.threads,
             policy: policy_name,
-            calibration_mode: if args.calibrate {
-                mode
-            } else {
-                policy.calibration()
-            },
-            calibration: resolution
-                .calibration
-                .as_ref()
-                .zip(measured.as_ref())
-                .map(|(outcome, measured)| CalibrationReport { outcome, measured }),
+            calibration_mode: mode,
+            calibration: resolution.calibration.as_ref().zip(measured).map(
+                |(outcome, measured)| CalibrationReport {
+                    outcome,
+                    measured,
+                    origin: decision.origin.as_ref(),
+                },
+            ),
             rules,
         };
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -131,10 +168,11 @@ pub fn run(args: CpuArgs) -> anyhow::Result<()> {
 
     print_text(
         cpu,
-        &resolution,
-        &policy_name,
-        policy.calibration(),
-        measured.as_ref(),
+        resolution,
+        &format!("{policy_name}, calibration = {mode}"),
+        measured,
+        decision.origin.as_ref(),
+        &reason,
     );
     if let Some(rules) = rules {
         println!("\nrules, in order (first match wins):");
@@ -152,9 +190,10 @@ pub fn run(args: CpuArgs) -> anyhow::Result<()> {
 fn print_text(
     cpu: &CpuInfo,
     r: &Resolution,
-    policy_name: &str,
-    policy_mode: CalibrationMode,
+    policy: &str,
     measured: Option<&Calibration>,
+    origin: Option<&CalibrationOrigin>,
+    reason: &str,
 ) {
     let row = |k: &str, v: &str| println!("{k:<12} {v}");
     let mut identity = format!(
@@ -174,13 +213,11 @@ fn print_text(
         (None, LlcSource::Unknown) | (None, _) => "unknown".to_string(),
     };
     row("llc", &llc);
-    row(
-        "policy",
-        &format!("{policy_name}, calibration = {policy_mode}"),
-    );
+    row("policy", policy);
     row("method", r.method().name());
-    row("rule", &r.rule);
+    row("rule", &format!("{} ({})", r.rule, r.confidence));
     row("decided by", &format!("{:?}", r.decided_by).to_lowercase());
+    row("why", reason);
     let plan = &r.plan;
     let available = allowed_cpus().len();
     let mut details = format!(
@@ -191,17 +228,17 @@ fn print_text(
     );
     if plan.method.is_non_temporal() {
         details.push_str(&format!(
-            ", rep stosb below {}",
+            "; scrubs always stream, use-soon clears below {} use rep stosb",
             format_bytes(plan.nt_min_extent as u64)
         ));
     }
     row("plan", &details);
     row("source", &r.source);
-    if let (Some(c), Some(cal)) = (&r.calibration, measured) {
-        let backing = if cal.hugepage_backed {
-            "2M hugepages"
-        } else {
-            "anonymous memory"
+    if let Some(cal) = measured {
+        let backing = match (&cal.backing_note, cal.hugepage_backed) {
+            (_, true) => "2M hugepages".to_string(),
+            (Some(note), false) => format!("anonymous memory: {note}"),
+            (None, false) => "anonymous memory".to_string(),
         };
         let timings: Vec<String> = cal
             .methods
@@ -211,32 +248,22 @@ fn print_text(
         row(
             "calibration",
             &format!(
-                "{} GB/s over {} of {backing}",
+                "{} GB/s (median of {CALIBRATION_ROUNDS} rounds) over {} of {backing}, {:.0} ms",
                 timings.join(", "),
-                format_bytes(cal.buffer_bytes as u64)
+                format_bytes(cal.buffer_bytes as u64),
+                cal.elapsed_ms
             ),
         );
-        let verdict = match (c.rule_gbps, c.within_tolerance, c.overridden) {
-            (None, _, true) => format!("{} was not timed; using {}", c.rule_method, c.fastest),
-            (None, _, false) => format!("{} was not timed", c.rule_method),
-            (Some(_), true, _) => format!(
-                "{} is within {:.0}% of the fastest ({})",
-                c.rule_method,
-                CALIBRATION_TOLERANCE * 100.0,
-                c.fastest
+    }
+    match origin {
+        Some(CalibrationOrigin::Stored { path, measured_at }) => row(
+            "measured",
+            &format!(
+                "reused from {} (measured at {measured_at} s since the epoch; --recalibrate to redo)",
+                path.display()
             ),
-            (Some(g), false, overridden) => format!(
-                "{} is {:.0}% slower than {}{}",
-                c.rule_method,
-                (1.0 - g / c.fastest_gbps) * 100.0,
-                c.fastest,
-                if overridden {
-                    "; calibration overrides the rule"
-                } else {
-                    " (calibration = report: keeping the rule)"
-                }
-            ),
-        };
-        row("verdict", &verdict);
+        ),
+        Some(CalibrationOrigin::Measured { why }) => row("measured", &format!("now: {why}")),
+        None => {}
     }
 }

@@ -5,6 +5,7 @@ mod bench_clear;
 mod bench_prefault;
 mod bench_recycle;
 mod bench_vm_start;
+mod clearing_in_use;
 mod cpu;
 mod doctor;
 mod drain;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use hugeprep::api::CpuReport;
 use hugeprep::cpu::CpuInfo;
+use hugeprep::daemon::calibration::{decide_stored, StoredDecision};
 use hugeprep::daemon::config::ConfigFile;
 use hugeprep::daemon::{self, DaemonConfig};
 use hugeprep::policy::pool::Verification;
@@ -60,9 +61,14 @@ pub struct ServeArgs {
     /// Clearing policy file replacing the embedded `policies/clearing.toml`.
     #[arg(long, value_name = "FILE")]
     pub clearing_policy: Option<PathBuf>,
-    /// Calibration at startup: off, report or override (default: the policy file's setting).
+    /// Calibration at startup: off, report, override or auto (default: the policy file's
+    /// setting).
     #[arg(long, value_name = "MODE")]
     pub calibration: Option<CalibrationMode>,
+    /// Measure the clearing methods at start even when the state directory holds a
+    /// calibration for this CPU, kernel and policy.
+    #[arg(long)]
+    pub recalibrate: bool,
 }
 
 fn parse_verify(s: &str) -> Result<Verification, String> {
@@ -111,19 +117,40 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
         .or(file.clearing_policy.clone());
     let clearing = ClearingPolicy::load(clearing_path.as_deref())?;
     let mode = args.calibration.unwrap_or(clearing.calibration());
+    let state_dir: PathBuf = args
+        .state_dir
+        .clone()
+        .or(file.state_dir.clone())
+        .unwrap_or_else(|| daemon::DEFAULT_STATE_DIR.into());
+    let redo = args.recalibrate || file.recalibrate;
     // Trust the rule, but verify it on this host: a failed calibration keeps the rule.
-    let (resolution, measured) = match clearing.decide(CpuInfo::host(), mode) {
+    let decision = match decide_stored(&clearing, CpuInfo::host(), mode, &state_dir, redo) {
         Ok(decision) => decision,
         Err(err) => {
             tracing::warn!(%err, "calibration failed; clearing with the policy rule's method");
-            (clearing.resolve(CpuInfo::host()), None)
+            StoredDecision {
+                resolution: clearing.resolve(CpuInfo::host()),
+                measured: None,
+                origin: None,
+            }
         }
     };
+    let resolution = decision.resolution;
+    let reason = resolution.calibration.as_ref().map_or_else(
+        || {
+            format!(
+                "rule {} ({}), not calibrated",
+                resolution.rule, resolution.confidence
+            )
+        },
+        |c| c.reason.clone(),
+    );
     tracing::info!(
         method = %resolution.method(),
         rule = %resolution.rule,
         decided_by = ?resolution.decided_by,
-        calibration = ?resolution.calibration.as_ref().map(|c| (c.fastest, c.within_tolerance)),
+        origin = ?decision.origin,
+        %reason,
         "clearing method"
     );
     let plan = resolution.plan;
@@ -138,10 +165,7 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
             .or(file.socket)
             .unwrap_or_else(|| daemon::DEFAULT_SOCKET.into()),
         socket_group: args.socket_group.or(file.socket_group),
-        state_dir: args
-            .state_dir
-            .or(file.state_dir)
-            .unwrap_or_else(|| daemon::DEFAULT_STATE_DIR.into()),
+        state_dir,
         run_dir: args
             .run_dir
             .or(file.run_dir)
@@ -159,12 +183,14 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
             rule: resolution.rule.clone(),
             source: resolution.source.clone(),
             decided_by: resolution.decided_by,
-            calibration: resolution.calibration.as_ref().and_then(|outcome| {
-                serde_json::to_value(serde_json::json!({
+            confidence: resolution.confidence,
+            reason,
+            calibration: resolution.calibration.as_ref().map(|outcome| {
+                serde_json::json!({
                     "outcome": outcome,
-                    "measured": measured,
-                }))
-                .ok()
+                    "measured": decision.measured,
+                    "origin": decision.origin,
+                })
             }),
         },
     })

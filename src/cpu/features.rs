@@ -24,11 +24,18 @@ pub enum Feature {
     Clzero,
     /// `movdir64b`, 64-byte direct stores (`CPUID.7.0:ECX[28]`).
     Movdir64b,
+    /// AMX tile architecture (`CPUID.7.0:EDX[24]`, `amx_tile` in `/proc/cpuinfo`): only
+    /// Intel server cores from Sapphire Rapids on have it, so it identifies the core class
+    /// when a hypervisor masks the model number.
+    Amx,
+    /// AVX-512 half-precision arithmetic (`CPUID.7.0:EDX[23]`): Sapphire Rapids and later
+    /// Intel server cores.
+    Avx512fp16,
 }
 
 /// A feature name that is not one of [`Feature::ALL`].
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown CPU feature {input:?}: expected one of erms, fsrm, avx2, avx512f, avx512bw, avx512vl, clzero, movdir64b")]
+#[error("unknown CPU feature {input:?}: expected one of erms, fsrm, avx2, avx512f, avx512bw, avx512vl, clzero, movdir64b, amx, avx512fp16")]
 pub struct FeatureError {
     /// What the user wrote.
     pub input: String,
@@ -36,7 +43,7 @@ pub struct FeatureError {
 
 impl Feature {
     /// Every feature, in the order reports list them.
-    pub const ALL: [Feature; 8] = [
+    pub const ALL: [Feature; 10] = [
         Feature::Erms,
         Feature::Fsrm,
         Feature::Avx2,
@@ -45,6 +52,8 @@ impl Feature {
         Feature::Avx512vl,
         Feature::Clzero,
         Feature::Movdir64b,
+        Feature::Amx,
+        Feature::Avx512fp16,
     ];
 
     /// The name used in policies, the CLI and JSON (as in `/proc/cpuinfo`, without
@@ -59,6 +68,8 @@ impl Feature {
             Feature::Avx512vl => "avx512vl",
             Feature::Clzero => "clzero",
             Feature::Movdir64b => "movdir64b",
+            Feature::Amx => "amx",
+            Feature::Avx512fp16 => "avx512fp16",
         }
     }
 

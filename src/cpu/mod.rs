@@ -120,7 +120,8 @@ const fn bit(reg: u32, n: u32) -> bool {
 
 impl CpuInfo {
     /// Describes the CPU that `reader` answers for, from CPUID alone: leaf 0 (vendor), 1
-    /// (signature, hypervisor bit), 7 (ERMS, FSRM, AVX2, AVX-512, MOVDIR64B), 0x80000008
+    /// (signature, hypervisor bit), 7 (ERMS, FSRM, AVX2, AVX-512, AVX512-FP16, AMX,
+    /// MOVDIR64B), 0x80000008
     /// (CLZERO), the brand string and the cache leaves. Use [`CpuInfo::detect`] for the host,
     /// which also consults sysfs and the OS.
     pub fn from_cpuid<R: CpuIdReader>(reader: R) -> CpuInfo {
@@ -152,6 +153,8 @@ impl CpuInfo {
             features.set(Feature::Avx512vl, bit(l7.ebx, 31));
             features.set(Feature::Movdir64b, bit(l7.ecx, 28));
             features.set(Feature::Fsrm, bit(l7.edx, 4));
+            features.set(Feature::Avx512fp16, bit(l7.edx, 23));
+            features.set(Feature::Amx, bit(l7.edx, 24));
         }
         features.set(
             Feature::Clzero,
@@ -212,6 +215,10 @@ impl CpuInfo {
             ] {
                 f.set(feature, f.has(feature) && enabled);
             }
+            // FP16 runs in the same ZMM state: usable exactly when AVX-512F is. AMX is kept as
+            // CPUID says: it only identifies the core here, nothing executes tile code.
+            let fp16 = f.has(Feature::Avx512fp16) && f.has(Feature::Avx512f);
+            f.set(Feature::Avx512fp16, fp16);
         }
         let cpuid_llc = info.llc_bytes;
         let sysfs = sysfs_llc(Path::new(SYSFS_CACHE_DIR));

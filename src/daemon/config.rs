@@ -7,6 +7,7 @@
 //! run_dir = "/run/hugeprep"
 //! mounts = ["/dev/hugepages"]
 //! clearing_policy = "/etc/hugeprep/clearing.toml"   # default: the embedded policy
+//! recalibrate = false   # true: re-measure at start instead of reusing the stored calibration
 //!
 //! [pool]
 //! verify = "sample"
@@ -44,6 +45,10 @@ pub struct ConfigFile {
     pub clearing_policy: Option<PathBuf>,
     /// The pool policy (same keys as `policies/pool.toml`).
     pub pool: Option<PoolPolicySpec>,
+    /// Measure the clearing methods at start even when the state directory holds a
+    /// calibration for this CPU, kernel and policy.
+    #[serde(default)]
+    pub recalibrate: bool,
 }
 
 /// A configuration file that cannot be read or parsed.

@@ -4,6 +4,7 @@
 //! scrubs, finish requests in flight, stop the worker, write the clean-shutdown marker,
 //! remove the socket.
 
+pub mod calibration;
 pub mod config;
 pub mod mounts;
 mod notify;

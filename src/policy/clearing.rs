@@ -11,11 +11,12 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize, Serializer};
 
+use super::confidence::Confidence;
 use super::error::{Document, PolicyError};
 use super::resolution::{DecidedBy, Resolution};
 use super::schema::RawPolicy;
 use super::validate::{Defaults, Validator};
-use crate::clear::{calibrate, CalibrateError, Calibration, ClearPlan, Method};
+use crate::clear::{calibrate, CalibrateError, Calibration, ClearPlan, ClearPurpose, Method};
 use crate::cpu::{CpuInfo, Feature, Features, Vendor};
 use crate::units::format_bytes;
 
@@ -31,7 +32,8 @@ pub const FALLBACK_LLC_BYTES: usize = 32 << 20;
 /// The rule name a [`Resolution`] carries when no rule matched.
 pub const BUILTIN_FALLBACK_RULE: &str = "builtin-fallback";
 
-/// How long a calibration may spend timing the clearing methods.
+/// How long a calibration may spend timing the clearing methods, after its warm-up: with the
+/// warm-up, a calibration takes about 300 ms.
 pub const CALIBRATION_BUDGET: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The top-level `calibration` setting.
@@ -41,10 +43,15 @@ pub enum CalibrationMode {
     /// Do not calibrate.
     Off,
     /// Calibrate and report whether the rule's method is within 10% of the fastest.
-    #[default]
     Report,
-    /// As `Report`, and use the fastest method when the rule's is more than 10% slower.
+    /// As `Report`, and use the fastest method when the rule's is more than 10% slower,
+    /// whatever the rule's confidence.
     Override,
+    /// Calibrate and weigh the result by the rule's [`Confidence`]: a `guess` is replaced
+    /// when another method is more than 10% faster; a `measured` or `published` rule only
+    /// when it is more than 25% slower in every round (see [`super::Margins`]).
+    #[default]
+    Auto,
 }
 
 impl CalibrationMode {
@@ -54,6 +61,7 @@ impl CalibrationMode {
             CalibrationMode::Off => "off",
             CalibrationMode::Report => "report",
             CalibrationMode::Override => "override",
+            CalibrationMode::Auto => "auto",
         }
     }
 }
@@ -72,15 +80,19 @@ impl FromStr for CalibrationMode {
             CalibrationMode::Off,
             CalibrationMode::Report,
             CalibrationMode::Override,
+            CalibrationMode::Auto,
         ]
         .into_iter()
         .find(|m| m.name() == s)
-        .ok_or_else(|| format!("unknown calibration mode {s:?}: expected off, report or override"))
+        .ok_or_else(|| {
+            format!("unknown calibration mode {s:?}: expected off, report, override or auto")
+        })
     }
 }
 
-/// The smallest extent cleared with the rule's non-temporal method; smaller extents use
-/// `rep stosb`, whose cached stores leave the zeroed data in the cache for a soon reader.
+/// The smallest extent cleared with the rule's non-temporal method when the memory is used
+/// right after ([`ClearPurpose::UseSoon`]); smaller extents use `rep stosb`, whose cached
+/// stores leave the zeroed data in the cache for that use. Scrubs ignore it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NtMinExtent {
     /// The CPU's last-level cache size ([`FALLBACK_LLC_BYTES`] when unknown).
@@ -220,6 +232,8 @@ pub struct Rule {
     pub threads: Threads,
     /// Where the choice comes from.
     pub source: String,
+    /// Whether `source` is a measurement of this model or a guess from similar CPUs.
+    pub confidence: Confidence,
 }
 
 /// The feature a method cannot run without.
@@ -275,12 +289,14 @@ impl Rule {
         self.mismatch(cpu).is_none()
     }
 
-    /// The plan for `cpu` (which resolves `nt_min_extent = "llc"`).
+    /// The plan for `cpu` (which resolves `nt_min_extent = "llc"`), for scrubbing; use
+    /// [`ClearPlan::for_purpose`] for memory used right after the clear.
     pub fn plan(&self, cpu: &CpuInfo) -> ClearPlan {
         ClearPlan {
             method: self.method,
             fence_interval: self.fence_interval,
             nt_min_extent: self.nt_min_extent.bytes_for(cpu),
+            purpose: ClearPurpose::Scrub,
         }
     }
 }
@@ -371,7 +387,7 @@ impl ClearingPolicy {
             return Ok((resolution, None));
         }
         let measured = calibrate(CALIBRATION_BUDGET)?;
-        resolution.apply_calibration(mode, &measured);
+        resolution.apply_calibration(mode, &measured, None);
         Ok((resolution, Some(measured)))
     }
 
@@ -395,6 +411,7 @@ impl ClearingPolicy {
                 plan: rule.plan(cpu),
                 threads: rule.threads,
                 source: rule.source.clone(),
+                confidence: rule.confidence,
                 decided_by: DecidedBy::Rule,
                 calibration: None,
             },
@@ -406,12 +423,14 @@ impl ClearingPolicy {
                         method: Method::RepStosb,
                         fence_interval: self.defaults.fence_interval,
                         nt_min_extent: self.defaults.nt_min_extent.bytes_for(cpu),
+                        purpose: ClearPurpose::Scrub,
                     },
                     threads: self.defaults.threads,
                     source: format!(
                         "no rule in {} matches this CPU; rep stosb runs on every x86-64",
                         self.origin.display()
                     ),
+                    confidence: Confidence::Guess,
                     decided_by: DecidedBy::Rule,
                     calibration: None,
                 }
@@ -428,7 +447,7 @@ mod tests {
     fn embedded_policy_parses() {
         let p = ClearingPolicy::embedded();
         assert!(p.is_embedded());
-        assert_eq!(p.calibration(), CalibrationMode::Report);
+        assert_eq!(p.calibration(), CalibrationMode::Auto);
         assert!(p.rules().len() >= 10);
         assert_eq!(p.rules().last().unwrap().name, "generic-movnti");
     }

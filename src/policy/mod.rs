@@ -12,6 +12,7 @@
 //! ```
 
 mod clearing;
+mod confidence;
 mod error;
 pub mod pool;
 mod resolution;
@@ -23,6 +24,10 @@ pub use clearing::{
     CALIBRATION_BUDGET, EMBEDDED_CLEARING_POLICY, EMBEDDED_CLEARING_POLICY_PATH,
     FALLBACK_LLC_BYTES,
 };
+pub use confidence::{
+    Confidence, Evidence, Judgement, Margins, GUESS_MARGINS, KNOWN_MODEL_MARGINS,
+};
 pub use error::PolicyError;
+
 pub use pool::{PoolPolicy, PoolPolicyError, Verification};
 pub use resolution::{CalibrationOutcome, DecidedBy, Resolution, Timings, CALIBRATION_TOLERANCE};

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::clearing::{CalibrationMode, Threads};
+use super::confidence::{Confidence, Evidence, Margins, GUESS_MARGINS};
 use crate::clear::{ClearPlan, Method};
 
 /// How much slower than the fastest measured method the rule's method may be and still be
@@ -15,8 +16,9 @@ pub const CALIBRATION_TOLERANCE: f64 = 0.10;
 pub enum DecidedBy {
     /// The first matching policy rule.
     Rule,
-    /// Calibration, because the rule's method was more than [`CALIBRATION_TOLERANCE`]
-    /// slower than the fastest method measured (`calibration = "override"`).
+    /// Calibration, because the rule's method was clearly slower than the fastest method
+    /// measured (`override`: by more than [`CALIBRATION_TOLERANCE`]; `auto`: by the
+    /// rule's [`Confidence::margins`]).
     Calibration,
 }
 
@@ -25,6 +27,11 @@ pub enum DecidedBy {
 pub trait Timings {
     /// GB/s measured for `method`; `None` when it was not timed (e.g. the CPU lacks it).
     fn gbps_of(&self, method: Method) -> Option<f64>;
+
+    /// GB/s of `method` in each calibration round (one round unless the timings say more).
+    fn rounds_of(&self, method: Method) -> Vec<f64> {
+        self.gbps_of(method).into_iter().collect()
+    }
 
     /// The fastest timed method and its GB/s, ignoring non-finite and non-positive figures.
     fn fastest(&self) -> Option<(Method, f64)> {
@@ -47,6 +54,15 @@ impl Timings for crate::clear::Calibration {
         crate::clear::Calibration::gbps_of(self, method)
     }
 
+    fn rounds_of(&self, method: Method) -> Vec<f64> {
+        self.methods
+            .iter()
+            .find(|t| t.method == method)
+            .map(|t| t.rounds.clone())
+            .filter(|r| !r.is_empty())
+            .unwrap_or_else(|| self.gbps_of(method).into_iter().collect())
+    }
+
     fn fastest(&self) -> Option<(Method, f64)> {
         self.gbps_of(self.fastest).map(|g| (self.fastest, g))
     }
@@ -65,10 +81,14 @@ impl Timings for Vec<(Method, f64)> {
 }
 
 /// What a calibration run said about the rule's method.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct CalibrationOutcome {
-    /// The mode it ran in (`report` or `override`).
+    /// The mode it ran in (`report`, `override` or `auto`).
     pub mode: CalibrationMode,
+    /// The rule's confidence, which sets the margins in `auto` mode.
+    pub confidence: Confidence,
+    /// The margins applied (`report` and `override`: replace below 90%, no hysteresis).
+    pub margins: Margins,
     /// The method the rule chose.
     pub rule_method: Method,
     /// Its measured GB/s; `None` if it was not timed.
@@ -79,8 +99,12 @@ pub struct CalibrationOutcome {
     pub fastest_gbps: f64,
     /// Whether the rule's method is at most [`CALIBRATION_TOLERANCE`] slower than the fastest.
     pub within_tolerance: bool,
-    /// Whether the fastest method replaced the rule's (`override` mode only).
+    /// Whether another method replaced the rule's (`override` and `auto` modes).
     pub overridden: bool,
+    /// The method in use after this calibration.
+    pub chosen: Method,
+    /// What happened and why, in one sentence.
+    pub reason: String,
 }
 
 /// The clearing decision for one CPU: the plan, the default thread count, and who decided.
@@ -94,6 +118,8 @@ pub struct Resolution {
     pub threads: Threads,
     /// Where the rule's choice comes from.
     pub source: String,
+    /// The rule's confidence (`guess` for the built-in fallback).
+    pub confidence: Confidence,
     /// Whether the rule or calibration chose `plan.method`.
     pub decided_by: DecidedBy,
     /// The last calibration applied, if any.
@@ -108,14 +134,19 @@ impl Resolution {
 
     /// The method the rule chose, even if calibration has replaced it.
     pub fn rule_method(&self) -> Method {
-        self.calibration.map_or(self.plan.method, |c| c.rule_method)
+        self.calibration
+            .as_ref()
+            .map_or(self.plan.method, |c| c.rule_method)
     }
 
     /// Compares the rule's method with calibration's timings. `Off` changes nothing;
     /// `Report` records whether the rule's method is within [`CALIBRATION_TOLERANCE`] of the
-    /// fastest; `Override` also switches to the fastest method when it is not, and sets
-    /// [`DecidedBy::Calibration`]. Timings with no usable figure change nothing. Applying a
-    /// second calibration judges the rule's method again, not the previous winner.
+    /// fastest; `Override` also switches to the fastest method when it is not; `Auto` switches
+    /// by the margins of the rule's [`Confidence`] (a `guess` like `Override`; a `measured` or
+    /// `published` rule only when it is more than 25% slower in every round). `previous` is
+    /// the method an earlier calibration chose instead of the rule's, with its GB/s then: it
+    /// stays inside the hysteresis band. Timings with no usable figure change nothing.
+    /// Applying a second calibration judges the rule's method again, not the previous winner.
     ///
     /// ```
     /// use hugeprep::clear::Method;
@@ -127,14 +158,19 @@ impl Resolution {
     /// let fastest = if rule_method == Method::Clzero { Method::Avx2Nt } else { Method::Clzero };
     /// let timings = [(rule_method, 50.0), (fastest, 80.0)];
     ///
-    /// r.apply_calibration(CalibrationMode::Report, &timings);
+    /// r.apply_calibration(CalibrationMode::Report, &timings, None);
     /// assert_eq!((r.method(), r.decided_by), (rule_method, DecidedBy::Rule));
-    /// assert!(!r.calibration.unwrap().within_tolerance);
+    /// assert!(!r.calibration.as_ref().unwrap().within_tolerance);
     ///
-    /// r.apply_calibration(CalibrationMode::Override, &timings);
+    /// r.apply_calibration(CalibrationMode::Override, &timings, None);
     /// assert_eq!((r.method(), r.decided_by), (fastest, DecidedBy::Calibration));
     /// ```
-    pub fn apply_calibration<T: Timings + ?Sized>(&mut self, mode: CalibrationMode, cal: &T) {
+    pub fn apply_calibration<T: Timings + ?Sized>(
+        &mut self,
+        mode: CalibrationMode,
+        cal: &T,
+        previous: Option<(Method, f64)>,
+    ) {
         if mode == CalibrationMode::Off {
             return;
         }
@@ -146,9 +182,51 @@ impl Resolution {
         let rule_gbps = cal.gbps_of(rule_method).filter(|g| g.is_finite());
         let within_tolerance =
             rule_gbps.is_some_and(|g| g >= fastest_gbps * (1.0 - CALIBRATION_TOLERANCE));
-        let overridden = mode == CalibrationMode::Override && !within_tolerance;
+        let margins = match mode {
+            CalibrationMode::Auto => self.confidence.margins(),
+            _ => Margins {
+                replace_below: 1.0 - CALIBRATION_TOLERANCE,
+                restore_at: 1.0 - CALIBRATION_TOLERANCE,
+                every_round: false,
+            },
+        };
+        let judgement = match rule_gbps {
+            // A rule whose method was not timed cannot be weighed: replace it like a guess.
+            None => Evidence {
+                rule_method,
+                rule_gbps: 0.0,
+                rule_rounds: Vec::new(),
+                fastest,
+                fastest_gbps,
+                fastest_rounds: Vec::new(),
+                previous_override: previous,
+            }
+            .judge(GUESS_MARGINS),
+            Some(g) => Evidence {
+                rule_method,
+                rule_gbps: g,
+                rule_rounds: cal.rounds_of(rule_method),
+                fastest,
+                fastest_gbps,
+                fastest_rounds: cal.rounds_of(fastest),
+                previous_override: previous,
+            }
+            .judge(margins),
+        };
+        let overridden = judgement.overridden && mode != CalibrationMode::Report;
+        let reason = match mode {
+            CalibrationMode::Report if judgement.overridden => format!(
+                "{} (calibration = report: keeping the rule)",
+                judgement.reason.replace(
+                    &format!("calibration replaces it with {}", judgement.method),
+                    &format!("{} would be used", judgement.method)
+                )
+            ),
+            CalibrationMode::Auto => format!("rule is {}: {}", self.confidence, judgement.reason),
+            _ => judgement.reason,
+        };
         if overridden {
-            self.plan.method = fastest;
+            self.plan.method = judgement.method;
             self.decided_by = DecidedBy::Calibration;
         } else {
             self.plan.method = rule_method;
@@ -156,12 +234,16 @@ impl Resolution {
         }
         self.calibration = Some(CalibrationOutcome {
             mode,
+            confidence: self.confidence,
+            margins,
             rule_method,
             rule_gbps,
             fastest,
             fastest_gbps,
             within_tolerance,
             overridden,
+            chosen: self.plan.method,
+            reason,
         });
     }
 }
@@ -176,6 +258,7 @@ mod tests {
             plan: ClearPlan::always(method),
             threads: Threads::All,
             source: "s".into(),
+            confidence: Confidence::Guess,
             decided_by: DecidedBy::Rule,
             calibration: None,
         }
@@ -187,8 +270,9 @@ mod tests {
         r.apply_calibration(
             CalibrationMode::Override,
             &[(Method::Avx512Nt, 66.0), (Method::Clzero, 73.0)],
+            None,
         );
-        let c = r.calibration.unwrap();
+        let c = r.calibration.clone().unwrap();
         assert!(c.within_tolerance && !c.overridden);
         assert_eq!(
             (r.method(), r.decided_by),
@@ -202,6 +286,7 @@ mod tests {
         r.apply_calibration(
             CalibrationMode::Override,
             &[(Method::RepStosb, 29.0), (Method::Avx512Nt, 73.0)],
+            None,
         );
         assert_eq!(r.method(), Method::Avx512Nt);
         assert_eq!(r.decided_by, DecidedBy::Calibration);
@@ -210,6 +295,7 @@ mod tests {
         r.apply_calibration(
             CalibrationMode::Override,
             &[(Method::RepStosb, 72.0), (Method::Avx512Nt, 73.0)],
+            None,
         );
         assert_eq!(
             (r.method(), r.decided_by),
@@ -220,8 +306,8 @@ mod tests {
     #[test]
     fn report_only_records() {
         let mut r = resolution(Method::Clzero);
-        r.apply_calibration(CalibrationMode::Report, &vec![(Method::Movnti, 37.0)]);
-        let c = r.calibration.unwrap();
+        r.apply_calibration(CalibrationMode::Report, &vec![(Method::Movnti, 37.0)], None);
+        let c = r.calibration.clone().unwrap();
         assert_eq!(c.rule_gbps, None);
         assert!(!c.within_tolerance && !c.overridden);
         assert_eq!(r.method(), Method::Clzero);
@@ -230,10 +316,56 @@ mod tests {
     #[test]
     fn off_and_empty_timings_change_nothing() {
         let mut r = resolution(Method::Clzero);
-        r.apply_calibration(CalibrationMode::Off, &[(Method::Movnti, 99.0)]);
+        r.apply_calibration(CalibrationMode::Off, &[(Method::Movnti, 99.0)], None);
         let empty: [(Method, f64); 0] = [];
-        r.apply_calibration(CalibrationMode::Override, &empty);
-        r.apply_calibration(CalibrationMode::Override, &[(Method::Movnti, f64::NAN)]);
+        r.apply_calibration(CalibrationMode::Override, &empty, None);
+        r.apply_calibration(
+            CalibrationMode::Override,
+            &[(Method::Movnti, f64::NAN)],
+            None,
+        );
         assert_eq!(r, resolution(Method::Clzero));
+    }
+
+    #[test]
+    fn auto_replaces_a_guess_but_keeps_a_measured_rule_within_its_margin() {
+        let timings = [(Method::Avx512Nt, 70.0), (Method::Clzero, 85.0)];
+        let mut guess = resolution(Method::Avx512Nt);
+        guess.apply_calibration(CalibrationMode::Auto, &timings, None);
+        assert_eq!(
+            (guess.method(), guess.decided_by),
+            (Method::Clzero, DecidedBy::Calibration)
+        );
+        let c = guess.calibration.as_ref().unwrap();
+        assert!(
+            c.reason
+                .starts_with("rule is guess: avx512-nt at 82% of clzero"),
+            "{}",
+            c.reason
+        );
+
+        let mut measured = resolution(Method::Avx512Nt);
+        measured.confidence = Confidence::Measured;
+        measured.apply_calibration(CalibrationMode::Auto, &timings, None);
+        assert_eq!(
+            (measured.method(), measured.decided_by),
+            (Method::Avx512Nt, DecidedBy::Rule)
+        );
+        let c = measured.calibration.clone().unwrap();
+        assert!(!c.overridden && !c.within_tolerance);
+        assert!(c.reason.contains("the rule stands"), "{}", c.reason);
+    }
+
+    #[test]
+    fn report_says_what_auto_would_do_without_doing_it() {
+        let mut r = resolution(Method::RepStosb);
+        r.apply_calibration(
+            CalibrationMode::Report,
+            &[(Method::RepStosb, 9.5), (Method::Avx512Nt, 23.0)],
+            None,
+        );
+        let c = r.calibration.clone().unwrap();
+        assert_eq!((r.method(), c.overridden), (Method::RepStosb, false));
+        assert!(c.reason.contains("avx512-nt would be used"), "{}", c.reason);
     }
 }

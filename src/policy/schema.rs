@@ -45,6 +45,7 @@ pub(super) struct RawRule {
     pub fence_interval: Option<Spanned<Scalar>>,
     pub threads: Option<Spanned<Scalar>>,
     pub source: Spanned<String>,
+    pub confidence: Option<Spanned<String>>,
 }
 
 /// A value that may be written as an integer or a string (`fence_interval = 2097152` or

@@ -7,6 +7,7 @@ use std::num::NonZeroUsize;
 use toml::Spanned;
 
 use super::clearing::{CalibrationMode, ClearingPolicy, IdMatch, NtMinExtent, Rule, Threads};
+use super::confidence::Confidence;
 use super::error::{Document, PolicyError};
 use super::schema::{RawDefaults, RawPolicy, RawRule, Scalar};
 use crate::clear::Method;
@@ -203,6 +204,13 @@ impl Validator<'_> {
                 "say where the rule's choice comes from (a measurement, a kernel or glibc change)",
             );
         }
+        let confidence = match &raw.confidence {
+            None => Confidence::Guess,
+            Some(c) => match c.get_ref().parse() {
+                Ok(c) => c,
+                Err(message) => return self.err(c.span(), &field("confidence"), message),
+            },
+        };
         Ok(Rule {
             name,
             line,
@@ -216,6 +224,7 @@ impl Validator<'_> {
             fence_interval,
             threads,
             source,
+            confidence,
         })
     }
 

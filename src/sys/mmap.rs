@@ -9,6 +9,23 @@ use crate::page_size::PageSize;
 /// `MADV_POPULATE_WRITE` (Linux 5.14); not yet in every libc release.
 const MADV_POPULATE_WRITE: libc::c_int = 23;
 
+/// Faults in the pages under `buf` for writing (`MADV_POPULATE_WRITE`): for a worker that
+/// holds one part of a mapping as a slice. `buf` must start on a 4 KiB boundary (`EINVAL`
+/// otherwise); an empty slice does nothing.
+pub fn populate_write_slice(buf: &mut [u8]) -> std::io::Result<()> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `buf` is mapped, writable memory of this process (we hold it mutably), so
+    // madvise can only fault its pages in; no Rust-visible state changes.
+    let r = unsafe { libc::madvise(buf.as_mut_ptr().cast(), buf.len(), MADV_POPULATE_WRITE) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// A failed memory-mapping call, with the length and errno the kernel gave.
 #[derive(Debug, thiserror::Error)]
 pub enum MmapError {
