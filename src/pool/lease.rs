@@ -176,6 +176,7 @@ impl Pool {
                 }
             };
             st.pending_names.insert(v.name.clone());
+            st.note_demand(v.node, v.page_size, v.size);
             break Ok(reserved);
         };
         if waiting {

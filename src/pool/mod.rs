@@ -27,6 +27,7 @@ mod record;
 mod recover;
 mod request;
 pub mod reserve;
+pub mod shape;
 mod status;
 mod worker;
 
@@ -144,6 +145,8 @@ struct State {
     reserve_backoff: BTreeMap<(u32, PageSize), Instant>,
     /// Kinds emptied by a drain: kept at a target of zero until resumed.
     drained: BTreeSet<(u32, PageSize)>,
+    /// Recent lease sizes per kind, that the demand shape learns from.
+    demand: BTreeMap<(u32, PageSize), shape::History>,
 }
 
 impl State {
