@@ -7,5 +7,6 @@ pub mod prefault;
 pub mod qemu;
 pub mod recycle;
 pub mod svg;
+pub mod trace;
 
 pub use crate::stats::Summary;

@@ -4,6 +4,7 @@
 mod bench_clear;
 mod bench_prefault;
 mod bench_recycle;
+mod bench_trace;
 mod cpu;
 mod doctor;
 mod drain;
@@ -71,6 +72,8 @@ pub enum BenchCommand {
     Prefault(bench_prefault::BenchPrefaultArgs),
     /// Recycling: scrub-and-return vs delete-and-refault, and warm lease latency.
     Recycle(bench_recycle::BenchRecycleArgs),
+    /// Lease trace replay: the fixed and the demand-shaped pool side by side.
+    Trace(bench_trace::BenchTraceArgs),
 }
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
@@ -99,6 +102,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Clear(args) => bench_clear::run(args),
             BenchCommand::Prefault(args) => bench_prefault::run(args),
             BenchCommand::Recycle(args) => bench_recycle::run(args),
+            BenchCommand::Trace(args) => bench_trace::run(args),
         },
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),

@@ -214,6 +214,7 @@ impl Pool {
                         let _ = f.set_len(old_size);
                         return Err(e.into());
                     }
+                    self.counters.lease_faulted(v.size - old_size);
                     Ok(f)
                 }
                 LeaseSource::Cold => {
@@ -222,6 +223,7 @@ impl Pool {
                         let _ = fs::remove_file(&path);
                         return Err(e.into());
                     }
+                    self.counters.lease_faulted(v.size);
                     Ok(f)
                 }
             }

@@ -18,6 +18,7 @@
 //! handed out unproven. See `docs/pool.md`.
 
 mod drain;
+mod counters;
 mod error;
 pub mod fault;
 mod holders;
@@ -50,6 +51,7 @@ use crate::topology::Topology;
 
 pub use crate::policy::pool as policy;
 pub use crate::policy::pool::{PoolPolicy, Verification};
+pub use counters::CounterSnapshot;
 pub use drain::{DrainReport, DrainRequest};
 pub use error::{PoolError, Result};
 pub use record::{file_key, FileRecord, FileState, LeaseInfo, LeaseRecord, LeaseSource};
@@ -213,6 +215,8 @@ pub struct Pool {
     /// Held while a pool is raised and while a drain gives pages back, so that a raise
     /// decided before a drain never lands after it.
     reserve_gate: Mutex<()>,
+    /// Bytes faulted since start.
+    counters: counters::Counters,
 }
 
 fn now_unix() -> u64 {
@@ -298,6 +302,7 @@ impl Pool {
             },
             reservations,
             reserve_gate: Mutex::new(()),
+            counters: counters::Counters::default(),
         }))
     }
 
@@ -318,6 +323,11 @@ impl Pool {
     /// The ledger of pages the daemon added to the kernel's pools.
     pub fn reservations(&self) -> &reserve::Reservations {
         &self.reservations
+    }
+
+    /// Bytes faulted since start, on the lease path and by the refill worker.
+    pub fn counters(&self) -> CounterSnapshot {
+        self.counters.snapshot()
     }
 
     /// The scrubber (clearing method).

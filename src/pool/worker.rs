@@ -529,6 +529,9 @@ impl Pool {
             .and_then(|f| {
                 fault::fault_range(&f, 0..rec.size, rec.node, threads).map_err(|e| e.to_string())
             });
+        if made.is_ok() {
+            self.counters.refill_faulted(rec.size);
+        }
         let mut st = self.lock();
         match made {
             Ok(()) => {
