@@ -132,7 +132,7 @@ fn compare(want: &[u64], have: &BTreeMap<u64, usize>) -> (Vec<u64>, BTreeMap<u64
         .iter()
         .filter_map(|(&s, &h)| {
             let w = want_n.get(&s).copied().unwrap_or(0);
-            (h > w).then_some((s, h - w))
+            (h > w).then(|| (s, h - w))
         })
         .collect();
     (missing, excess)
