@@ -41,7 +41,11 @@ fn the_pool_learns_a_leased_size_and_gives_back_the_others() {
     assert_eq!(first.source, LeaseSource::WarmGrown);
     d.release(first.id).unwrap();
     let p = d.settle(64 * MIB);
-    assert_eq!(p.kinds[0].warm_files, 2, "two 32 MiB files: {:?}", p.kinds[0]);
+    assert_eq!(
+        p.kinds[0].warm_files, 2,
+        "two 32 MiB files: {:?}",
+        p.kinds[0]
+    );
     for i in 0..4 {
         let l = d.lease(&format!("vm{i}"), 32 * MIB).unwrap();
         assert_eq!(l.source, LeaseSource::WarmExact, "lease {i}");

@@ -364,7 +364,11 @@ fn replay(
             samples.push(Sample { phase, ms, source });
             i += 1;
         }
-        let lag_ms = now_ms() - cfg.events.last().map_or(0.0, |e| (e.at_ms + e.hold_ms) as f64);
+        let lag_ms = now_ms()
+            - cfg
+                .events
+                .last()
+                .map_or(0.0, |e| (e.at_ms + e.hold_ms) as f64);
         let after = pool.counters();
         let mut phases: Vec<String> = Vec::new();
         for s in &samples {

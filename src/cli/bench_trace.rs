@@ -35,8 +35,8 @@ pub struct BenchTraceArgs {
 pub fn run(args: BenchTraceArgs) -> anyhow::Result<()> {
     let events = match &args.trace {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|source| trace::TraceBenchError::Read {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| trace::TraceBenchError::Read {
                     path: path.clone(),
                     source,
                 })?;

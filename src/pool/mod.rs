@@ -17,8 +17,8 @@
 //! (and a clean shutdown waits for requests in flight), so the file is scrubbed, never
 //! handed out unproven. See `docs/pool.md`.
 
-mod drain;
 mod counters;
+mod drain;
 mod error;
 pub mod fault;
 mod holders;

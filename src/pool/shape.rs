@@ -282,10 +282,7 @@ mod tests {
                 size: 4 * G,
                 count: 2,
             },
-            Flavor {
-                size: G,
-                count: 1,
-            },
+            Flavor { size: G, count: 1 },
         ];
         let t = target(9 * G, vec![G], f);
         assert_eq!(

@@ -7,13 +7,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::shape::Reshape;
 use super::{
     fault, file_key, holders, kernel, reserve, Entry, FileRecord, FileState, Pool, PoolMount,
     State, Work,
 };
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;
-use super::shape::Reshape;
 use crate::policy::pool::Shape;
 use crate::scrub::{ScrubError, ScrubOptions};
 use crate::units::format_bytes;
@@ -256,9 +256,11 @@ impl Pool {
             state: FileState::Warm,
             ..rec
         };
-        let journaled = cut
-            .map_err(|e| e.to_string())
-            .and_then(|()| self.journal.write(&warm.key(), &warm).map_err(|e| e.to_string()));
+        let journaled = cut.map_err(|e| e.to_string()).and_then(|()| {
+            self.journal
+                .write(&warm.key(), &warm)
+                .map_err(|e| e.to_string())
+        });
         match journaled {
             Ok(()) => {
                 tracing::info!(id, size = %format_bytes(size), "warm file cut to a size in demand");
