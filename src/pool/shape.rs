@@ -126,7 +126,7 @@ fn compare(want: &[u64], have: &BTreeMap<u64, usize>) -> (Vec<u64>, BTreeMap<u64
     let mut missing = Vec::new();
     for (&s, &n) in want_n.iter().rev() {
         let h = have.get(&s).copied().unwrap_or(0);
-        missing.extend(std::iter::repeat_n(s, n.saturating_sub(h)));
+        missing.extend(std::iter::repeat(s).take(n.saturating_sub(h)));
     }
     let excess = have
         .iter()
