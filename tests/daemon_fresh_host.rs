@@ -146,6 +146,10 @@ fn quick_start_on_a_host_with_no_free_hugepages() {
         }
     }
     assert_ne!(report["status"], "blocking", "{report:#}");
+    if !std::path::Path::new("/run/libvirt/libvirt-sock").exists() {
+        // Nothing here is degraded either (a running libvirtd without hugeprep's hook would be).
+        assert_eq!(out.status.code(), Some(0), "{report:#}");
+    }
 
     let lease: serde_json::Value =
         serde_json::from_str(&stdout(&hugeprep(&env, &["lease", "vm1", "4G", "--json"]))).unwrap();

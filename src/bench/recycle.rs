@@ -269,6 +269,9 @@ fn latency(
     policy.set_warm(cfg.page_size, 4 * cfg.lease_size, vec![cfg.lease_size]);
     policy.scrub_bandwidth = None;
     policy.threads = cfg.threads;
+    // The benchmark borrows its pages itself and gives back exactly those: its pool must not
+    // raise the kernel's pools on top.
+    policy.reserve.enabled = false;
     let pool = Pool::open(PoolConfig {
         state_dir: base.join("state"),
         mounts: vec![mount.to_path_buf()],

@@ -193,6 +193,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_area_is_checked_on_this_host() {
+        let dir = std::env::temp_dir().join(format!("hugeprep-doctor-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let opts = DoctorOptions {
+            socket: dir.join("none.sock"),
+            libvirt_dir: dir.clone(),
+            probe_1g: false,
+            ..DoctorOptions::default()
+        };
+        let report = run(&opts);
+        for check in [
+            "hugepages",
+            "mounts",
+            "kernel",
+            "limits",
+            "cpu",
+            "daemon",
+            "qemu",
+            "libvirt",
+            "systemd",
+        ] {
+            assert!(
+                report.findings.iter().any(|f| f.check == check),
+                "{check}: {report:#?}"
+            );
+        }
+        let daemon = report
+            .findings
+            .iter()
+            .find(|f| f.check == "daemon")
+            .unwrap();
+        assert_eq!(daemon.severity, Severity::Warning);
+        assert!(daemon.remedy.as_deref().unwrap().contains("scripts/run"));
+        // Every finding that is not ok says what to do, or is only information.
+        for f in &report.findings {
+            assert!(f.severity <= Severity::Info || f.remedy.is_some(), "{f:#?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn exit_code_follows_the_worst_finding() {
         let mut r = Report {
             status: Severity::Info,

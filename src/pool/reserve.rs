@@ -178,7 +178,11 @@ impl Reservations {
                     node = rec.node, page_size = %rec.page_size, recorded = rec.pages, total,
                     "the pool is smaller than what hugeprep recorded adding: recording {pages}"
                 );
-                journal.write(&k, &Reserved { pages, ..rec })?;
+                if pages == 0 {
+                    journal.remove(&k)?;
+                } else {
+                    journal.write(&k, &Reserved { pages, ..rec })?;
+                }
             }
             if pages > 0 {
                 added.insert((rec.node, rec.page_size), pages);
@@ -309,6 +313,28 @@ mod tests {
             ..on
         };
         assert_eq!(plan(1, ps, &off, 0, 64 * G), (0, Some(Limit::Disabled)));
+    }
+
+    #[test]
+    fn a_record_larger_than_the_pool_is_cut_to_it() {
+        let dir = std::env::temp_dir().join(format!("hugeprep-ledger-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let journal = Journal::open(&dir.join(LEDGER_DIR)).unwrap();
+        let huge = Reserved {
+            node: 0,
+            page_size: PageSize::Size1G,
+            pages: 1 << 40,
+        };
+        journal.write(&key(0, PageSize::Size1G), &huge).unwrap();
+        journal.write("stray", &huge).unwrap();
+        let ledger = Reservations::open(&dir).unwrap();
+        let total = kpool::read(Scope::Node(0), PageSize::Size1G).unwrap().total;
+        assert_eq!(ledger.added(0, PageSize::Size1G), total);
+        let kept: Vec<(String, Reserved)> = journal.load().unwrap();
+        assert!(kept
+            .iter()
+            .all(|(k, r)| *k == key(0, r.page_size) && r.pages == total));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
