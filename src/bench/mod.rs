@@ -10,6 +10,7 @@ pub mod prefault;
 pub mod qemu;
 pub mod recycle;
 pub mod svg;
+pub mod trace;
 pub mod vm_start;
 
 pub use crate::stats::Summary;

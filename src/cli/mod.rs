@@ -4,6 +4,7 @@
 mod bench_clear;
 mod bench_prefault;
 mod bench_recycle;
+mod bench_trace;
 mod bench_vm_start;
 mod clearing_in_use;
 mod cpu;
@@ -81,6 +82,8 @@ pub enum BenchCommand {
     Recycle(bench_recycle::BenchRecycleArgs),
     /// VM start: VMM preallocation vs no preallocation vs a hugeprep warm lease.
     VmStart(bench_vm_start::BenchVmStartArgs),
+    /// Lease trace replay: the fixed and the demand-shaped pool side by side.
+    Trace(bench_trace::BenchTraceArgs),
 }
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
@@ -110,6 +113,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Prefault(args) => bench_prefault::run(args),
             BenchCommand::Recycle(args) => bench_recycle::run(args),
             BenchCommand::VmStart(args) => bench_vm_start::run(args),
+            BenchCommand::Trace(args) => bench_trace::run(args),
         },
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),

@@ -46,12 +46,50 @@ pub struct TargetSpec {
     /// NUMA node; `None` applies to every node.
     #[serde(default)]
     pub node: Option<u32>,
-    /// Bytes to keep warm, e.g. `"4G"`.
+    /// Bytes to keep warm, e.g. `"4G"`; may be left out when `flavors` are given (then the
+    /// flavors' sum).
+    #[serde(default)]
     pub warm: String,
     /// File sizes to keep (a mix of VM sizes), e.g. `["1G", "2G"]`; empty: files of
     /// `min(warm, 16G)`, so a lease of the whole target (up to 16 GiB) is one warm file.
     #[serde(default)]
     pub sizes: Vec<String>,
+    /// VM sizes to keep warm as files of exactly that size, e.g.
+    /// `[{ size = "4G", count = 4 }]`; with flavors the pool does not learn its shape.
+    #[serde(default)]
+    pub flavors: Vec<FlavorSpec>,
+}
+
+/// One flavor as written in TOML or JSON: `count` warm files of `size`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlavorSpec {
+    /// File size, e.g. `"4G"`: a positive whole number of pages.
+    pub size: String,
+    /// How many warm files of that size.
+    pub count: u32,
+}
+
+/// A validated flavor: `count` warm files of `size` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Flavor {
+    /// Bytes per file, a whole number of pages.
+    pub size: u64,
+    /// Files.
+    pub count: u32,
+}
+
+/// How the pool chooses the sizes of its warm files (see `docs/pool.md`, "Shape").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Shape {
+    /// Flavors when given, else the sizes leased recently: released files of a size in demand
+    /// are kept, files of other sizes are shrunk to one in demand or given back.
+    #[default]
+    Demand,
+    /// The `sizes` mix only; a released file is kept only while the pool is below its target
+    /// (hugeprep 0.1's behaviour, kept for comparison: `hugeprep bench trace`).
+    Fixed,
 }
 
 /// The policy as written in TOML.
@@ -70,6 +108,9 @@ pub struct PoolPolicySpec {
     /// Warm targets.
     #[serde(default, rename = "target")]
     pub targets: Vec<TargetSpec>,
+    /// `demand` (default) or `fixed`: how warm file sizes are chosen.
+    #[serde(default)]
+    pub shape: Shape,
     /// Raise a node's kernel pool (`nr_hugepages`) by what its targets lack; `false` leaves
     /// the kernel's pools to the operator.
     #[serde(default = "default_true")]
@@ -134,6 +175,8 @@ pub struct Target {
     pub warm: u64,
     /// File sizes to create when refilling, whole pages each, never empty.
     pub sizes: Vec<u64>,
+    /// Flavors to keep warm (their sum is at most `warm`); empty: sizes or learned demand.
+    pub flavors: Vec<Flavor>,
 }
 
 /// A validated pool policy.
@@ -149,6 +192,8 @@ pub struct PoolPolicy {
     pub targets: Vec<Target>,
     /// Raising the kernel's pools for the targets.
     pub reserve: ReservePolicy,
+    /// How warm file sizes are chosen.
+    pub shape: Shape,
 }
 
 fn field_bytes(field: String, text: &str) -> Result<u64, PoolPolicyError> {
@@ -175,34 +220,7 @@ impl PoolPolicySpec {
         let bw = field_bytes("scrub_bandwidth".into(), &self.scrub_bandwidth)?;
         let mut targets = Vec::new();
         for (i, t) in self.targets.iter().enumerate() {
-            let warm = round_down(
-                field_bytes(format!("target[{i}].warm"), &t.warm)?,
-                t.page_size,
-            );
-            let mut sizes = Vec::new();
-            for (j, s) in t.sizes.iter().enumerate() {
-                let field = format!("target[{i}].sizes[{j}]");
-                let bytes = field_bytes(field.clone(), s)?;
-                if bytes == 0 || bytes % t.page_size.bytes() != 0 {
-                    return Err(PoolPolicyError::Field {
-                        field,
-                        message: format!(
-                            "{s} is not a positive multiple of the {} page size",
-                            t.page_size
-                        ),
-                    });
-                }
-                sizes.push(bytes);
-            }
-            if sizes.is_empty() && warm > 0 {
-                sizes.push(default_file_size(warm, t.page_size));
-            }
-            targets.push(Target {
-                page_size: t.page_size,
-                node: t.node,
-                warm,
-                sizes,
-            });
+            targets.push(t.validate(&format!("target[{i}]"))?);
         }
         let limit = match &self.reserve_limit {
             Some(text) => Some(field_bytes("reserve_limit".into(), text)?),
@@ -219,6 +237,96 @@ impl PoolPolicySpec {
                 margin: field_bytes("reserve_margin".into(), &self.reserve_margin)?,
                 release_on_stop: self.release_on_stop,
             },
+            shape: self.shape,
+        })
+    }
+}
+
+/// The most flavors one target may name, and files one flavor may ask for.
+pub const MAX_FLAVORS: usize = 64;
+/// See [`MAX_FLAVORS`].
+pub const MAX_FLAVOR_COUNT: u32 = 4096;
+
+impl TargetSpec {
+    /// Validates one target; errors name the field under `prefix` (e.g. `target[0]`).
+    pub fn validate(&self, prefix: &str) -> Result<Target, PoolPolicyError> {
+        let t = self;
+        let whole_pages = |field: String, s: &str| -> Result<u64, PoolPolicyError> {
+            let bytes = field_bytes(field.clone(), s)?;
+            if bytes == 0 || bytes % t.page_size.bytes() != 0 {
+                return Err(PoolPolicyError::Field {
+                    field,
+                    message: format!(
+                        "{s} is not a positive multiple of the {} page size",
+                        t.page_size
+                    ),
+                });
+            }
+            Ok(bytes)
+        };
+        if t.flavors.len() > MAX_FLAVORS {
+            return Err(PoolPolicyError::Field {
+                field: format!("{prefix}.flavors"),
+                message: format!("{} flavors: at most {MAX_FLAVORS}", t.flavors.len()),
+            });
+        }
+        let mut flavors = Vec::new();
+        let mut flavor_bytes: u64 = 0;
+        for (j, f) in t.flavors.iter().enumerate() {
+            let size = whole_pages(format!("{prefix}.flavors[{j}].size"), &f.size)?;
+            if f.count == 0 || f.count > MAX_FLAVOR_COUNT {
+                return Err(PoolPolicyError::Field {
+                    field: format!("{prefix}.flavors[{j}].count"),
+                    message: format!("{}: must be 1 to {MAX_FLAVOR_COUNT}", f.count),
+                });
+            }
+            flavor_bytes = size
+                .checked_mul(u64::from(f.count))
+                .and_then(|b| b.checked_add(flavor_bytes))
+                .ok_or_else(|| PoolPolicyError::Field {
+                    field: format!("{prefix}.flavors[{j}]"),
+                    message: "the flavors' sum overflows".into(),
+                })?;
+            flavors.push(Flavor {
+                size,
+                count: f.count,
+            });
+        }
+        let warm = if t.warm.is_empty() {
+            if flavors.is_empty() {
+                return Err(PoolPolicyError::Field {
+                    field: format!("{prefix}.warm"),
+                    message: "missing: give warm bytes or flavors".into(),
+                });
+            }
+            flavor_bytes
+        } else {
+            let warm = round_down(field_bytes(format!("{prefix}.warm"), &t.warm)?, t.page_size);
+            if warm < flavor_bytes {
+                return Err(PoolPolicyError::Field {
+                    field: format!("{prefix}.warm"),
+                    message: format!(
+                        "{} is less than the flavors' sum {}",
+                        format_bytes(warm),
+                        format_bytes(flavor_bytes)
+                    ),
+                });
+            }
+            warm
+        };
+        let mut sizes = Vec::new();
+        for (j, s) in t.sizes.iter().enumerate() {
+            sizes.push(whole_pages(format!("{prefix}.sizes[{j}]"), s)?);
+        }
+        if sizes.is_empty() && warm > 0 {
+            sizes.push(default_file_size(warm, t.page_size));
+        }
+        Ok(Target {
+            page_size: t.page_size,
+            node: t.node,
+            warm,
+            sizes,
+            flavors,
         })
     }
 }
@@ -244,6 +352,7 @@ impl PoolPolicy {
             threads: 0,
             targets: Vec::new(),
             reserve: ReservePolicy::default(),
+            shape: Shape::Demand,
         })
     }
 
@@ -279,6 +388,7 @@ impl PoolPolicy {
             node: None,
             warm,
             sizes,
+            flavors: Vec::new(),
         });
     }
 

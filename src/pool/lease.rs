@@ -215,6 +215,7 @@ impl Pool {
                 }
             };
             st.pending_names.insert(v.name.clone());
+            st.note_demand(v.node, v.page_size, v.size);
             break Ok(reserved);
         };
         if waiting {
@@ -252,6 +253,7 @@ impl Pool {
                         let _ = f.set_len(old_size);
                         return Err(e.into());
                     }
+                    self.counters.lease_faulted(v.size - old_size);
                     Ok(f)
                 }
                 LeaseSource::Cold => {
@@ -260,6 +262,7 @@ impl Pool {
                         let _ = fs::remove_file(&path);
                         return Err(e.into());
                     }
+                    self.counters.lease_faulted(v.size);
                     Ok(f)
                 }
             }

@@ -17,6 +17,7 @@
 //! (and a clean shutdown waits for requests in flight), so the file is scrubbed, never
 //! handed out unproven. See `docs/pool.md`.
 
+mod counters;
 mod drain;
 mod error;
 pub mod fault;
@@ -29,6 +30,7 @@ mod record;
 mod recover;
 mod request;
 pub mod reserve;
+pub mod shape;
 mod status;
 mod worker;
 
@@ -51,6 +53,7 @@ use crate::topology::Topology;
 
 pub use crate::policy::pool as policy;
 pub use crate::policy::pool::{PoolPolicy, Verification};
+pub use counters::CounterSnapshot;
 pub use drain::{DrainReport, DrainRequest};
 pub use error::{PoolError, Result};
 pub use record::{file_key, FileRecord, FileState, LeaseInfo, LeaseRecord, LeaseSource};
@@ -146,6 +149,8 @@ struct State {
     reserve_backoff: BTreeMap<(u32, PageSize), Instant>,
     /// Kinds emptied by a drain: kept at a target of zero until resumed.
     drained: BTreeSet<(u32, PageSize)>,
+    /// Recent lease sizes per kind, that the demand shape learns from.
+    demand: BTreeMap<(u32, PageSize), shape::History>,
 }
 
 impl State {
@@ -212,6 +217,8 @@ pub struct Pool {
     /// Held while a pool is raised and while a drain gives pages back, so that a raise
     /// decided before a drain never lands after it.
     reserve_gate: Mutex<()>,
+    /// Bytes faulted since start.
+    counters: counters::Counters,
 }
 
 fn now_unix() -> u64 {
@@ -297,6 +304,7 @@ impl Pool {
             },
             reservations,
             reserve_gate: Mutex::new(()),
+            counters: counters::Counters::default(),
         }))
     }
 
@@ -317,6 +325,11 @@ impl Pool {
     /// The ledger of pages the daemon added to the kernel's pools.
     pub fn reservations(&self) -> &reserve::Reservations {
         &self.reservations
+    }
+
+    /// Bytes faulted since start, on the lease path and by the refill worker.
+    pub fn counters(&self) -> CounterSnapshot {
+        self.counters.snapshot()
     }
 
     /// The scrubber (clearing method).

@@ -7,12 +7,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::shape::Reshape;
 use super::{
     fault, file_key, holders, holes, kernel, reserve, Entry, FileRecord, FileState, Pool,
     PoolMount, State, Work,
 };
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;
+use crate::policy::pool::Shape;
 use crate::scrub::{ScrubError, ScrubOptions};
 use crate::units::format_bytes;
 
@@ -28,6 +30,8 @@ enum Job {
     Scrub(u64),
     Delete(u64),
     Fill(u64),
+    /// Cut a warm file to a size in demand (see `shape`).
+    Shrink(u64, u64),
     Reserve {
         node: u32,
         page_size: PageSize,
@@ -70,6 +74,7 @@ impl Pool {
                 Job::Scrub(id) => self.scrub_job(id),
                 Job::Delete(id) => self.delete_job(id),
                 Job::Fill(id) => self.fill_job(id),
+                Job::Shrink(id, size) => self.shrink_job(id, size),
                 Job::Reserve {
                     node,
                     page_size,
@@ -97,11 +102,23 @@ impl Pool {
             .find(|e| e.busy.is_none() && e.rec.state == FileState::Dirty)
             .map(|e| e.rec.clone());
         if let Some(rec) = dirty {
-            let keep = st.pool_bytes(rec.node, rec.page_size) + rec.size
-                <= self.target(st, rec.node, rec.page_size);
+            // Under the demand shape a file of a size in demand is kept (cut to a missing
+            // size when its own is not), whatever the pool holds (see `shape`).
+            let (keep, size) = match self.policy.shape {
+                Shape::Demand => match self.reshape_dirty(st, &rec) {
+                    Reshape::Keep(_, size) => (true, size),
+                    _ => (false, rec.size),
+                },
+                Shape::Fixed => (
+                    st.pool_bytes(rec.node, rec.page_size) + rec.size
+                        <= self.target(st, rec.node, rec.page_size),
+                    rec.size,
+                ),
+            };
             if keep {
                 let scrubbing = FileRecord {
                     state: FileState::Scrubbing,
+                    size,
                     ..rec.clone()
                 };
                 if let Err(err) = self.journal.write(&scrubbing.key(), &scrubbing) {
@@ -114,6 +131,17 @@ impl Pool {
                 return self.mark(st, rec.id, Work::Scrub).map(Job::Scrub);
             }
             return self.mark(st, rec.id, Work::Delete).map(Job::Delete);
+        }
+        // 2. Demand shape: cut or give back warm files of sizes not in demand.
+        match self.reshape_any(st) {
+            Some(Reshape::Shrink(id, size)) => {
+                let e = st.files.get_mut(&id)?;
+                e.rec.size = size;
+                e.busy = Some(Work::Scrub);
+                return Some(Job::Shrink(id, size));
+            }
+            Some(Reshape::Delete(id)) => return self.mark(st, id, Work::Delete).map(Job::Delete),
+            _ => {}
         }
         // 2. Above target (the policy changed, or leases came back): give back warm files.
         for (ps, _) in self.mounts.iter() {
@@ -152,6 +180,20 @@ impl Pool {
                 // smaller than every size in the mix: fill it exactly then, or the pool would
                 // stay below its target for good (a small warm file still serves a grown lease).
                 let page = ps.bytes();
+                if self.policy.shape == Shape::Demand {
+                    let size = self.next_missing(st, node, *ps, deficit);
+                    if size == 0 {
+                        continue;
+                    }
+                    if kernel::available_bytes(node, *ps, &mount.root) < size {
+                        if let Some(job) = self.shortfall(st, node, *ps, mount, deficit, size) {
+                            return Some(job);
+                        }
+                        st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
+                        continue;
+                    }
+                    return self.new_fill(st, node, *ps, size);
+                }
                 let size = (0..n)
                     .map(|i| target.sizes[(st.refill_turn + i) % n])
                     .find(|&s| s <= deficit)
@@ -166,30 +208,72 @@ impl Pool {
                     continue;
                 }
                 st.refill_turn = st.refill_turn.wrapping_add(1);
-                let id = st.new_id();
-                let rec = FileRecord {
-                    id,
-                    page_size: *ps,
-                    node,
-                    size,
-                    state: FileState::Filling,
-                };
-                if let Err(err) = self.journal.write(&rec.key(), &rec) {
-                    tracing::error!(%err, "cannot journal a refill");
-                    st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
-                    return None;
-                }
-                st.files.insert(
-                    id,
-                    Entry {
-                        rec,
-                        busy: Some(Work::Refill),
-                    },
-                );
-                return Some(Job::Fill(id));
+                return self.new_fill(st, node, *ps, size);
             }
         }
         None
+    }
+
+    /// Journals a new file of `size` as filling and hands it to the worker.
+    fn new_fill(&self, st: &mut State, node: u32, ps: PageSize, size: u64) -> Option<Job> {
+        let id = st.new_id();
+        let rec = FileRecord {
+            id,
+            page_size: ps,
+            node,
+            size,
+            state: FileState::Filling,
+        };
+        if let Err(err) = self.journal.write(&rec.key(), &rec) {
+            tracing::error!(%err, "cannot journal a refill");
+            st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
+            return None;
+        }
+        st.files.insert(
+            id,
+            Entry {
+                rec,
+                busy: Some(Work::Refill),
+            },
+        );
+        Some(Job::Fill(id))
+    }
+
+    /// Cuts a warm file to `size` (its record already says `size` in memory), then journals
+    /// it; the journal still says the larger size until then, which recovery handles (an
+    /// unclean start scrubs it, a clean one cannot happen while the job runs).
+    fn shrink_job(&self, id: u64, size: u64) {
+        let Some(rec) = self.record(id) else { return };
+        let Ok(mount) = self.mount(rec.page_size) else {
+            return;
+        };
+        let cut = BackingFile::open(&mount.file_path(id), rec.page_size).and_then(|mut f| {
+            f.set_len(size)?;
+            Ok(())
+        });
+        let warm = FileRecord {
+            size,
+            state: FileState::Warm,
+            ..rec
+        };
+        let journaled = cut.map_err(|e| e.to_string()).and_then(|()| {
+            self.journal
+                .write(&warm.key(), &warm)
+                .map_err(|e| e.to_string())
+        });
+        match journaled {
+            Ok(()) => {
+                tracing::info!(id, size = %format_bytes(size), "warm file cut to a size in demand");
+                let mut st = self.lock();
+                if let Some(e) = st.files.get_mut(&id) {
+                    e.busy = None;
+                }
+            }
+            Err(err) => {
+                tracing::error!(id, %err, "cannot cut a warm file: deleting it");
+                self.delete_job(id);
+            }
+        }
     }
 
     /// A kind's target lacks `deficit` bytes and the kernel cannot supply the next file of
@@ -345,13 +429,20 @@ impl Pool {
             background: true,
             verify: self.policy.verify,
         };
-        let file = match BackingFile::open(&path, rec.page_size) {
+        let mut file = match BackingFile::open(&path, rec.page_size) {
             Ok(f) => f,
             Err(err) => {
                 tracing::error!(%err, "cannot open a released file: deleting it");
                 return self.delete_job(id);
             }
         };
+        if file.size() > rec.size {
+            // Kept at a smaller size in demand: cut first, scrub only what stays.
+            if let Err(err) = file.set_len(rec.size) {
+                tracing::error!(%err, "cannot cut a released file to the size in demand: deleting it");
+                return self.delete_job(id);
+            }
+        }
         if file.size() != rec.size {
             // Resized under a crash: scrub what is there and record it.
             tracing::info!(id, size = file.size(), "file size differs from journal");
@@ -465,6 +556,9 @@ impl Pool {
             .and_then(|f| {
                 fault::fault_range(&f, 0..rec.size, rec.node, threads).map_err(|e| e.to_string())
             });
+        if made.is_ok() {
+            self.counters.refill_faulted(rec.size);
+        }
         let mut st = self.lock();
         match made {
             Ok(()) => {

@@ -1,0 +1,318 @@
+//! The pool's shape: which file sizes each (node, page size) keeps warm, and the worker's
+//! reshaping decisions under `shape = "demand"` (see `docs/pool.md`, "Shape").
+//!
+//! The wanted shape is a multiset of file sizes that fills the kind's warm target: the
+//! target's flavors first; what the target has beyond them is split among the sizes leased
+//! recently (a bounded history) by their share of the bytes leased, topped up greedily with
+//! the most leased size that still fits, and the last bytes as one file of the remainder;
+//! without any history, the `sizes` mix as the fixed shape fills it.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::{FileRecord, FileState, Pool, State, Work};
+use crate::page_size::PageSize;
+use crate::policy::pool::{Shape, Target};
+
+/// Leases remembered per (node, page size) to learn the shape from.
+pub const HISTORY: usize = 64;
+
+/// The recent lease sizes of one kind, oldest first.
+pub type History = VecDeque<u64>;
+
+impl State {
+    /// Records a lease's size in its kind's history (bounded to [`HISTORY`]).
+    pub(super) fn note_demand(&mut self, node: u32, ps: PageSize, size: u64) {
+        let h = self.demand.entry((node, ps)).or_default();
+        if h.len() == HISTORY {
+            h.pop_front();
+        }
+        h.push_back(size);
+    }
+
+    /// Sizes of the files that are or will be warm (as [`State::pool_bytes`] counts them).
+    fn warm_sizes(&self, node: u32, ps: PageSize) -> BTreeMap<u64, usize> {
+        let mut have = BTreeMap::new();
+        for e in self.of_kind(node, ps) {
+            let counted = match e.busy {
+                Some(Work::Scrub) | Some(Work::Refill) => true,
+                None => e.rec.state == FileState::Warm,
+                _ => false,
+            };
+            if counted {
+                *have.entry(e.rec.size).or_insert(0) += 1;
+            }
+        }
+        have
+    }
+}
+
+/// `budget` bytes filled from `sizes` in turn (each size that still fits), the rest as one
+/// file of the remainder in whole pages: the fixed shape.
+fn cycle(sizes: &[u64], mut budget: u64, page: u64, out: &mut Vec<u64>) {
+    let mut progress = true;
+    while progress && budget > 0 {
+        progress = false;
+        for &s in sizes {
+            if s > 0 && s <= budget {
+                out.push(s);
+                budget -= s;
+                progress = true;
+            }
+        }
+    }
+    let rest = budget / page * page;
+    if rest > 0 {
+        out.push(rest);
+    }
+}
+
+/// The wanted warm files of a kind, largest first: see the module documentation.
+pub fn wanted(target: &Target, shape: Shape, history: &[u64], page: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut budget = target.warm;
+    for f in &target.flavors {
+        for _ in 0..f.count {
+            if f.size <= budget {
+                out.push(f.size);
+                budget -= f.size;
+            }
+        }
+    }
+    let mut counts: BTreeMap<u64, u64> = BTreeMap::new();
+    if shape == Shape::Demand && target.flavors.is_empty() {
+        for &s in history.iter().filter(|&&s| s > 0 && s <= budget) {
+            *counts.entry(s).or_insert(0) += 1;
+        }
+    }
+    if counts.is_empty() {
+        cycle(&target.sizes, budget, page, &mut out);
+    } else {
+        let weight: u128 = counts.iter().map(|(s, c)| u128::from(*s * c)).sum();
+        let start = budget;
+        let mut by_weight: Vec<(u64, u64)> = counts.iter().map(|(s, c)| (*s, *c)).collect();
+        by_weight.sort_by_key(|(s, c)| std::cmp::Reverse((s * c, *s)));
+        for &(s, c) in &by_weight {
+            let share = u128::from(start) * u128::from(s * c) / weight.max(1);
+            let n = (share / u128::from(s)) as u64;
+            for _ in 0..n {
+                if s <= budget {
+                    out.push(s);
+                    budget -= s;
+                }
+            }
+        }
+        let mut by_count = by_weight;
+        by_count.sort_by_key(|(s, c)| std::cmp::Reverse((*c, *s)));
+        while let Some(&(s, _)) = by_count.iter().find(|(s, _)| *s <= budget) {
+            out.push(s);
+            budget -= s;
+        }
+        let rest = budget / page * page;
+        if rest > 0 {
+            out.push(rest);
+        }
+    }
+    out.sort_unstable_by(|a, b| b.cmp(a));
+    out
+}
+
+/// Wanted minus warm: the sizes missing (largest first, with repeats) and the sizes in
+/// excess, by size.
+fn compare(want: &[u64], have: &BTreeMap<u64, usize>) -> (Vec<u64>, BTreeMap<u64, usize>) {
+    let mut want_n: BTreeMap<u64, usize> = BTreeMap::new();
+    for &s in want {
+        *want_n.entry(s).or_insert(0) += 1;
+    }
+    let mut missing = Vec::new();
+    for (&s, &n) in want_n.iter().rev() {
+        let h = have.get(&s).copied().unwrap_or(0);
+        missing.extend(std::iter::repeat(s).take(n.saturating_sub(h)));
+    }
+    let excess = have
+        .iter()
+        .filter_map(|(&s, &h)| {
+            let w = want_n.get(&s).copied().unwrap_or(0);
+            (h > w).then(|| (s, h - w))
+        })
+        .collect();
+    (missing, excess)
+}
+
+/// What the demand-shaped worker does next (before refilling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reshape {
+    /// Scrub the dirty file and keep it, cut to this size first.
+    Keep(u64, u64),
+    /// Delete the file.
+    Delete(u64),
+    /// Cut the warm file to this size (frees the tail; faults nothing).
+    Shrink(u64, u64),
+}
+
+impl Pool {
+    /// The kind's wanted warm files under the current target, history and drain.
+    pub(super) fn wanted_sizes(&self, st: &State, node: u32, ps: PageSize) -> Vec<u64> {
+        if st.drained.contains(&(node, ps)) {
+            return Vec::new();
+        }
+        let Some(target) = self.policy.target(node, ps) else {
+            return Vec::new();
+        };
+        let history: Vec<u64> = st
+            .demand
+            .get(&(node, ps))
+            .map(|h| h.iter().copied().collect())
+            .unwrap_or_default();
+        wanted(target, self.policy.shape, &history, ps.bytes())
+    }
+
+    /// The largest missing size that fits the kind's byte deficit (the refill's next file
+    /// under the demand shape).
+    pub(super) fn next_missing(&self, st: &State, node: u32, ps: PageSize, deficit: u64) -> u64 {
+        let want = self.wanted_sizes(st, node, ps);
+        let (missing, _) = compare(&want, &st.warm_sizes(node, ps));
+        missing.into_iter().find(|&s| s <= deficit).unwrap_or(0)
+    }
+
+    /// Decides what to do with a released (dirty) file under the demand shape.
+    pub(super) fn reshape_dirty(&self, st: &State, rec: &FileRecord) -> Reshape {
+        let (node, ps, s) = (rec.node, rec.page_size, rec.size);
+        let want = self.wanted_sizes(st, node, ps);
+        let have = st.warm_sizes(node, ps);
+        let (missing, _) = compare(&want, &have);
+        if missing.contains(&s) {
+            return Reshape::Keep(rec.id, s);
+        }
+        if let Some(&w) = missing.iter().find(|&&w| w < s) {
+            return Reshape::Keep(rec.id, w);
+        }
+        let target: u64 = want.iter().sum();
+        if st.pool_bytes(node, ps) + s <= target {
+            return Reshape::Keep(rec.id, s);
+        }
+        Reshape::Delete(rec.id)
+    }
+
+    /// Reshapes one kind's idle warm files toward the wanted shape: cut a file of a size in
+    /// excess to a missing size below it, else give back files in excess while the pool is
+    /// above its target or a missing file has no room.
+    pub(super) fn reshape_warm(&self, st: &State, node: u32, ps: PageSize) -> Option<Reshape> {
+        let want = self.wanted_sizes(st, node, ps);
+        let target: u64 = want.iter().sum();
+        let (missing, excess) = compare(&want, &st.warm_sizes(node, ps));
+        let idle: Vec<(u64, u64)> = st
+            .of_kind(node, ps)
+            .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
+            .map(|e| (e.rec.id, e.rec.size))
+            .collect();
+        let surplus: Vec<(u64, u64)> = idle
+            .iter()
+            .copied()
+            .filter(|(_, s)| excess.contains_key(s))
+            .collect();
+        for &w in &missing {
+            if let Some(&(id, _)) = surplus
+                .iter()
+                .filter(|(_, s)| *s > w)
+                .min_by_key(|(_, s)| *s)
+            {
+                return Some(Reshape::Shrink(id, w));
+            }
+        }
+        let pool = st.pool_bytes(node, ps);
+        let no_room = missing
+            .last()
+            .is_some_and(|&w| pool + w > target && !surplus.is_empty());
+        if pool > target || no_room {
+            let victim = surplus
+                .iter()
+                .max_by_key(|(_, s)| *s)
+                .or_else(|| (pool > target).then(|| idle.iter().max_by_key(|(_, s)| *s))?);
+            return victim.map(|&(id, _)| Reshape::Delete(id));
+        }
+        None
+    }
+
+    /// The next reshaping step of any kind under the demand shape.
+    pub(super) fn reshape_any(&self, st: &State) -> Option<Reshape> {
+        if self.policy.shape != Shape::Demand {
+            return None;
+        }
+        for ps in self.mounts.keys() {
+            for node in self.topology.node_ids() {
+                if let Some(r) = self.reshape_warm(st, node, *ps) {
+                    return Some(r);
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::pool::Flavor;
+
+    const G: u64 = 1 << 30;
+    const M: u64 = 1 << 20;
+
+    fn target(warm: u64, sizes: Vec<u64>, flavors: Vec<Flavor>) -> Target {
+        Target {
+            page_size: PageSize::Size2M,
+            node: None,
+            warm,
+            sizes,
+            flavors,
+        }
+    }
+
+    #[test]
+    fn without_history_the_sizes_mix_fills_the_target() {
+        let t = target(4 * G, vec![G, 2 * G], vec![]);
+        assert_eq!(wanted(&t, Shape::Demand, &[], 2 * M), vec![2 * G, G, G]);
+        let t = target(5 * G, vec![2 * G], vec![]);
+        assert_eq!(wanted(&t, Shape::Demand, &[], 2 * M), vec![2 * G, 2 * G, G]);
+    }
+
+    #[test]
+    fn flavors_come_first_and_history_is_ignored_with_them() {
+        let f = vec![
+            Flavor {
+                size: 4 * G,
+                count: 2,
+            },
+            Flavor { size: G, count: 1 },
+        ];
+        let t = target(9 * G, vec![G], f);
+        assert_eq!(
+            wanted(&t, Shape::Demand, &[512 * M; 10], 2 * M),
+            vec![4 * G, 4 * G, G]
+        );
+    }
+
+    #[test]
+    fn history_shares_the_target_by_bytes_leased() {
+        let t = target(4 * G, vec![4 * G], vec![]);
+        // Only 4 GiB leases: one 4 GiB file, as --warm 4G should keep.
+        assert_eq!(wanted(&t, Shape::Demand, &[4 * G; 3], 2 * M), vec![4 * G]);
+        // 1 GiB and 2 GiB leases alike: a third of the bytes to 1 GiB, two thirds to 2 GiB.
+        let h = [G, 2 * G, G, 2 * G];
+        assert_eq!(wanted(&t, Shape::Demand, &h, 2 * M), vec![2 * G, G, G]);
+        // Sizes above the target cannot be kept and do not count.
+        assert_eq!(
+            wanted(&t, Shape::Demand, &[8 * G, 3 * G], 2 * M),
+            vec![3 * G, G]
+        );
+        // The fixed shape never learns.
+        assert_eq!(wanted(&t, Shape::Fixed, &h, 2 * M), vec![4 * G]);
+    }
+
+    #[test]
+    fn compare_finds_missing_and_excess() {
+        let have = BTreeMap::from([(G, 3), (4 * G, 1)]);
+        let (missing, excess) = compare(&[4 * G, 2 * G, G], &have);
+        assert_eq!(missing, vec![2 * G]);
+        assert_eq!(excess, BTreeMap::from([(G, 2)]));
+    }
+}
