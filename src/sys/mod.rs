@@ -6,5 +6,6 @@ pub mod affinity;
 pub mod mmap;
 pub mod numa;
 pub mod pidfd;
+pub mod pin;
 pub mod priority;
 pub mod signals;
