@@ -330,6 +330,7 @@ fn latency(
                 node: Some(0),
                 owner: None,
                 pid: None,
+                pin: false,
             };
             let t = Instant::now();
             let lease = client.lease(&req).await?;

@@ -22,6 +22,7 @@ pub mod fault;
 mod holders;
 mod kernel;
 mod lease;
+mod pin;
 mod record;
 mod recover;
 mod request;
@@ -55,6 +56,11 @@ pub use status::{KindStatus, PoolStatus};
 
 /// How long a lease waits for dirty memory to be scrubbed before giving up.
 const LEASE_WAIT: Duration = Duration::from_secs(120);
+
+/// How long after a lease or a release the worker leaves the CPUs, the memory bandwidth and
+/// the kernel's hugetlb fault mutexes to the VMM that starts on it: its pin and its first
+/// touches run within this window (see docs/pinning.md for what was measured).
+pub const LESSEE_GRACE: Duration = Duration::from_secs(2);
 
 /// What the pool needs to start.
 #[derive(Debug, Clone)]
@@ -134,6 +140,9 @@ struct State {
     pending_names: BTreeSet<String>,
     refill_turn: usize,
     refill_backoff: Option<Instant>,
+    /// Until then the worker starts no refill or background scrub: the lessee's VMM is
+    /// starting (see [`LESSEE_GRACE`]).
+    lessee_grace: Option<Instant>,
     last_scrub: Option<ScrubReport>,
 }
 
@@ -197,6 +206,8 @@ pub struct Pool {
     shutdown: AtomicBool,
     clean_start: bool,
     daemon_owner: Owner,
+    /// Long-term pins of pinned leases, by file id; dropped at release or shutdown.
+    pins: Mutex<BTreeMap<u64, crate::sys::pin::LongTermPin>>,
 }
 
 fn now_unix() -> u64 {
@@ -279,6 +290,7 @@ impl Pool {
                 uid: nix::unistd::getuid().as_raw(),
                 gid: nix::unistd::getgid().as_raw(),
             },
+            pins: Mutex::new(BTreeMap::new()),
         }))
     }
 
@@ -350,6 +362,8 @@ impl Pool {
                 _ => None,
             })
             .collect();
+        drop(st);
+        self.mark_pinned(&mut out);
         out.sort_by_key(|l| l.id);
         out
     }
@@ -379,6 +393,7 @@ impl Pool {
     pub fn shutdown(&self) {
         self.shutdown.store(true, Ordering::SeqCst);
         self.control.cancel();
+        self.unpin_all();
         self.changed.notify_all();
     }
 

@@ -217,7 +217,12 @@ mod tests {
         let pin = LongTermPin::pin(map).unwrap();
         assert_eq!(pin.len(), 4 << 20);
         // The pin faulted every page in.
-        assert!(pin.mapping().resident(0, 4 << 20).unwrap().iter().all(|&b| b));
+        assert!(pin
+            .mapping()
+            .resident(0, 4 << 20)
+            .unwrap()
+            .iter()
+            .all(|&b| b));
         pin.unpin();
     }
 
