@@ -3,6 +3,8 @@
 
 pub mod clear;
 pub mod clear_report;
+pub mod daemon;
+pub mod pin;
 pub mod prefault;
 pub mod qemu;
 pub mod recycle;

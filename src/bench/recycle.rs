@@ -9,20 +9,19 @@
 //!    from request to answer, with the pool settled (warm) before each one.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::api::{self, ApiState, CpuReport};
+use crate::bench::daemon::{BenchDaemon, BenchDaemonError};
 use crate::bench::Summary;
 use crate::clear::ClearError;
 use crate::clear::ClearPlan;
-use crate::client::{Client, ClientError};
+use crate::client::ClientError;
 use crate::hugetlb::{BackingFile, FileError, MountError, MountOptions, OwnedMount, PoolTopUp};
 use crate::page_size::PageSize;
 use crate::policy::pool::Verification;
-use crate::pool::{fault, LeaseRequest, LeaseSource, Pool, PoolConfig, PoolPolicy};
+use crate::pool::{fault, LeaseRequest, LeaseSource, PoolPolicy};
 use crate::scrub::{ScrubControl, ScrubError, ScrubOptions, Scrubber};
 use crate::units::{format_bytes, gbps};
 
@@ -82,24 +81,9 @@ pub enum RecycleBenchError {
     /// A lease request over the API failed.
     #[error("bench recycle: {0}")]
     Client(#[from] ClientError),
-    /// Starting a thread, the runtime or the socket failed.
-    #[error("bench recycle: {op}: {source}")]
-    Io {
-        /// What was being started.
-        op: &'static str,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// The warm pool did not reach its target in time (a liveness bound).
-    #[error("bench recycle: the warm pool did not refill within {seconds} s")]
-    Refill {
-        /// The bound.
-        seconds: u64,
-    },
-}
-
-fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> RecycleBenchError {
-    move |source| RecycleBenchError::Io { op, source }
+    /// The benchmark's in-process daemon failed.
+    #[error("bench recycle: {0}")]
+    Daemon(#[from] BenchDaemonError),
 }
 
 /// Throughput of one path.
@@ -264,73 +248,26 @@ fn latency(
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("hugeprep-bench-recycle-{}", std::process::id())),
     };
-    let _ = std::fs::remove_dir_all(&base);
     let mut policy = PoolPolicy::embedded();
     policy.set_warm(cfg.page_size, 4 * cfg.lease_size, vec![cfg.lease_size]);
     policy.scrub_bandwidth = None;
     policy.threads = cfg.threads;
-    let pool = Pool::open(PoolConfig {
-        state_dir: base.join("state"),
-        mounts: vec![mount.to_path_buf()],
-        policy,
-        plan: cfg.plan,
-    })?;
-    let worker = pool.spawn_worker().map_err(io("spawn the pool worker"))?;
-    let socket = base.join("bench.sock");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(io("start the runtime"))?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let listener = rt
-        .block_on(async { tokio::net::UnixListener::bind(&socket) })
-        .map_err(io("bind the benchmark's API socket"))?;
-    let state = ApiState {
-        pool: Arc::clone(&pool),
-        cpu: Arc::new(CpuReport {
-            method: cfg.plan.method,
-            plan: cfg.plan,
-            rule: "bench".into(),
-            source: "bench recycle's own plan".into(),
-            decided_by: crate::policy::DecidedBy::Rule,
-            calibration: None,
-        }),
-    };
-    let server = rt.spawn(api::serve(listener, state, async {
-        let _ = stop_rx.await;
-    }));
-    let client = Client::new(&socket);
-    let settle = || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !(pool.is_idle()
-            && pool
-                .status()
-                .kinds
-                .iter()
-                .all(|k| k.warm_bytes >= k.target_bytes))
-        {
-            if Instant::now() > deadline {
-                return Err(RecycleBenchError::Refill { seconds: 60 });
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        Ok(())
-    };
+    let daemon = BenchDaemon::start(base, mount, policy, cfg.plan)?;
+    // The lessee grace would make every settle wait for it; this part times the lease alone.
+    daemon.pool.set_lessee_grace(Duration::ZERO);
+    let client = &daemon.client;
     let mut samples = Vec::with_capacity(cfg.leases);
     let mut warm_exact = 0;
-    let result = rt.block_on(async {
+    daemon.block_on(async {
         // Warm-up: 20 leases untimed.
         for i in 0..cfg.leases + 20 {
-            settle()?;
+            daemon.settle()?;
             let req = LeaseRequest {
                 name: format!("bench{i}"),
                 size: cfg.lease_size,
                 page_size: Some(cfg.page_size),
                 node: Some(0),
-                owner: None,
-                pid: None,
-                pin: false,
+                ..LeaseRequest::default()
             };
             let t = Instant::now();
             let lease = client.lease(&req).await?;
@@ -342,14 +279,8 @@ fn latency(
             client.release(lease.id).await?;
         }
         Ok::<(), RecycleBenchError>(())
-    });
-    let _ = stop_tx.send(());
-    let _ = rt.block_on(server);
-    pool.shutdown();
-    let _ = worker.join();
-    drop(pool);
-    let _ = std::fs::remove_dir_all(&base);
-    result?;
+    })?;
+    drop(daemon);
     let out = LatencyResult {
         leases: samples.len(),
         lease_size: cfg.lease_size,

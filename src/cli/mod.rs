@@ -2,6 +2,7 @@
 //! This is the only place (with `main.rs`) that uses `anyhow`.
 
 mod bench_clear;
+mod bench_pin;
 mod bench_prefault;
 mod bench_recycle;
 mod cpu;
@@ -62,6 +63,8 @@ pub enum BenchCommand {
     Prefault(bench_prefault::BenchPrefaultArgs),
     /// Recycling: scrub-and-return vs delete-and-refault, and warm lease latency.
     Recycle(bench_recycle::BenchRecycleArgs),
+    /// Long-term pin (VFIO's path) of never-faulted memory vs of a lease.
+    Pin(bench_pin::BenchPinArgs),
 }
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
@@ -90,6 +93,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Clear(args) => bench_clear::run(args),
             BenchCommand::Prefault(args) => bench_prefault::run(args),
             BenchCommand::Recycle(args) => bench_recycle::run(args),
+            BenchCommand::Pin(args) => bench_pin::run(args),
         },
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),

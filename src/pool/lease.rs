@@ -294,7 +294,7 @@ impl Pool {
             e.busy = None;
         }
         st.pending_names.remove(&v.name);
-        st.lessee_grace = Some(Instant::now() + LESSEE_GRACE);
+        st.lessee_grace = self.lessee_grace_until();
         self.changed.notify_all();
         Ok(info)
     }
@@ -387,7 +387,7 @@ impl Pool {
         if let Some(e) = st.files.get_mut(&id) {
             e.busy = None;
         }
-        st.lessee_grace = Some(Instant::now() + LESSEE_GRACE);
+        st.lessee_grace = self.lessee_grace_until();
         self.changed.notify_all();
         tracing::info!(lease = lease_id, name = %info.name, "released");
         Ok(info)

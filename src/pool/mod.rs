@@ -208,6 +208,8 @@ pub struct Pool {
     daemon_owner: Owner,
     /// Long-term pins of pinned leases, by file id; dropped at release or shutdown.
     pins: Mutex<BTreeMap<u64, crate::sys::pin::LongTermPin>>,
+    /// The lessee grace in force, ms ([`LESSEE_GRACE`] unless set).
+    grace_ms: std::sync::atomic::AtomicU64,
 }
 
 fn now_unix() -> u64 {
@@ -291,6 +293,7 @@ impl Pool {
                 gid: nix::unistd::getgid().as_raw(),
             },
             pins: Mutex::new(BTreeMap::new()),
+            grace_ms: std::sync::atomic::AtomicU64::new(LESSEE_GRACE.as_millis() as u64),
         }))
     }
 
@@ -387,6 +390,19 @@ impl Pool {
         st.files.values().all(|e| {
             e.busy.is_none() && matches!(e.rec.state, FileState::Warm | FileState::Leased(_))
         })
+    }
+
+    /// Sets how long the worker leaves a new lessee alone (zero: not at all, as before
+    /// [`LESSEE_GRACE`] existed; benchmarks compare both).
+    pub fn set_lessee_grace(&self, grace: Duration) {
+        let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        self.grace_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The grace window starting now.
+    fn lessee_grace_until(&self) -> Option<Instant> {
+        let ms = self.grace_ms.load(Ordering::Relaxed);
+        (ms > 0).then(|| Instant::now() + Duration::from_millis(ms))
     }
 
     /// Stops the worker and running scrubs; requests fail with `ShuttingDown`.
