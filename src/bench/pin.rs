@@ -159,8 +159,7 @@ impl Sizer<'_> {
     }
 
     fn release(&self, lease: &LeaseInfo) -> Result<(), PinBenchError> {
-        self.daemon
-            .block_on(self.daemon.client.release(lease.id))?;
+        self.daemon.block_on(self.daemon.client.release(lease.id))?;
         Ok(())
     }
 
@@ -260,10 +259,12 @@ fn run_size(
         .into_iter()
         .zip(CASES)
         .map(|((pins, unpins, busy), case)| {
-            let summary = |v: &[f64]| Summary::of(v).ok_or(PinBenchError::Invalid {
-                field: "reps",
-                reason: "must be at least 1".into(),
-            });
+            let summary = |v: &[f64]| {
+                Summary::of(v).ok_or(PinBenchError::Invalid {
+                    field: "reps",
+                    reason: "must be at least 1".into(),
+                })
+            };
             Ok(CaseResult {
                 case,
                 pin_ms: summary(&pins)?,

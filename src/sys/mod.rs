@@ -3,6 +3,8 @@
 
 pub mod activation;
 pub mod affinity;
+#[cfg(feature = "kvm")]
+pub mod kvm;
 pub mod mmap;
 pub mod numa;
 pub mod pidfd;
