@@ -5,6 +5,7 @@ mod bench_clear;
 mod bench_pin;
 mod bench_prefault;
 mod bench_recycle;
+mod ch_args;
 mod cpu;
 mod lease;
 mod mount;
@@ -52,6 +53,8 @@ pub enum Command {
     Prepare(prepare::PrepareArgs),
     /// Mount hugetlbfs of a page size, list the mounts, or unmount one.
     Mount(mount::MountArgs),
+    /// cloud-hypervisor memory arguments (or vm.create JSON) for leases.
+    ChArgs(ch_args::ChArgsArgs),
 }
 
 /// `hugeprep bench ...`.
@@ -98,6 +101,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),
         Command::Mount(args) => mount::run(args),
+        Command::ChArgs(args) => ch_args::run(args),
         Command::Cpu(args) => cpu::run(args),
     }
 }
