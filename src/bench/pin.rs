@@ -179,6 +179,9 @@ impl Sizer<'_> {
     fn run(&mut self, case: usize) -> Result<(f64, f64, bool), PinBenchError> {
         match case {
             0 => {
+                // The baseline gets a quiet pool too: the previous case's release leaves
+                // scrubs and refills behind.
+                self.daemon.settle()?;
                 let path = self.mount.join("never-faulted");
                 let file = BackingFile::create(&path, self.size, self.ps, None)?;
                 drop(file);
