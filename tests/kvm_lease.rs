@@ -2,6 +2,8 @@
 //! (pinned) lease checks the memory is zero, writes a value across it and halts; the host
 //! reads the values through the lease file; the released lease comes back scrubbed.
 
+#![cfg(feature = "kvm")]
+
 mod daemon_util;
 
 use daemon_util::{Env, MIB};
