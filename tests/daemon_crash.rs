@@ -90,6 +90,7 @@ fn churn(
                 node: None,
                 owner: None,
                 pid: None,
+                pin: false,
             };
             let Ok(lease) = d_client.blocking(d_client.lease(&req)) else {
                 return;

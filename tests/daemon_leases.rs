@@ -69,6 +69,7 @@ fn deleting_the_lease_path_frees_nothing_and_owner_gets_the_file() {
             node: Some(0),
             owner: Some("nobody".into()),
             pid: None,
+            pin: false,
         })
         .unwrap();
     let meta = std::fs::metadata(&lease.path).unwrap();
@@ -96,6 +97,7 @@ fn lease_is_released_when_its_process_exits() {
             node: None,
             owner: None,
             pid: Some(child.id()),
+            pin: false,
         })
         .unwrap();
     assert_eq!(lease.pid, Some(child.id()));

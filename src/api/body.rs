@@ -7,7 +7,7 @@ use crate::page_size::PageSize;
 use crate::pool::LeaseRequest;
 
 /// The fields of `POST /v1/leases`.
-pub const LEASE_FIELDS: [&str; 6] = ["name", "size", "page_size", "node", "owner", "pid"];
+pub const LEASE_FIELDS: [&str; 7] = ["name", "size", "page_size", "node", "owner", "pid", "pin"];
 
 fn u32_field(obj: &Map<String, Value>, field: &str) -> Result<Option<u32>, ApiError> {
     match obj.get(field) {
@@ -103,6 +103,16 @@ pub fn parse_lease_request(body: &[u8]) -> Result<LeaseRequest, ApiError> {
             ))
         }
     };
+    let pin = match obj.get("pin") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(ApiError::field(
+                "pin",
+                format!("expected true or false, got {v}"),
+            ))
+        }
+    };
     Ok(LeaseRequest {
         name,
         size,
@@ -110,6 +120,7 @@ pub fn parse_lease_request(body: &[u8]) -> Result<LeaseRequest, ApiError> {
         node: u32_field(&obj, "node")?,
         owner,
         pid: u32_field(&obj, "pid")?,
+        pin,
     })
 }
 
@@ -151,6 +162,10 @@ mod tests {
         assert_eq!(
             field_of(r#"{"name":"a","size":1,"evil":true}"#).as_deref(),
             Some("evil")
+        );
+        assert_eq!(
+            field_of(r#"{"name":"a","size":1,"pin":"yes"}"#).as_deref(),
+            Some("pin")
         );
         assert_eq!(field_of(r#"{"name":"a","#), None);
         assert_eq!(field_of("[1]"), None);

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::api::{self, ApiState, CpuReport};
+use crate::client::Client;
 use crate::pool::{Pool, PoolConfig, PoolError};
 
 /// Starting or waiting for the benchmark's daemon failed.
@@ -44,6 +45,7 @@ pub struct BenchDaemon {
     server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     socket: PathBuf,
+    client: Client,
 }
 
 impl BenchDaemon {
@@ -89,12 +91,23 @@ impl BenchDaemon {
             server: Some(server),
             stop: Some(stop),
             socket: socket.to_path_buf(),
+            client: Client::new(socket),
         })
     }
 
     /// The API socket.
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// A client of the API socket.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Runs `f` on the daemon's runtime (client calls are async).
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.runtime.block_on(f)
     }
 
     /// The pool.

@@ -325,7 +325,6 @@ fn latency(
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("hugeprep-bench-recycle-{}", std::process::id())),
     };
-    let _ = std::fs::remove_dir_all(&base);
     let mut policy = PoolPolicy::embedded();
     policy.set_warm(cfg.page_size, 4 * cfg.lease_size, vec![cfg.lease_size]);
     policy.scrub_bandwidth = None;
@@ -339,6 +338,8 @@ fn latency(
         },
         &base.join("bench.sock"),
     )?;
+    // The lessee grace would make every settle wait for it; this part times the lease alone.
+    daemon.pool().set_lessee_grace(Duration::ZERO);
     let client = Client::new(daemon.socket());
     let settle = || daemon.settle(Duration::from_secs(60));
     let mut samples = Vec::with_capacity(cfg.leases);
@@ -352,8 +353,7 @@ fn latency(
                 size: cfg.lease_size,
                 page_size: Some(cfg.page_size),
                 node: Some(0),
-                owner: None,
-                pid: None,
+                ..LeaseRequest::default()
             };
             let t = Instant::now();
             let lease = client.lease(&req).await?;

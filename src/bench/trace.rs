@@ -344,6 +344,7 @@ fn replay(
                 node: Some(0),
                 owner: None,
                 pid: None,
+                pin: false,
             };
             let t = Instant::now();
             let got = pool.lease(&req);

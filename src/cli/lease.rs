@@ -27,6 +27,9 @@ pub struct LeaseArgs {
     /// Release automatically when this process exits.
     #[arg(long)]
     pub pid: Option<u32>,
+    /// Long-term pin every page (as VFIO does) before the lease is returned, until release.
+    #[arg(long)]
+    pub pin: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -66,6 +69,7 @@ pub fn run(args: LeaseArgs) -> anyhow::Result<()> {
         node: args.node,
         owner: args.owner,
         pid: args.pid,
+        pin: args.pin,
     };
     let lease = client.blocking(client.lease(&req))?;
     if args.json {

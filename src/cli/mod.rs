@@ -2,10 +2,12 @@
 //! This is the only place (with `main.rs`) that uses `anyhow`.
 
 mod bench_clear;
+mod bench_pin;
 mod bench_prefault;
 mod bench_recycle;
 mod bench_trace;
 mod bench_vm_start;
+mod ch_args;
 mod clearing_in_use;
 mod cpu;
 mod doctor;
@@ -69,6 +71,8 @@ pub enum Command {
     Resume(resume::ResumeArgs),
     /// Check this host for hugeprep: pools, mounts, kernel features, limits, CPU, daemon, VMMs.
     Doctor(doctor::DoctorArgs),
+    /// cloud-hypervisor memory arguments (or vm.create JSON) for leases.
+    ChArgs(ch_args::ChArgsArgs),
 }
 
 /// `hugeprep bench ...`.
@@ -84,6 +88,8 @@ pub enum BenchCommand {
     VmStart(bench_vm_start::BenchVmStartArgs),
     /// Lease trace replay: the fixed and the demand-shaped pool side by side.
     Trace(bench_trace::BenchTraceArgs),
+    /// Long-term pin (VFIO's path) of never-faulted memory vs of a lease.
+    Pin(bench_pin::BenchPinArgs),
 }
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
@@ -114,11 +120,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Recycle(args) => bench_recycle::run(args),
             BenchCommand::VmStart(args) => bench_vm_start::run(args),
             BenchCommand::Trace(args) => bench_trace::run(args),
+            BenchCommand::Pin(args) => bench_pin::run(args),
         },
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),
         Command::Mount(args) => mount::run(args),
         Command::QemuArgs(args) => qemu_args::run(args),
+        Command::ChArgs(args) => ch_args::run(args),
         Command::Cpu(args) => cpu::run(args),
         Command::LibvirtHook(args) => libvirt_hook::run(args),
         Command::Drain(args) => drain::run(args),

@@ -57,6 +57,9 @@ pub enum PoolError {
     /// Faulting pages failed.
     #[error(transparent)]
     Fault(#[from] FaultError),
+    /// The long-term pin of a `pin: true` lease failed (memlock limit, ENOMEM, no io_uring).
+    #[error(transparent)]
+    Pin(#[from] crate::sys::pin::PinError),
     /// The pool directory could not be set up or read.
     #[error("{op} {path}: {source}")]
     Io {
@@ -77,6 +80,7 @@ impl PoolError {
             PoolError::DuplicateName { .. } => Some("name"),
             PoolError::Insufficient { .. } => Some("size"),
             PoolError::NotFound { .. } => Some("id"),
+            PoolError::Pin(_) => Some("pin"),
             _ => None,
         }
     }

@@ -48,6 +48,7 @@ impl Pool {
             node,
             owner,
             pid,
+            pin: req.pin,
         })
     }
 
@@ -96,13 +97,26 @@ impl Pool {
         let mount = self.mount(v.page_size)?;
         let lease_path = mount.lease_dir.join(&v.name);
         match self.prepare(&v, id, source, old_size, &lease_path) {
-            Ok(linked) => match self.commit(&v, id, source, &lease_path, started) {
-                Ok(info) => Ok(info),
-                Err(e) => {
-                    self.abort(&v, id, source, Some(linked));
-                    Err(e)
+            Ok(linked) => {
+                let pin = match self.pin_lease(&v, id) {
+                    Ok(pin) => pin,
+                    Err(e) => {
+                        self.abort(&v, id, source, Some(linked));
+                        return Err(e);
+                    }
+                };
+                match self.commit(&v, id, source, &lease_path, started) {
+                    Ok(mut info) => {
+                        info.pinned = self.hold_pin(id, pin);
+                        Ok(info)
+                    }
+                    Err(e) => {
+                        drop(pin);
+                        self.abort(&v, id, source, Some(linked));
+                        Err(e)
+                    }
                 }
-            },
+            }
             Err((e, linked)) => {
                 self.abort(&v, id, source, linked);
                 Err(e)
@@ -322,6 +336,7 @@ impl Pool {
             e.busy = None;
         }
         st.pending_names.remove(&v.name);
+        st.lessee_grace = self.lessee_grace_until();
         self.changed.notify_all();
         Ok(info)
     }
@@ -408,10 +423,13 @@ impl Pool {
             unlink_if_same(&info.path, m.dev(), m.ino());
         }
         self.take_back(&path);
+        // Before the scrub can start: the file leaves the lease unpinned.
+        self.unpin(id);
         let mut st = self.lock();
         if let Some(e) = st.files.get_mut(&id) {
             e.busy = None;
         }
+        st.lessee_grace = self.lessee_grace_until();
         self.changed.notify_all();
         tracing::info!(lease = lease_id, name = %info.name, "released");
         Ok(info)

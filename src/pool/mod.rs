@@ -25,6 +25,7 @@ mod holders;
 pub mod holes;
 mod kernel;
 mod lease;
+mod pin;
 pub mod placement;
 mod record;
 mod recover;
@@ -63,6 +64,11 @@ pub use status::{KindStatus, PoolStatus};
 
 /// How long a lease waits for dirty memory to be scrubbed before giving up.
 const LEASE_WAIT: Duration = Duration::from_secs(120);
+
+/// How long after a lease or a release the worker leaves the CPUs, the memory bandwidth and
+/// the kernel's hugetlb fault mutexes to the VMM that starts on it: its pin and its first
+/// touches run within this window (see docs/pinning.md for what was measured).
+pub const LESSEE_GRACE: Duration = Duration::from_secs(2);
 
 /// What the pool needs to start.
 #[derive(Debug, Clone)]
@@ -142,6 +148,9 @@ struct State {
     pending_names: BTreeSet<String>,
     refill_turn: usize,
     refill_backoff: Option<Instant>,
+    /// Until then the worker starts no refill or background scrub: the lessee's VMM is
+    /// starting (see [`LESSEE_GRACE`]).
+    lessee_grace: Option<Instant>,
     last_scrub: Option<ScrubReport>,
     /// Why a kind's target is not met, as last logged (see `Pool::explain`).
     reasons: BTreeMap<(u32, PageSize), String>,
@@ -219,6 +228,10 @@ pub struct Pool {
     reserve_gate: Mutex<()>,
     /// Bytes faulted since start.
     counters: counters::Counters,
+    /// Long-term pins of pinned leases, by file id; dropped at release or shutdown.
+    pins: Mutex<BTreeMap<u64, crate::sys::pin::LongTermPin>>,
+    /// The lessee grace in force, ms ([`LESSEE_GRACE`] unless set).
+    grace_ms: std::sync::atomic::AtomicU64,
 }
 
 fn now_unix() -> u64 {
@@ -305,6 +318,8 @@ impl Pool {
             reservations,
             reserve_gate: Mutex::new(()),
             counters: counters::Counters::default(),
+            pins: Mutex::new(BTreeMap::new()),
+            grace_ms: std::sync::atomic::AtomicU64::new(LESSEE_GRACE.as_millis() as u64),
         }))
     }
 
@@ -386,6 +401,8 @@ impl Pool {
                 _ => None,
             })
             .collect();
+        drop(st);
+        self.mark_pinned(&mut out);
         out.sort_by_key(|l| l.id);
         out
     }
@@ -411,10 +428,24 @@ impl Pool {
         })
     }
 
+    /// Sets how long the worker leaves a new lessee alone (zero: not at all, as before
+    /// [`LESSEE_GRACE`] existed; benchmarks compare both).
+    pub fn set_lessee_grace(&self, grace: Duration) {
+        let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        self.grace_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The grace window starting now.
+    fn lessee_grace_until(&self) -> Option<Instant> {
+        let ms = self.grace_ms.load(Ordering::Relaxed);
+        (ms > 0).then(|| Instant::now() + Duration::from_millis(ms))
+    }
+
     /// Stops the worker and running scrubs; requests fail with `ShuttingDown`.
     pub fn shutdown(&self) {
         self.shutdown.store(true, Ordering::SeqCst);
         self.control.cancel();
+        self.unpin_all();
         self.changed.notify_all();
     }
 

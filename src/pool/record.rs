@@ -141,6 +141,9 @@ pub struct LeaseInfo {
     /// Process whose exit releases it.
     #[serde(default)]
     pub pid: Option<u32>,
+    /// Whether hugeprep holds a long-term pin on every page (`pin: true`).
+    #[serde(default)]
+    pub pinned: bool,
 }
 
 impl LeaseInfo {
@@ -157,6 +160,7 @@ impl LeaseInfo {
             ready_ms: lease.ready_ms,
             uid: lease.uid,
             pid: lease.pid,
+            pinned: false,
         }
     }
 }

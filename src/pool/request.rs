@@ -10,7 +10,7 @@ use crate::pool::error::{PoolError, Result};
 pub const MAX_NAME: usize = 64;
 
 /// `POST /v1/leases` body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseRequest {
     /// Unique name; becomes the lease file's name.
@@ -30,6 +30,10 @@ pub struct LeaseRequest {
     /// Process whose exit releases the lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+    /// Long-term pin every page (as VFIO does) before the lease is returned; the pin is
+    /// held until the lease is released.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pin: bool,
 }
 
 /// Checks a lease name: 1 to 64 bytes, no `/`, no NUL, not `.` or `..`, no leading `.`
@@ -83,6 +87,8 @@ pub struct ValidRequest {
     pub owner: Option<Owner>,
     /// Pid and its start time.
     pub pid: Option<(u32, u64)>,
+    /// Long-term pin the file while leased.
+    pub pin: bool,
 }
 
 #[cfg(test)]

@@ -95,6 +95,12 @@ impl Pool {
 
     /// Picks the next job and marks its file busy (journaling the new state first).
     fn next_job(&self, st: &mut State) -> Option<Job> {
+        // A VMM is starting on a lease just given out (or a lease was just given back): its
+        // pin and first touches fault through the same hugetlb fault mutexes, CPUs and memory
+        // bandwidth a refill or scrub would load. Wait, unless a lease waits on this work.
+        if st.lessee_grace.is_some_and(|t| Instant::now() < t) && !self.control.is_urgent() {
+            return None;
+        }
         // 1. Released and unproven files: scrub them back to warm, or delete them.
         let dirty = st
             .files

@@ -3,9 +3,12 @@
 
 pub mod activation;
 pub mod affinity;
+#[cfg(feature = "kvm")]
+pub mod kvm;
 pub mod mmap;
 pub mod numa;
 pub mod pidfd;
+pub mod pin;
 pub mod priority;
 pub mod probe;
 pub mod signals;

@@ -61,6 +61,32 @@ pub fn memory_args(mem: &GuestMemoryFile<'_>) -> Vec<String> {
     ]
 }
 
+/// The `memory` section of a `vm.create` body (`MemoryConfig`): no default RAM, one zone
+/// per file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MemoryConfig {
+    /// Always 0: the zones are the guest's only memory.
+    pub size: u64,
+    /// One zone per lease.
+    pub zones: Vec<MemoryZone>,
+}
+
+/// The `memory` section for `mems`, in order.
+pub fn memory_config(mems: &[GuestMemoryFile<'_>]) -> MemoryConfig {
+    MemoryConfig {
+        size: 0,
+        zones: mems.iter().map(memory_zone).collect(),
+    }
+}
+
+/// The command-line arguments for several zones: `--memory size=0 --memory-zone Z1 Z2 ...`
+/// (cloud-hypervisor takes every zone after one `--memory-zone`).
+pub fn memory_zones_args(mems: &[GuestMemoryFile<'_>]) -> Vec<String> {
+    let mut args: Vec<String> = vec!["--memory".into(), "size=0".into(), "--memory-zone".into()];
+    args.extend(mems.iter().map(|m| memory_args(m)[3].clone()));
+    args
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,8 @@
 //! again by the kernel, and the prepared memory is wasted.
 
 pub mod cloud_hypervisor;
+#[cfg(feature = "kvm")]
+pub mod kvm_guest;
 pub mod libvirt;
 pub mod qemu;
 #[cfg(feature = "vm-memory")]

@@ -83,6 +83,12 @@ impl Env {
     /// Calibration (200 ms of timing at every start) is off unless `extra` asks for it: the
     /// crash test restarts the daemon fifty times.
     pub fn spawn(&self, extra: &[&str]) -> Daemon {
+        self.spawn_wrapped(&[], extra)
+    }
+
+    /// As [`Env::spawn`], with the daemon started through `wrapper` (a command that execs
+    /// its arguments, e.g. `setpriv ... prlimit ...`).
+    pub fn spawn_wrapped(&self, wrapper: &[&str], extra: &[&str]) -> Daemon {
         let calibration: &[&str] = if extra.contains(&"--calibration") {
             &[]
         } else {
@@ -99,7 +105,13 @@ impl Env {
             .append(true)
             .open(self.dir.join("daemon.log"))
             .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        let bin = env!("CARGO_BIN_EXE_hugeprep");
+        let (program, pre) = match wrapper.split_first() {
+            Some((first, rest)) => (*first, [rest, &[bin]].concat()),
+            None => (bin, Vec::new()),
+        };
+        let mut child = Command::new(program)
+            .args(pre)
             .arg("serve")
             .arg("--socket")
             .arg(&self.socket)
@@ -229,6 +241,7 @@ impl Daemon {
             node: None,
             owner: None,
             pid: None,
+            pin: false,
         })
     }
 

@@ -235,6 +235,7 @@ fn lease_on(
         node,
         owner: None,
         pid,
+        ..Default::default()
     };
     let lease = d.lease(&req).map_err(|e| format!("lease {name}: {e}"))?;
     let placed = kernel::file_nodes(&lease.path)?;
@@ -357,6 +358,7 @@ fn too_large(d: &Daemon, nodes: &[u32]) -> Result<String, String> {
         node: Some(1),
         owner: None,
         pid: None,
+        ..Default::default()
     };
     let (status, error) = match d.lease(&req) {
         Err(ClientError::Api { status, body }) => (status, body.error),

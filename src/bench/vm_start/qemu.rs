@@ -65,6 +65,7 @@ impl QemuStarter {
             node: None,
             owner: None,
             pid: None,
+            pin: false,
         }))?;
         let lease_seconds = start.elapsed().as_secs_f64();
         let result = match handoff {

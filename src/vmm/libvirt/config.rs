@@ -46,6 +46,10 @@ pub struct HookConfig {
     /// by the next hook call or `--reconcile`.
     #[serde(default = "default_stale")]
     pub stale_after_s: u64,
+    /// Long-term pin every page of the domain's leases before QEMU starts (for domains with
+    /// VFIO devices; see docs/pinning.md).
+    #[serde(default)]
+    pub pin: bool,
     /// Whether libvirtd runs in a UTF-8 locale (decides how it cuts non-ASCII names to 20
     /// characters); unset: read from libvirtd's environment.
     #[serde(default)]
@@ -75,6 +79,7 @@ impl HookConfig {
             timeout_s: default_timeout(),
             owner: None,
             stale_after_s: default_stale(),
+            pin: false,
             utf8_locale: None,
         }
     }

@@ -161,6 +161,7 @@ impl Hook {
                 node: b.node,
                 owner: self.config.owner.clone(),
                 pid: None,
+                pin: self.config.pin,
             };
             let lease = self
                 .blocking(self.client.lease(&req))

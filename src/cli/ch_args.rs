@@ -1,0 +1,60 @@
+//! `hugeprep ch-args`: cloud-hypervisor's memory arguments (or `vm.create` JSON) for leases.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use hugeprep::client::Client;
+use hugeprep::vmm::{cloud_hypervisor, GuestMemoryFile};
+
+/// Print cloud-hypervisor's `--memory size=0 --memory-zone ...` for leases (one zone per
+/// lease, bound to its NUMA node), or with `--json` the `memory` section of a `vm.create` body.
+#[derive(Debug, clap::Args)]
+pub struct ChArgsArgs {
+    /// Lease names or ids, in zone order (zone ids mem0, mem1, ...).
+    #[arg(required = true)]
+    pub leases: Vec<String>,
+    /// Print the `memory` section (`MemoryConfig` with `zones`) of a `vm.create` body.
+    #[arg(long)]
+    pub json: bool,
+    /// Daemon socket.
+    #[arg(long, env = "HUGEPREP_SOCKET", default_value = hugeprep::client::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+}
+
+/// Runs `hugeprep ch-args`.
+pub fn run(args: ChArgsArgs) -> anyhow::Result<()> {
+    let client = Client::new(&args.socket);
+    let all = client.blocking(client.leases())?;
+    let mut leases = Vec::with_capacity(args.leases.len());
+    for wanted in &args.leases {
+        let lease = all
+            .iter()
+            .find(|l| l.name == *wanted || l.id.to_string() == *wanted)
+            .with_context(|| format!("no lease named or numbered {wanted:?}"))?;
+        if lease.path.to_string_lossy().contains(',') {
+            bail!(
+                "lease {wanted:?}: path {} contains ',', which cloud-hypervisor's option parser splits on",
+                lease.path.display()
+            );
+        }
+        leases.push(lease);
+    }
+    let ids: Vec<String> = (0..leases.len()).map(|i| format!("mem{i}")).collect();
+    let mems: Vec<GuestMemoryFile<'_>> = leases
+        .iter()
+        .zip(&ids)
+        .map(|(l, id)| GuestMemoryFile {
+            id,
+            path: &l.path,
+            size: l.size,
+            node: Some(l.node),
+        })
+        .collect();
+    if args.json {
+        let memory = cloud_hypervisor::memory_config(&mems);
+        println!("{}", serde_json::to_string_pretty(&memory)?);
+    } else {
+        println!("{}", cloud_hypervisor::memory_zones_args(&mems).join(" "));
+    }
+    Ok(())
+}
