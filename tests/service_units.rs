@@ -21,7 +21,12 @@ fn hugeprep_units_verify() {
     let dir = std::env::temp_dir().join(format!("hugeprep-units-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut paths = Vec::new();
-    for name in ["hugeprep.service", "hugeprep.socket"] {
+    for name in [
+        "hugeprep.service",
+        "hugeprep.socket",
+        "hugeprep-libvirt-reconcile.service",
+        "hugeprep-libvirt-reconcile.timer",
+    ] {
         let unit = std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("service")

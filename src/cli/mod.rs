@@ -8,6 +8,7 @@ mod cpu;
 mod doctor;
 mod drain;
 mod lease;
+mod libvirt_hook;
 mod mount;
 mod pool;
 mod prepare;
@@ -60,6 +61,8 @@ pub enum Command {
     Resume(resume::ResumeArgs),
     /// Check this host for hugeprep: pools, mounts, kernel features, limits, CPU, daemon, VMMs.
     Doctor(doctor::DoctorArgs),
+    /// libvirt's QEMU hook: gives file-backed domains their memory from the pool.
+    LibvirtHook(libvirt_hook::LibvirtHookArgs),
 }
 
 /// `hugeprep bench ...`.
@@ -107,6 +110,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Drain(args) => drain::run(args),
         Command::Resume(args) => resume::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::LibvirtHook(args) => libvirt_hook::run(args),
     }
 }
 

@@ -6,6 +6,7 @@
 //! again by the kernel, and the prepared memory is wasted.
 
 pub mod cloud_hypervisor;
+pub mod libvirt;
 pub mod qemu;
 #[cfg(feature = "vm-memory")]
 pub mod vm_memory;

@@ -147,6 +147,11 @@ impl Env {
         fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
 
+    /// Free 2 MiB pages in the kernel's pool right now.
+    pub fn free_pages(&self) -> u64 {
+        self._reservation.free_pages()
+    }
+
     /// Bytes of the mount in use (its size limit minus free blocks).
     pub fn mount_used(&self) -> u64 {
         let st = nix::sys::statfs::statfs(&self.mount).unwrap();

@@ -1,0 +1,86 @@
+//! Errors of the libvirt hook. Each is one line, as virsh shows it to the user.
+
+use std::path::PathBuf;
+
+use crate::client::ClientError;
+
+/// The hook could not give a domain its memory.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    /// The document on stdin is not XML.
+    #[error("domain XML on stdin is malformed: {message}")]
+    Malformed {
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// An element or attribute of the domain XML is missing or invalid.
+    #[error("domain XML {field}: {message}")]
+    Xml {
+        /// The element or attribute.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The domain's memory cannot be served as configured.
+    #[error("{0}")]
+    Plan(String),
+    /// The hook's configuration file is unreadable or invalid.
+    #[error("config {path}: {message}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The pool cannot serve a backend.
+    #[error("pool cannot serve {alias} of domain {domain:?}: {source}")]
+    Shortage {
+        /// Domain name.
+        domain: String,
+        /// Backend alias.
+        alias: String,
+        /// The daemon's answer.
+        source: ClientError,
+    },
+    /// The daemon did not answer.
+    #[error("hugeprep daemon unavailable for domain {domain:?}: {source}")]
+    DaemonDown {
+        /// Domain name.
+        domain: String,
+        /// What failed.
+        source: ClientError,
+    },
+    /// The daemon refused a request for another reason.
+    #[error("daemon refused {what} for domain {domain:?}: {source}")]
+    Daemon {
+        /// What was asked.
+        what: String,
+        /// Domain name.
+        domain: String,
+        /// The daemon's answer.
+        source: ClientError,
+    },
+    /// A file system operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The kernel's answer.
+        source: std::io::Error,
+    },
+}
+
+/// Result of hook actions.
+pub type Result<T> = std::result::Result<T, HookError>;
+
+impl HookError {
+    /// Whether the daemon could not be reached or did not answer in time.
+    pub fn is_unreachable(e: &ClientError) -> bool {
+        matches!(
+            e,
+            ClientError::Connect { .. } | ClientError::Timeout { .. } | ClientError::Http { .. }
+        )
+    }
+}

@@ -1,0 +1,335 @@
+//! The hook's actions: `prepare begin` takes one lease per memory backend and links it where
+//! QEMU will open it; `stopped end` and `release end` give the domain's leases back; every
+//! call that reaches the daemon also releases leases whose domain is gone (reconciliation).
+//!
+//! The hook talks only to the hugeprep daemon, never to libvirt (a hook that calls libvirt
+//! deadlocks it), and writes nothing on stdout.
+
+use std::collections::HashSet;
+use std::fs::DirBuilder;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::config::{Fallback, HookConfig};
+use super::domain::Domain;
+use super::error::{HookError, Result};
+use super::plan::{self, NotOptedIn, Plan};
+use crate::client::{Client, ClientError};
+use crate::pool::{LeaseInfo, LeaseRequest};
+
+/// What a hook call did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The operation is not one the hook acts on.
+    Ignored,
+    /// The domain does not opt in; nothing was done.
+    Untouched(NotOptedIn),
+    /// Leases were linked at these paths.
+    Linked(Vec<PathBuf>),
+    /// The domain starts without hugeprep's memory, as configured; the reason.
+    Cold(String),
+    /// This many leases were released.
+    Released(usize),
+}
+
+/// The hook, configured.
+#[derive(Debug, Clone)]
+pub struct Hook {
+    config: HookConfig,
+    client: Client,
+}
+
+impl Hook {
+    /// A hook with `config`.
+    pub fn new(config: HookConfig) -> Hook {
+        let client =
+            Client::new(&config.socket).with_timeout(Duration::from_secs(config.timeout_s));
+        Hook { config, client }
+    }
+
+    /// Handles `OP SUBOP` for domain `d` (parsed from what libvirt passes on stdin).
+    pub fn run(&self, op: &str, subop: &str, d: &Domain) -> Result<Outcome> {
+        if !acts_on(op, subop) {
+            return Ok(Outcome::Ignored);
+        }
+        if let Err(why) = plan::opts_in(d) {
+            return Ok(Outcome::Untouched(why));
+        }
+        if op == "prepare" {
+            self.prepare(d)
+        } else {
+            self.release(d).map(Outcome::Released)
+        }
+    }
+
+    fn blocking<T>(
+        &self,
+        fut: impl std::future::Future<Output = crate::client::Result<T>>,
+    ) -> crate::client::Result<T> {
+        self.client.blocking(fut)
+    }
+
+    fn leases(&self, d: &Domain) -> Result<Vec<LeaseInfo>> {
+        self.blocking(self.client.leases())
+            .map_err(|source| self.classify(d, "the lease list", None, source))
+    }
+
+    fn classify(&self, d: &Domain, what: &str, alias: Option<&str>, e: ClientError) -> HookError {
+        if HookError::is_unreachable(&e) {
+            return HookError::DaemonDown {
+                domain: d.name.clone(),
+                source: e,
+            };
+        }
+        match (alias, &e) {
+            (Some(alias), ClientError::Api { status: 422, .. }) => HookError::Shortage {
+                domain: d.name.clone(),
+                alias: alias.to_string(),
+                source: e,
+            },
+            _ => HookError::Daemon {
+                what: what.to_string(),
+                domain: d.name.clone(),
+                source: e,
+            },
+        }
+    }
+
+    /// Applies the configured fallback to an error of `prepare`.
+    fn fallback(&self, e: HookError) -> Result<Outcome> {
+        let choice = match &e {
+            HookError::Shortage { .. } => self.config.on_shortage,
+            HookError::DaemonDown { .. } => self.config.on_daemon_down,
+            _ => Fallback::Fail,
+        };
+        match choice {
+            Fallback::Fail => Err(e),
+            Fallback::Cold => Ok(Outcome::Cold(e.to_string())),
+        }
+    }
+
+    fn prepare(&self, d: &Domain) -> Result<Outcome> {
+        let id = d.id.ok_or_else(|| HookError::Xml {
+            field: "domain id".into(),
+            message: "missing at prepare begin".into(),
+        })?;
+        let mbd = &self.config.memory_backing_dir;
+        let page_size = crate::hugetlb::hugetlbfs_page_size(mbd)
+            .map_err(|source| HookError::Io {
+                op: "statfs",
+                path: mbd.clone(),
+                source,
+            })?
+            .ok_or_else(|| {
+                HookError::Plan(format!(
+                    "memory_backing_dir {} is not on a hugetlbfs mount",
+                    mbd.display()
+                ))
+            })?;
+        let plan = plan::plan(d, page_size)?;
+        let existing = match self.leases(d) {
+            Ok(l) => l,
+            Err(e) => return self.fallback(e),
+        };
+        // Leases of an earlier start of this domain that were never released: libvirt runs
+        // no prepare for a running domain, so they are stale.
+        let prefix = plan::lease_prefix(&d.uuid);
+        for l in existing.iter().filter(|l| l.name.starts_with(&prefix)) {
+            self.blocking(self.client.release(l.id))
+                .map_err(|e| self.classify(d, &format!("release of {}", l.name), None, e))?;
+        }
+        let _ = self.reconcile_from(&existing, Some(&d.uuid));
+        let short = plan::short_name(id, &d.name, self.utf8_locale());
+        let dir = plan::domain_dir(mbd, &short);
+        let mut taken = Taken::default();
+        match self.take(d, &plan, &dir, &mut taken) {
+            Ok(()) => Ok(Outcome::Linked(taken.links)),
+            Err(e) => {
+                self.undo(taken);
+                self.fallback(e)
+            }
+        }
+    }
+
+    fn take(&self, d: &Domain, plan: &Plan, dir: &Path, taken: &mut Taken) -> Result<()> {
+        for b in &plan.backends {
+            let req = LeaseRequest {
+                name: plan::lease_name(&d.uuid, &b.alias),
+                size: b.size,
+                page_size: Some(plan.page_size),
+                node: b.node,
+                owner: self.config.owner.clone(),
+                pid: None,
+            };
+            let lease = self
+                .blocking(self.client.lease(&req))
+                .map_err(|e| self.classify(d, &format!("lease {}", req.name), Some(&b.alias), e))?;
+            taken.leases.push(lease);
+        }
+        let io = |op, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| HookError::Io { op, path, source }
+        };
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent).map_err(io("create", parent))?;
+        }
+        match DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => taken.dir = Some(dir.to_path_buf()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io("create", dir)(e)),
+        }
+        for (b, lease) in plan.backends.iter().zip(&taken.leases) {
+            let link = dir.join(&b.alias);
+            std::fs::hard_link(&lease.path, &link).map_err(|source| {
+                if source.raw_os_error() == Some(libc::EXDEV) {
+                    HookError::Plan(format!(
+                        "memory_backing_dir {} is not on the daemon's mount of {} (lease {})",
+                        self.config.memory_backing_dir.display(),
+                        plan.page_size,
+                        lease.path.display()
+                    ))
+                } else {
+                    io("link", &link)(source)
+                }
+            })?;
+            taken.links.push(link);
+        }
+        Ok(())
+    }
+
+    /// Gives back what a failed prepare took; every step is attempted.
+    fn undo(&self, taken: Taken) {
+        for link in &taken.links {
+            let _ = std::fs::remove_file(link);
+        }
+        if let Some(dir) = &taken.dir {
+            let _ = std::fs::remove_dir(dir);
+        }
+        for l in &taken.leases {
+            let _ = self.blocking(self.client.release(l.id));
+        }
+    }
+
+    /// Releases every lease of domain `d`, then reconciles the others; returns how many of
+    /// `d`'s it released.
+    pub fn release(&self, d: &Domain) -> Result<usize> {
+        let prefix = plan::lease_prefix(&d.uuid);
+        let (mine, others): (Vec<LeaseInfo>, Vec<LeaseInfo>) = self
+            .leases(d)?
+            .into_iter()
+            .partition(|l| l.name.starts_with(&prefix));
+        for l in &mine {
+            self.blocking(self.client.release(l.id))
+                .map_err(|e| self.classify(d, &format!("release of {}", l.name), None, e))?;
+        }
+        // Best effort: it cannot undo the release above.
+        let _ = self.reconcile_from(&others, None);
+        Ok(mine.len())
+    }
+
+    /// Releases hook leases of domains other than `except` that libvirt no longer uses: no
+    /// file in libvirt's per-domain directories is theirs (libvirt removes a domain's
+    /// directory when it stops) and they have not changed for `stale_after_s` (so a domain
+    /// between its lease and its link is left alone). Returns how many.
+    pub fn reconcile(&self, except: Option<&str>) -> Result<usize> {
+        let leases =
+            self.blocking(self.client.leases())
+                .map_err(|source| HookError::DaemonDown {
+                    domain: String::new(),
+                    source,
+                })?;
+        self.reconcile_from(&leases, except)
+    }
+
+    fn reconcile_from(&self, leases: &[LeaseInfo], except: Option<&str>) -> Result<usize> {
+        let linked = self.linked_inodes();
+        let mut released = 0;
+        for l in leases {
+            let Some(uuid) = plan::lease_uuid(&l.name) else {
+                continue;
+            };
+            if Some(uuid) == except || !self.unused(&l.path, &linked) {
+                continue;
+            }
+            if self.blocking(self.client.release(l.id)).is_ok() {
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
+
+    /// Inodes of the files in libvirt's per-domain directories: the leases QEMU uses.
+    fn linked_inodes(&self) -> HashSet<u64> {
+        let root = self.config.memory_backing_dir.join("libvirt/qemu");
+        let entries = |dir: &Path| {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .collect::<Vec<_>>()
+        };
+        entries(&root)
+            .iter()
+            .flat_map(|dir| entries(dir))
+            .filter_map(|f| std::fs::metadata(f).ok().map(|m| m.ino()))
+            .collect()
+    }
+
+    /// A lease is unused when no libvirt directory links its file and the file has not
+    /// changed (linked, unlinked) for `stale_after_s`.
+    fn unused(&self, path: &Path, linked: &HashSet<u64>) -> bool {
+        let Ok(meta) = std::fs::metadata(path) else {
+            return false;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        !linked.contains(&meta.ino()) && now - meta.ctime() >= self.config.stale_after_s as i64
+    }
+
+    fn utf8_locale(&self) -> bool {
+        self.config
+            .utf8_locale
+            .unwrap_or_else(|| parent_locale_is_utf8(std::os::unix::process::parent_id()))
+    }
+}
+
+/// Whether the hook acts on `OP SUBOP`: `prepare begin`, `stopped end`, `release end`.
+pub fn acts_on(op: &str, subop: &str) -> bool {
+    matches!(
+        (op, subop),
+        ("prepare", "begin") | ("stopped", "end") | ("release", "end")
+    )
+}
+
+/// What a prepare has taken so far, to undo on failure.
+#[derive(Debug, Default)]
+struct Taken {
+    leases: Vec<LeaseInfo>,
+    dir: Option<PathBuf>,
+    links: Vec<PathBuf>,
+}
+
+/// Whether process `pid` (libvirtd, the hook's parent) runs in a UTF-8 locale: its
+/// `LC_ALL`, else `LC_CTYPE`, else `LANG` names UTF-8. The hook's own environment does not
+/// tell: libvirt runs hooks with `LC_ALL=C`.
+pub fn parent_locale_is_utf8(pid: u32) -> bool {
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let var = |name: &str| {
+        environ.split(|b| *b == 0).find_map(|kv| {
+            let kv = std::str::from_utf8(kv).ok()?;
+            let (k, v) = kv.split_once('=')?;
+            (k == name && !v.is_empty()).then(|| v.to_string())
+        })
+    };
+    let locale = var("LC_ALL")
+        .or_else(|| var("LC_CTYPE"))
+        .or_else(|| var("LANG"))
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    locale.contains("utf-8") || locale.contains("utf8")
+}
