@@ -4,6 +4,7 @@
 mod bench_clear;
 mod bench_prefault;
 mod bench_recycle;
+mod completions;
 mod cpu;
 mod doctor;
 mod drain;
@@ -63,6 +64,10 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// libvirt's QEMU hook: gives file-backed domains their memory from the pool.
     LibvirtHook(libvirt_hook::LibvirtHookArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionsArgs),
+    /// Write the man pages, one per command, into a directory (used by the package build).
+    Manpages(completions::ManpagesArgs),
 }
 
 /// `hugeprep bench ...`.
@@ -111,6 +116,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Resume(args) => resume::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::LibvirtHook(args) => libvirt_hook::run(args),
+        Command::Completions(args) => completions::run_completions(args),
+        Command::Manpages(args) => completions::run_manpages(args),
     }
 }
 
