@@ -14,6 +14,7 @@ mod mount;
 mod pool;
 mod prepare;
 mod release;
+mod reserve;
 mod resume;
 mod serve;
 mod status;
@@ -64,6 +65,8 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// libvirt's QEMU hook: gives file-backed domains their memory from the pool.
     LibvirtHook(libvirt_hook::LibvirtHookArgs),
+    /// Raise the per-node hugepage pools to the configured warm targets (boot-time service).
+    Reserve(reserve::ReserveArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(completions::CompletionsArgs),
     /// Write the man pages, one per command, into a directory (used by the package build).
@@ -116,6 +119,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Resume(args) => resume::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::LibvirtHook(args) => libvirt_hook::run(args),
+        Command::Reserve(args) => reserve::run(args),
         Command::Completions(args) => completions::run_completions(args),
         Command::Manpages(args) => completions::run_manpages(args),
     }
