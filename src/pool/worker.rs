@@ -85,7 +85,7 @@ impl Pool {
         if st.drained.contains(&(node, ps)) {
             return 0;
         }
-        self.policy.target_bytes(node, ps)
+        self.policy().target_bytes(node, ps)
     }
 
     /// Picks the next job and marks its file busy (journaling the new state first).
@@ -134,9 +134,10 @@ impl Pool {
         if st.refill_backoff.is_some_and(|t| Instant::now() < t) {
             return None;
         }
+        let policy = self.policy();
         for (ps, mount) in self.mounts.iter() {
             for node in self.topology.node_ids() {
-                let Some(target) = self.policy.target(node, *ps) else {
+                let Some(target) = policy.target(node, *ps) else {
                     continue;
                 };
                 if st.drained.contains(&(node, *ps)) {
@@ -217,7 +218,7 @@ impl Pool {
         }
         let free = crate::hugetlb::pool::available(Some(node), ps).unwrap_or(0);
         let short = deficit.div_ceil(page).saturating_sub(free).max(1);
-        if !self.policy.reserve.enabled {
+        if !self.policy().reserve.enabled {
             let reason = reserve::Limit::Disabled.explain(node, ps, short);
             self.explain(st, node, ps, Some(reason));
             return None;
@@ -246,7 +247,7 @@ impl Pool {
         let available = crate::topology::node_available_bytes(node).unwrap_or(0);
         let added_on_node = self.reservations.added_bytes_on(node);
         let (pages, limit) =
-            reserve::plan(short, ps, &self.policy.reserve, added_on_node, available);
+            reserve::plan(short, ps, &self.policy().reserve, added_on_node, available);
         let raised = if pages > 0 {
             self.reservations.raise(node, ps, pages)
         } else {
@@ -341,9 +342,9 @@ impl Pool {
         }
         let opts = ScrubOptions {
             cpus: self.cpus(rec.node),
-            bandwidth: self.policy.scrub_bandwidth,
+            bandwidth: self.policy().scrub_bandwidth,
             background: true,
-            verify: self.policy.verify,
+            verify: self.policy().verify,
         };
         let result = BackingFile::open(&path, rec.page_size)
             .map_err(ScrubError::from)
