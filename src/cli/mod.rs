@@ -93,10 +93,20 @@ pub fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    // Under systemd (stderr is the journal): plain key=value text, no colour codes, no second
+    // timestamp (journald stamps every line).
+    use std::io::IsTerminal;
+    let journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    let _ = if journal {
+        builder.without_time().try_init()
+    } else {
+        builder.try_init()
+    };
 }
 
 /// Runs the parsed command.
