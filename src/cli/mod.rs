@@ -9,6 +9,7 @@ mod bench_trace;
 mod bench_vm_start;
 mod ch_args;
 mod clearing_in_use;
+mod completions;
 mod cpu;
 mod doctor;
 mod drain;
@@ -19,6 +20,7 @@ mod pool;
 mod prepare;
 mod qemu_args;
 mod release;
+mod reserve;
 mod resume;
 mod serve;
 mod status;
@@ -73,6 +75,12 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// cloud-hypervisor memory arguments (or vm.create JSON) for leases.
     ChArgs(ch_args::ChArgsArgs),
+    /// Raise the per-node hugepage pools to the configured warm targets (boot-time service).
+    Reserve(reserve::ReserveArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionsArgs),
+    /// Write the man pages, one per command, into a directory (used by the package build).
+    Manpages(completions::ManpagesArgs),
 }
 
 /// `hugeprep bench ...`.
@@ -101,10 +109,20 @@ pub fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    // Under systemd (stderr is the journal): plain key=value text, no colour codes, no second
+    // timestamp (journald stamps every line).
+    use std::io::IsTerminal;
+    let journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    let _ = if journal {
+        builder.without_time().try_init()
+    } else {
+        builder.try_init()
+    };
 }
 
 /// Runs the parsed command.
@@ -132,6 +150,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Drain(args) => drain::run(args),
         Command::Resume(args) => resume::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Reserve(args) => reserve::run(args),
+        Command::Completions(args) => completions::run_completions(args),
+        Command::Manpages(args) => completions::run_manpages(args),
     }
 }
 

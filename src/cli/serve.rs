@@ -16,7 +16,7 @@ use hugeprep::units::parse_bytes;
 use hugeprep::PageSize;
 
 /// Run the daemon: keep warm pools, serve leases on a unix socket.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// Configuration file (TOML; flags override it).
     #[arg(long)]
@@ -79,14 +79,13 @@ fn parse_verify(s: &str) -> Result<Verification, String> {
     }
 }
 
-/// Merges the config file, the embedded policy and the flags.
-pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
-    let file = match &args.config {
-        Some(p) => ConfigFile::load(p)?,
-        None => ConfigFile::default(),
-    };
+/// The pool policy from the config file's `[pool]` (or the embedded one) and the flags.
+fn pool_policy(args: &ServeArgs, file: &ConfigFile) -> anyhow::Result<PoolPolicy> {
     let mut policy = match &file.pool {
-        Some(spec) => spec.validate()?,
+        Some(spec) => spec.validate().with_context(|| match &args.config {
+            Some(p) => format!("config file {}: [pool]", p.display()),
+            None => "[pool]".to_string(),
+        })?,
         None => PoolPolicy::embedded(),
     };
     if let Some(warm) = args.warm {
@@ -111,6 +110,45 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
     if let Some(t) = args.threads {
         policy.threads = t;
     }
+    Ok(policy)
+}
+
+/// What `systemctl reload` (SIGHUP) does: read the config file and the clearing policy file
+/// again, validate both, and return the new pool policy. The clearing method chosen at start
+/// stays (a restart applies a new one).
+fn reload(args: &ServeArgs) -> Result<hugeprep::pool::PoolPolicy, String> {
+    let attempt = || -> anyhow::Result<PoolPolicy> {
+        let file = match &args.config {
+            Some(p) => ConfigFile::load(p)?,
+            None => ConfigFile::default(),
+        };
+        let clearing_path = args
+            .clearing_policy
+            .clone()
+            .or(file.clearing_policy.clone());
+        ClearingPolicy::load(clearing_path.as_deref())?;
+        pool_policy(args, &file)
+    };
+    // One journal line: toml's message spans several (a caret under the field).
+    attempt().map_err(|e| {
+        let text = super::render_error(&e);
+        let lines: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        lines.join(" ")
+    })
+}
+
+/// Merges the config file, the embedded policy and the flags.
+pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
+    let file = match &args.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => ConfigFile::default(),
+    };
+    let mut policy = pool_policy(&args, &file)?;
+    let reload_args = args.clone();
     let clearing_path = args
         .clearing_policy
         .clone()
@@ -177,6 +215,9 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
         },
         policy,
         plan,
+        reload: Some(daemon::Reload(std::sync::Arc::new(move || {
+            reload(&reload_args)
+        }))),
         cpu: CpuReport {
             method: plan.method,
             plan,

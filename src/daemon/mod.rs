@@ -2,7 +2,9 @@
 //! hugetlbfs, reconcile the journal (pool), start the worker, bind the socket, re-arm the
 //! pid watches of journaled leases, tell systemd READY. SIGTERM/SIGINT: STOPPING, cancel
 //! scrubs, finish requests in flight, stop the worker, write the clean-shutdown marker,
-//! remove the socket.
+//! remove the socket. SIGHUP (`systemctl reload`): re-read the configuration and policies and
+//! replace the pool policy; a configuration that does not parse or validate is refused, logged
+//! with its file, line and field, and the running one stays.
 
 pub mod calibration;
 pub mod config;
@@ -86,6 +88,48 @@ pub struct DaemonConfig {
     pub plan: ClearPlan,
     /// What `/v1/cpu` reports.
     pub cpu: CpuReport,
+    /// Re-reads the configuration on SIGHUP; `None`: SIGHUP only logs that nothing changes.
+    pub reload: Option<Reload>,
+}
+
+/// Builds the pool policy again from the configuration file and the command line, for a
+/// reload; the error names the file, line and field.
+#[derive(Clone)]
+pub struct Reload(pub Arc<dyn Fn() -> Result<PoolPolicy, String> + Send + Sync>);
+
+impl std::fmt::Debug for Reload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reload(..)")
+    }
+}
+
+/// Applies a reload on every SIGHUP until the daemon stops.
+fn spawn_reload_on_sighup(pool: Arc<Pool>, reload: Option<Reload>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            notify::reloading();
+            let Some(reload) = &reload else {
+                tracing::warn!("reload: started without a configuration to re-read");
+                notify::ready(&notify::status_line(&pool.status()));
+                continue;
+            };
+            match (reload.0)() {
+                Ok(policy) => {
+                    tracing::info!(policy = %policy.describe(), "reloaded: new pool policy in force");
+                    pool.set_policy(policy);
+                }
+                Err(err) => tracing::error!(
+                    error = %err,
+                    "reload refused: the configuration in force stays"
+                ),
+            }
+            notify::ready(&notify::status_line(&pool.status()));
+        }
+    });
 }
 
 /// Runs the daemon until SIGTERM or SIGINT.
@@ -148,13 +192,15 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         policy = %pool.policy().describe(),
         "listening"
     );
+    // Recovery (Pool::open) is done: only now may systemd start what is ordered after us.
     notify::ready(&format!(
         "serving {} ({}); {} warm target",
         config.socket.display(),
         served.join(", "),
         format_bytes(pool.policy().targets.iter().map(|t| t.warm).sum())
     ));
-    notify::spawn_watchdog();
+    notify::spawn_status_and_watchdog(Arc::clone(&pool));
+    spawn_reload_on_sighup(Arc::clone(&pool), config.reload.clone());
     let state = ApiState {
         pool: Arc::clone(&pool),
         cpu: Arc::new(config.cpu.clone()),

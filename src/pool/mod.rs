@@ -213,7 +213,8 @@ impl State {
 pub struct Pool {
     mounts: BTreeMap<PageSize, PoolMount>,
     topology: Topology,
-    policy: PoolPolicy,
+    /// Replaced whole by [`Pool::set_policy`] (a reload); readers take a snapshot.
+    policy: std::sync::RwLock<Arc<PoolPolicy>>,
     journal: Journal,
     scrubber: Scrubber,
     control: ScrubControl,
@@ -304,7 +305,7 @@ impl Pool {
                 field: "method",
                 message: e.to_string(),
             })?,
-            policy: config.policy,
+            policy: std::sync::RwLock::new(Arc::new(config.policy)),
             journal,
             control: ScrubControl::default(),
             state: Mutex::new(state),
@@ -332,9 +333,19 @@ impl Pool {
         &self.mounts
     }
 
-    /// The policy in force.
-    pub fn policy(&self) -> &PoolPolicy {
-        &self.policy
+    /// The policy in force (a snapshot: a reload replaces it for later readers).
+    pub fn policy(&self) -> Arc<PoolPolicy> {
+        Arc::clone(&self.policy.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Replaces the policy (targets, sizes, verification, scrub bandwidth, reserve limits) of a
+    /// running pool, as `systemctl reload` does: leases and warm files are untouched; the
+    /// worker fills to or trims to the new targets from its next round. `threads` keeps its
+    /// value from the start (the workers' CPU sets are fixed then).
+    pub fn set_policy(&self, mut policy: PoolPolicy) {
+        policy.threads = self.policy().threads;
+        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
+        self.changed.notify_all();
     }
 
     /// The ledger of pages the daemon added to the kernel's pools.
@@ -376,8 +387,8 @@ impl Pool {
         if cpus.is_empty() {
             cpus = crate::sys::affinity::allowed_cpus();
         }
-        if self.policy.threads > 0 {
-            cpus.truncate(self.policy.threads);
+        if self.policy().threads > 0 {
+            cpus.truncate(self.policy().threads);
         }
         cpus
     }

@@ -155,7 +155,8 @@ impl Pool {
         if st.drained.contains(&(node, ps)) {
             return Vec::new();
         }
-        let Some(target) = self.policy.target(node, ps) else {
+        let policy = self.policy();
+        let Some(target) = policy.target(node, ps) else {
             return Vec::new();
         };
         let history: Vec<u64> = st
@@ -163,7 +164,7 @@ impl Pool {
             .get(&(node, ps))
             .map(|h| h.iter().copied().collect())
             .unwrap_or_default();
-        wanted(target, self.policy.shape, &history, ps.bytes())
+        wanted(target, policy.shape, &history, ps.bytes())
     }
 
     /// The largest missing size that fits the kind's byte deficit (the refill's next file
@@ -235,7 +236,7 @@ impl Pool {
 
     /// The next reshaping step of any kind under the demand shape.
     pub(super) fn reshape_any(&self, st: &State) -> Option<Reshape> {
-        if self.policy.shape != Shape::Demand {
+        if self.policy().shape != Shape::Demand {
             return None;
         }
         for ps in self.mounts.keys() {

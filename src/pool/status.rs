@@ -81,7 +81,8 @@ impl Pool {
                 let dirty = sum(&|e| e.rec.state == FileState::Dirty);
                 let scrubbing = sum(&|e| e.rec.state == FileState::Scrubbing);
                 let filling = sum(&|e| e.rec.state == FileState::Filling);
-                let target = self.policy.target(n, *ps);
+                let policy = self.policy();
+                let target = policy.target(n, *ps);
                 kinds.push(KindStatus {
                     node: n,
                     page_size: *ps,
@@ -106,8 +107,8 @@ impl Pool {
         }
         PoolStatus {
             kinds,
-            verify: self.policy.verify,
-            scrub_bandwidth: self.policy.scrub_bandwidth,
+            verify: self.policy().verify,
+            scrub_bandwidth: self.policy().scrub_bandwidth,
             clean_start: self.clean_start,
             last_scrub: st.last_scrub.clone(),
         }

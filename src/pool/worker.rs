@@ -90,7 +90,7 @@ impl Pool {
         if st.drained.contains(&(node, ps)) {
             return 0;
         }
-        self.policy.target_bytes(node, ps)
+        self.policy().target_bytes(node, ps)
     }
 
     /// Picks the next job and marks its file busy (journaling the new state first).
@@ -110,7 +110,7 @@ impl Pool {
         if let Some(rec) = dirty {
             // Under the demand shape a file of a size in demand is kept (cut to a missing
             // size when its own is not), whatever the pool holds (see `shape`).
-            let (keep, size) = match self.policy.shape {
+            let (keep, size) = match self.policy().shape {
                 Shape::Demand => match self.reshape_dirty(st, &rec) {
                     Reshape::Keep(_, size) => (true, size),
                     _ => (false, rec.size),
@@ -168,9 +168,10 @@ impl Pool {
         if st.refill_backoff.is_some_and(|t| Instant::now() < t) {
             return None;
         }
+        let policy = self.policy();
         for (ps, mount) in self.mounts.iter() {
             for node in self.topology.node_ids() {
-                let Some(target) = self.policy.target(node, *ps) else {
+                let Some(target) = policy.target(node, *ps) else {
                     continue;
                 };
                 if st.drained.contains(&(node, *ps)) {
@@ -186,7 +187,7 @@ impl Pool {
                 // smaller than every size in the mix: fill it exactly then, or the pool would
                 // stay below its target for good (a small warm file still serves a grown lease).
                 let page = ps.bytes();
-                if self.policy.shape == Shape::Demand {
+                if self.policy().shape == Shape::Demand {
                     let size = self.next_missing(st, node, *ps, deficit);
                     if size == 0 {
                         continue;
@@ -307,7 +308,7 @@ impl Pool {
         }
         let free = crate::hugetlb::pool::available(Some(node), ps).unwrap_or(0);
         let short = deficit.div_ceil(page).saturating_sub(free).max(1);
-        if !self.policy.reserve.enabled {
+        if !self.policy().reserve.enabled {
             let reason = reserve::Limit::Disabled.explain(node, ps, short);
             self.explain(st, node, ps, Some(reason));
             return None;
@@ -336,7 +337,7 @@ impl Pool {
         let available = crate::topology::node_available_bytes(node).unwrap_or(0);
         let added_on_node = self.reservations.added_bytes_on(node);
         let (pages, limit) =
-            reserve::plan(short, ps, &self.policy.reserve, added_on_node, available);
+            reserve::plan(short, ps, &self.policy().reserve, added_on_node, available);
         let raised = if pages > 0 {
             self.reservations.raise(node, ps, pages)
         } else {
@@ -431,9 +432,9 @@ impl Pool {
         }
         let opts = ScrubOptions {
             cpus: self.cpus(rec.node),
-            bandwidth: self.policy.scrub_bandwidth,
+            bandwidth: self.policy().scrub_bandwidth,
             background: true,
-            verify: self.policy.verify,
+            verify: self.policy().verify,
         };
         let mut file = match BackingFile::open(&path, rec.page_size) {
             Ok(f) => f,

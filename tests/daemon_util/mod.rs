@@ -161,7 +161,7 @@ impl Env {
 
     /// Free 2 MiB pages in the kernel's pool right now.
     pub fn free_pages(&self) -> u64 {
-        hugeprep::hugetlb::pool::available(None, PageSize::Size2M).unwrap_or(0)
+        hugeprep::hugetlb::pool::available(None, PageSize::Size2M).unwrap()
     }
 
     /// Bytes of the mount in use (its size limit minus free blocks).

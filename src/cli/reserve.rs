@@ -1,0 +1,106 @@
+//! `hugeprep reserve`: raise the kernel's per-node hugepage pools to what the configuration's
+//! warm targets need, once, early in boot (`hugeprep-reserve.service`), before memory
+//! fragments and before the daemon and libvirtd start. Pages it adds are recorded in the
+//! daemon's ledger, so `hugeprep drain --release-pools` gives back exactly those.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use hugeprep::daemon::config::ConfigFile;
+use hugeprep::hugetlb::pool::{self as kpool, Scope};
+use hugeprep::pool::reserve::{self, Reservations};
+use hugeprep::pool::PoolPolicy;
+use hugeprep::topology::{self, Topology};
+use hugeprep::units::format_bytes;
+
+/// Raise the per-node hugepage pools to the configured warm targets; report what the kernel
+/// could not supply.
+#[derive(Debug, clap::Args)]
+pub struct ReserveArgs {
+    /// Configuration file (the daemon's).
+    #[arg(long, default_value = "/etc/hugeprep/hugeprep.toml")]
+    pub config: PathBuf,
+    /// Journal directory holding the ledger of added pages (default: the config's state_dir).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Exit with status 1 when a pool could not be raised to its target.
+    #[arg(long)]
+    pub strict: bool,
+}
+
+/// Runs `hugeprep reserve`.
+pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
+    let file = if args.config.exists() {
+        ConfigFile::load(&args.config)?
+    } else {
+        ConfigFile::default()
+    };
+    let policy = match &file.pool {
+        Some(spec) => spec
+            .validate()
+            .with_context(|| args.config.display().to_string())?,
+        None => PoolPolicy::embedded(),
+    };
+    if !policy.reserve.enabled {
+        println!(
+            "reserve = false in {}: pools left as they are",
+            args.config.display()
+        );
+        return Ok(());
+    }
+    let state_dir = args
+        .state_dir
+        .or(file.state_dir)
+        .unwrap_or_else(|| hugeprep::daemon::DEFAULT_STATE_DIR.into());
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("mkdir {}", state_dir.display()))?;
+    let ledger = Reservations::open(&state_dir)?;
+    let topo = Topology::detect()?;
+    let mut short_any = false;
+    for page_size in kpool::page_sizes() {
+        for node in topo.node_ids() {
+            let want = policy
+                .target_bytes(node, page_size)
+                .div_ceil(page_size.bytes());
+            if want == 0 {
+                continue;
+            }
+            let free = kpool::read(Scope::Node(node), page_size)?.free;
+            let need = want.saturating_sub(free);
+            let available = topology::node_available_bytes(node).unwrap_or(0);
+            let (pages, limit) = reserve::plan(
+                need,
+                page_size,
+                &policy.reserve,
+                ledger.added_bytes_on(node),
+                available,
+            );
+            let added = if pages > 0 {
+                ledger.raise(node, page_size, pages)?.added
+            } else {
+                0
+            };
+            let short = need - added;
+            let target = format_bytes(want * page_size.bytes());
+            if short == 0 {
+                println!("node {node} {page_size}: {target} target, added {added} pages");
+                continue;
+            }
+            short_any = true;
+            let why = match limit {
+                Some(l) if added == pages => l.explain(node, page_size, short),
+                _ => format!(
+                    "the kernel added {added} of the {pages} pages asked (memory short or \
+                     fragmented: reserve {page_size} pages on the kernel command line, \
+                     docs/operations.md)"
+                ),
+            };
+            println!("node {node} {page_size}: {target} target, short by {short} pages: {why}");
+        }
+    }
+    anyhow::ensure!(
+        !(short_any && args.strict),
+        "--strict: some pools are short of their targets"
+    );
+    Ok(())
+}
