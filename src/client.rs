@@ -231,4 +231,40 @@ impl Client {
     pub async fn cpu(&self) -> Result<CpuReport> {
         self.call(Method::GET, "/v1/cpu", None).await
     }
+
+    /// `POST /v1/leases` with an idempotency key: a retry with the same key and request gets
+    /// the same lease back, never a second one.
+    pub async fn lease_idempotent(&self, req: &LeaseRequest, key: &str) -> Result<LeaseInfo> {
+        let mut body = serde_json::to_value(req).unwrap_or_default();
+        if let Some(obj) = body.as_object_mut() {
+            obj.insert("idempotency_key".into(), key.into());
+        }
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        self.call(Method::POST, "/v1/leases", Some(body)).await
+    }
+
+    /// `GET /v1/pool/targets`.
+    pub async fn targets(&self) -> Result<crate::pool::TargetsReport> {
+        self.call(Method::GET, "/v1/pool/targets", None).await
+    }
+
+    /// `PUT /v1/pool/targets`: replaces the warm targets (persisted by the daemon).
+    pub async fn set_targets(
+        &self,
+        targets: &[crate::policy::pool::TargetSpec],
+    ) -> Result<crate::pool::TargetsReport> {
+        let body =
+            serde_json::to_vec(&serde_json::json!({ "targets": targets })).unwrap_or_default();
+        self.call(Method::PUT, "/v1/pool/targets", Some(body)).await
+    }
+
+    /// `DELETE /v1/pool/targets`: back to the configuration's targets.
+    pub async fn clear_targets(&self) -> Result<crate::pool::TargetsReport> {
+        self.call(Method::DELETE, "/v1/pool/targets", None).await
+    }
+
+    /// `GET /v1/capacity`.
+    pub async fn capacity(&self) -> Result<crate::pool::Capacity> {
+        self.call(Method::GET, "/v1/capacity", None).await
+    }
 }

@@ -35,6 +35,16 @@ fn u32_field(obj: &Map<String, Value>, field: &str) -> Result<Option<u32>, ApiEr
 /// assert!(parse_lease_request(br#"{"name":"vm1","size":1,"colour":2}"#).is_err());
 /// ```
 pub fn parse_lease_request(body: &[u8]) -> Result<LeaseRequest, ApiError> {
+    parse_lease_body(body).map(|(req, _key)| req)
+}
+
+/// The body field that carries an idempotency key (the `Idempotency-Key` header may carry it
+/// instead).
+pub const IDEMPOTENCY_FIELD: &str = "idempotency_key";
+
+/// Decodes a lease request and its optional `idempotency_key` (a string), as
+/// [`parse_lease_request`] does.
+pub fn parse_lease_body(body: &[u8]) -> Result<(LeaseRequest, Option<String>), ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::BadRequest {
         field: None,
         message: format!("malformed JSON: {e}"),
@@ -45,15 +55,26 @@ pub fn parse_lease_request(body: &[u8]) -> Result<LeaseRequest, ApiError> {
             message: "the body must be a JSON object".into(),
         });
     };
-    if let Some(unknown) = obj.keys().find(|k| !LEASE_FIELDS.contains(&k.as_str())) {
+    let known = |k: &str| LEASE_FIELDS.contains(&k) || k == IDEMPOTENCY_FIELD;
+    if let Some(unknown) = obj.keys().find(|k| !known(k)) {
         return Err(ApiError::field(
             unknown,
             format!(
-                "unknown field {unknown:?}: expected one of {}",
+                "unknown field {unknown:?}: expected one of {}, {IDEMPOTENCY_FIELD}",
                 LEASE_FIELDS.join(", ")
             ),
         ));
     }
+    let key = match obj.get(IDEMPOTENCY_FIELD) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(v) => {
+            return Err(ApiError::field(
+                IDEMPOTENCY_FIELD,
+                format!("expected a string of 1 to 128 visible ASCII characters, got {v}"),
+            ))
+        }
+    };
     let name = match obj.get("name") {
         Some(Value::String(s)) => s.clone(),
         Some(v) => {
@@ -113,7 +134,7 @@ pub fn parse_lease_request(body: &[u8]) -> Result<LeaseRequest, ApiError> {
             ))
         }
     };
-    Ok(LeaseRequest {
+    let req = LeaseRequest {
         name,
         size,
         page_size,
@@ -121,6 +142,43 @@ pub fn parse_lease_request(body: &[u8]) -> Result<LeaseRequest, ApiError> {
         owner,
         pid: u32_field(&obj, "pid")?,
         pin,
+    };
+    Ok((req, key))
+}
+
+/// Decodes a JSON body into `T`; errors name the field at fault by its path (`targets[0].node`),
+/// or none when the body is not JSON at all.
+pub fn decode_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let field = if path == "." || path.is_empty() {
+            unknown_field(&inner.to_string())
+        } else {
+            Some(path)
+        };
+        match field {
+            Some(field) => ApiError::field(&field, format!("{field}: {inner}")),
+            None => ApiError::BadRequest {
+                field: None,
+                message: format!("malformed request: {inner}"),
+            },
+        }
+    })?;
+    de.end().map_err(|e| ApiError::BadRequest {
+        field: None,
+        message: format!("malformed request: {e}"),
+    })?;
+    Ok(value)
+}
+
+/// The field a serde message names, for errors at the top level (`unknown field `x``,
+/// `missing field `x``).
+fn unknown_field(message: &str) -> Option<String> {
+    ["unknown field `", "missing field `"].iter().find_map(|p| {
+        let rest = &message[message.find(p)? + p.len()..];
+        Some(rest[..rest.find('`')?].to_string())
     })
 }
 

@@ -75,6 +75,7 @@ pub fn status_of(err: &ApiError) -> StatusCode {
             PoolError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             // The host cannot pin this lease (memlock limit, memory, no io_uring).
             PoolError::Pin(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            PoolError::KeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             PoolError::Journal(_)
             | PoolError::File(_)
             | PoolError::Fault(_)

@@ -11,15 +11,21 @@
 //! | `POST /v1/pool/resume` | let drained kinds refill ([`ResumeRequest`]) |
 //! | `GET /v1/cpu` | the clearing method and which rule chose it |
 //! | `GET /v1/version` | the daemon's version |
+//! | `GET /v1/pool/targets` | the warm targets in force and where they come from |
+//! | `PUT /v1/pool/targets` | set warm targets, persisted ([`TargetsBody`]) |
+//! | `DELETE /v1/pool/targets` | return to the configuration's targets |
+//! | `GET /v1/capacity` | what can be leased now, warm and in total |
 //!
 //! Errors are `{"error": "...", "field": "..."}` with a status from [`status_of`].
 
 mod body;
+mod control;
 mod error;
 pub mod pidwatch;
 mod routes;
 
-pub use body::{parse_lease_request, LEASE_FIELDS};
+pub use body::{decode_json, parse_lease_body, parse_lease_request, LEASE_FIELDS};
+pub use control::{parse_targets_body, ByteCount, FlavorBody, TargetBody, TargetsBody};
 pub use error::{status_of, ApiError, ErrorBody};
 pub use routes::{router, ApiState, CpuReport, ResumeRequest, VersionReport};
 

@@ -4,12 +4,12 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use super::body::parse_lease_request;
+use super::body::parse_lease_body;
 use super::error::ApiError;
 use super::pidwatch;
 use crate::clear::{ClearPlan, Method as ClearMethod};
@@ -59,6 +59,13 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/pool/resume", post(resume_pool))
         .route("/v1/cpu", get(cpu))
         .route("/v1/version", get(version))
+        .route(
+            "/v1/pool/targets",
+            get(super::control::get_targets)
+                .put(super::control::put_targets)
+                .delete(super::control::delete_targets),
+        )
+        .route("/v1/capacity", get(super::control::capacity))
         .fallback(no_route)
         .with_state(state)
 }
@@ -78,11 +85,21 @@ fn lease_id(text: &str) -> Result<u64, ApiError> {
 
 async fn create_lease(
     State(state): State<ApiState>,
+    headers: HeaderMap,
     body: Bytes,
-) -> Result<(StatusCode, Json<LeaseInfo>), ApiError> {
-    let req = parse_lease_request(&body)?;
+) -> Result<(StatusCode, HeaderMap, Json<LeaseInfo>), ApiError> {
+    let (req, key) = parse_lease_body(&body)?;
+    let key = super::control::idempotency_key(&headers, key)?;
     let pool = Arc::clone(&state.pool);
-    let info = blocking(move || Ok(pool.lease(&req)?)).await?;
+    let (info, replayed) = blocking(move || match key {
+        Some(key) => Ok(pool.lease_idempotent(&req, &key)?),
+        None => Ok((pool.lease(&req)?, false)),
+    })
+    .await?;
+    if replayed {
+        tracing::info!(id = info.id, name = %info.name, "idempotent retry: the same lease");
+        return Ok((StatusCode::OK, super::control::replayed(), Json(info)));
+    }
     if let Some(pid) = info.pid {
         let start = state
             .pool
@@ -93,7 +110,7 @@ async fn create_lease(
         pidwatch::watch(Arc::clone(&state.pool), info.id, pid, start);
     }
     tracing::info!(id = info.id, name = %info.name, size = info.size, source = info.source.name(), ready_ms = info.ready_ms, "leased");
-    Ok((StatusCode::CREATED, Json(info)))
+    Ok((StatusCode::CREATED, HeaderMap::new(), Json(info)))
 }
 
 async fn list_leases(State(state): State<ApiState>) -> Json<Vec<LeaseInfo>> {

@@ -7,6 +7,7 @@ mod bench_prefault;
 mod bench_recycle;
 mod bench_trace;
 mod bench_vm_start;
+mod capacity;
 mod ch_args;
 mod clearing_in_use;
 mod completions;
@@ -24,6 +25,7 @@ mod reserve;
 mod resume;
 mod serve;
 mod status;
+mod targets;
 
 use std::path::PathBuf;
 
@@ -77,6 +79,10 @@ pub enum Command {
     ChArgs(ch_args::ChArgsArgs),
     /// Raise the per-node hugepage pools to the configured warm targets (boot-time service).
     Reserve(reserve::ReserveArgs),
+    /// Show, set or clear the daemon's warm targets (persisted; they win over the config file).
+    Targets(targets::TargetsArgs),
+    /// Show what the daemon can lease now per node and page size: warm and in total.
+    Capacity(capacity::CapacityArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(completions::CompletionsArgs),
     /// Write the man pages, one per command, into a directory (used by the package build).
@@ -151,6 +157,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Resume(args) => resume::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Reserve(args) => reserve::run(args),
+        Command::Targets(args) => targets::run(args),
+        Command::Capacity(args) => capacity::run(args),
         Command::Completions(args) => completions::run_completions(args),
         Command::Manpages(args) => completions::run_manpages(args),
     }

@@ -165,7 +165,7 @@ impl Default for ReservePolicy {
 }
 
 /// A validated warm target.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Target {
     /// Page size of the warm files.
     pub page_size: PageSize,

@@ -36,6 +36,13 @@ pub enum PoolError {
         /// Bytes the node could supply (free pages plus warm and dirty pool files).
         available: u64,
     },
+    /// An idempotency key was used for a different request (the IETF idempotency-key draft's
+    /// 422).
+    #[error("idempotency_key: {message}")]
+    KeyReused {
+        /// What the key was used for.
+        message: String,
+    },
     /// No lease with this id.
     #[error("no lease with id {id}")]
     NotFound {
@@ -81,6 +88,7 @@ impl PoolError {
             PoolError::Insufficient { .. } => Some("size"),
             PoolError::NotFound { .. } => Some("id"),
             PoolError::Pin(_) => Some("pin"),
+            PoolError::KeyReused { .. } => Some("idempotency_key"),
             _ => None,
         }
     }

@@ -91,6 +91,15 @@ impl Pool {
     /// smaller one grown, else a new one. Blocks while faulting (call from a blocking
     /// thread). On error nothing stays allocated or changed.
     pub fn lease(&self, req: &LeaseRequest) -> Result<LeaseInfo> {
+        self.lease_tagged(req, None)
+    }
+
+    /// [`Pool::lease`], journaling `tag` (an idempotency key) with the lease.
+    pub(super) fn lease_tagged(
+        &self,
+        req: &LeaseRequest,
+        tag: Option<&Idempotency>,
+    ) -> Result<LeaseInfo> {
         let started = Instant::now();
         let v = self.validate(req)?;
         let (id, source, old_size) = self.reserve(&v)?;
@@ -105,7 +114,7 @@ impl Pool {
                         return Err(e);
                     }
                 };
-                match self.commit(&v, id, source, &lease_path, started) {
+                match self.commit(&v, id, source, &lease_path, started, tag) {
                     Ok(mut info) => {
                         info.pinned = self.hold_pin(id, pin);
                         Ok(info)
@@ -306,6 +315,7 @@ impl Pool {
         source: LeaseSource,
         lease_path: &Path,
         started: Instant,
+        tag: Option<&Idempotency>,
     ) -> Result<LeaseInfo> {
         let mut st = self.lock();
         let lease_id = st.new_id();
@@ -320,6 +330,7 @@ impl Pool {
             source,
             ready_ms: started.elapsed().as_secs_f64() * 1e3,
             created_unix: now_unix(),
+            idempotency: tag.cloned().map(Box::new),
         };
         let Some(entry) = st.files.get(&id) else {
             return Err(PoolError::NotFound { id });

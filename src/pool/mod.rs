@@ -17,12 +17,14 @@
 //! (and a clean shutdown waits for requests in flight), so the file is scrubbed, never
 //! handed out unproven. See `docs/pool.md`.
 
+pub mod capacity;
 mod counters;
 mod drain;
 mod error;
 pub mod fault;
 mod holders;
 pub mod holes;
+pub mod idempotency;
 mod kernel;
 mod lease;
 mod pin;
@@ -33,6 +35,7 @@ mod request;
 pub mod reserve;
 pub mod shape;
 mod status;
+pub mod targets;
 mod worker;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -54,13 +57,16 @@ use crate::topology::Topology;
 
 pub use crate::policy::pool as policy;
 pub use crate::policy::pool::{PoolPolicy, Verification};
+pub use capacity::{Capacity, KindCapacity};
 pub use counters::CounterSnapshot;
 pub use drain::{DrainReport, DrainRequest};
 pub use error::{PoolError, Result};
+pub use idempotency::{Idempotency, MAX_IDEMPOTENCY_KEY};
 pub use record::{file_key, FileRecord, FileState, LeaseInfo, LeaseRecord, LeaseSource};
 pub use recover::RecoveryReport;
 pub use request::{check_name, LeaseRequest, ValidRequest, MAX_NAME};
 pub use status::{KindStatus, PoolStatus};
+pub use targets::{TargetsError, TargetsReport, TargetsSource};
 
 /// How long a lease waits for dirty memory to be scrubbed before giving up.
 const LEASE_WAIT: Duration = Duration::from_secs(120);
@@ -160,6 +166,8 @@ struct State {
     drained: BTreeSet<(u32, PageSize)>,
     /// Recent lease sizes per kind, that the demand shape learns from.
     demand: BTreeMap<(u32, PageSize), shape::History>,
+    /// Leases with an idempotency key in progress, by key.
+    keyed: BTreeMap<String, idempotency::Idempotency>,
 }
 
 impl State {
@@ -233,6 +241,8 @@ pub struct Pool {
     pins: Mutex<BTreeMap<u64, crate::sys::pin::LongTermPin>>,
     /// The lessee grace in force, ms ([`LESSEE_GRACE`] unless set).
     grace_ms: std::sync::atomic::AtomicU64,
+    /// Warm targets set over the API, persisted; they win over the configuration's.
+    api_targets: targets::ApiTargets,
 }
 
 fn now_unix() -> u64 {
@@ -277,6 +287,10 @@ impl Pool {
         }
         let journal = Journal::open(&config.state_dir)?;
         let reservations = reserve::Reservations::open(&config.state_dir)?;
+        let page_sizes = mounts.keys().copied().collect();
+        let api_targets = targets::ApiTargets::open(&config.state_dir, &page_sizes, &topology)?;
+        let mut policy = config.policy;
+        api_targets.apply(&mut policy);
         let clean_start = journal.was_clean_shutdown();
         let (files, max_id, report) = recover::reconcile(&journal, &mounts, clean_start)?;
         // From here on a crash means warm records must be proven again.
@@ -305,7 +319,7 @@ impl Pool {
                 field: "method",
                 message: e.to_string(),
             })?,
-            policy: std::sync::RwLock::new(Arc::new(config.policy)),
+            policy: std::sync::RwLock::new(Arc::new(policy)),
             journal,
             control: ScrubControl::default(),
             state: Mutex::new(state),
@@ -321,6 +335,7 @@ impl Pool {
             counters: counters::Counters::default(),
             pins: Mutex::new(BTreeMap::new()),
             grace_ms: std::sync::atomic::AtomicU64::new(LESSEE_GRACE.as_millis() as u64),
+            api_targets,
         }))
     }
 
@@ -342,8 +357,13 @@ impl Pool {
     /// running pool, as `systemctl reload` does: leases and warm files are untouched; the
     /// worker fills to or trims to the new targets from its next round. `threads` keeps its
     /// value from the start (the workers' CPU sets are fixed then).
+    ///
+    /// Targets set over the API ([`Pool::set_targets`]) stay in force in place of the new
+    /// policy's, which become the configuration's targets that `DELETE /v1/pool/targets`
+    /// returns to.
     pub fn set_policy(&self, mut policy: PoolPolicy) {
         policy.threads = self.policy().threads;
+        self.api_targets.apply(&mut policy);
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
         self.changed.notify_all();
     }

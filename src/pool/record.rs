@@ -56,6 +56,9 @@ pub struct LeaseRecord {
     pub ready_ms: f64,
     /// When the lease was made (seconds since the epoch).
     pub created_unix: u64,
+    /// The idempotency key it was made with, and the request (see `pool::idempotency`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency: Option<Box<crate::pool::Idempotency>>,
 }
 
 /// The life cycle of a pool file. Every transition is journaled before it takes effect.
@@ -187,6 +190,7 @@ mod tests {
                 source: LeaseSource::WarmShrunk,
                 ready_ms: 0.5,
                 created_unix: 1,
+                idempotency: None,
             }),
         };
         let json = serde_json::to_string(&rec).unwrap();

@@ -1,0 +1,278 @@
+//! Warm targets set over the API (`PUT /v1/pool/targets`): validated against this daemon's
+//! mounts and nodes, persisted in the state directory (`<state>/targets/`, one journal
+//! record, replaced atomically) and applied through the same path as a reload
+//! ([`Pool::set_policy`]).
+//!
+//! The configuration file stays the boot-time default: targets set over the API win over the
+//! file's (at start and at every reload) until `DELETE /v1/pool/targets` clears them, which
+//! returns the pool to the file's targets. See `docs/api.md`, "Targets".
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use super::{now_unix, Pool};
+use crate::journal::{Journal, JournalError};
+use crate::page_size::PageSize;
+use crate::policy::pool::{PoolPolicy, PoolPolicyError, Target, TargetSpec};
+use crate::topology::Topology;
+
+/// The directory of the persisted targets under the state directory.
+pub const TARGETS_DIR: &str = "targets";
+const RECORD: &str = "api";
+
+/// The most targets one request may set.
+pub const MAX_TARGETS: usize = 64;
+
+/// Setting or clearing API targets failed; nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetsError {
+    /// A target is invalid: the error names the field (e.g. `targets[0].warm`).
+    #[error(transparent)]
+    Invalid(#[from] PoolPolicyError),
+    /// The targets could not be persisted (so they were not applied).
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+/// Where the targets in force come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TargetsSource {
+    /// The configuration file and command line (the boot-time default).
+    Config,
+    /// `PUT /v1/pool/targets`, persisted in the state directory.
+    Api,
+}
+
+/// `GET /v1/pool/targets` (and the answer to `PUT` and `DELETE`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetsReport {
+    /// Where the targets in force come from.
+    pub source: TargetsSource,
+    /// The targets in force.
+    pub targets: Vec<Target>,
+    /// The configuration's targets (in force when `source` is `config`, or after `DELETE`).
+    pub config_targets: Vec<Target>,
+    /// When the API targets were set (seconds since the epoch), when they are in force.
+    #[serde(default)]
+    pub updated_unix: Option<u64>,
+}
+
+/// What the state directory keeps: the targets as the client wrote them (validated again at
+/// every start, since mounts and nodes may change between starts).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Stored {
+    targets: Vec<TargetSpec>,
+    updated_unix: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The targets of the configuration (the last policy given to `set_policy` or `open`).
+    config: Vec<Target>,
+    /// API targets in force, validated, with when they were set.
+    api: Option<(Vec<Target>, u64)>,
+}
+
+/// The pool's API targets: the persisted record and what is in force.
+#[derive(Debug)]
+pub(super) struct ApiTargets {
+    journal: Journal,
+    inner: Mutex<Inner>,
+}
+
+/// Validates targets for a daemon serving `page_sizes` on the nodes of `topology`: each
+/// target as the policy file's are (whole pages, flavor limits), plus a mount for its page
+/// size, a node that exists, at most one target per (node, page size) and at most
+/// [`MAX_TARGETS`] targets. Errors name the field as `targets[i].field`.
+pub fn validate_targets(
+    specs: &[TargetSpec],
+    page_sizes: &BTreeSet<PageSize>,
+    topology: &Topology,
+) -> Result<Vec<Target>, PoolPolicyError> {
+    let field = |field: String, message: String| PoolPolicyError::Field { field, message };
+    if specs.len() > MAX_TARGETS {
+        return Err(field(
+            "targets".into(),
+            format!("{} targets: at most {MAX_TARGETS}", specs.len()),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let prefix = format!("targets[{i}]");
+        if !page_sizes.contains(&spec.page_size) {
+            return Err(field(
+                format!("{prefix}.page_size"),
+                format!(
+                    "no hugetlbfs mount for {} pages: this daemon serves {}",
+                    spec.page_size,
+                    page_sizes
+                        .iter()
+                        .map(|p| p.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        if let Some(node) = spec.node {
+            if let Err(e) = topology.node(node) {
+                return Err(field(format!("{prefix}.node"), e.to_string()));
+            }
+        }
+        if !seen.insert((spec.node, spec.page_size)) {
+            return Err(field(
+                format!("{prefix}.node"),
+                format!(
+                    "a second target for {} pages on {}: at most one per node and page size",
+                    spec.page_size,
+                    spec.node
+                        .map_or("every node".to_string(), |n| format!("node {n}"))
+                ),
+            ));
+        }
+        let target = spec.validate(&prefix)?;
+        // A target beyond the node's memory can never be met: refuse it rather than let the
+        // worker chase it (nodes that report no memory size are not checked).
+        let nodes = topology
+            .nodes
+            .iter()
+            .filter(|n| spec.node.map_or(true, |id| id == n.id) && n.mem_bytes > 0);
+        if let Some(n) = nodes.min_by_key(|n| n.mem_bytes) {
+            if target.warm > n.mem_bytes {
+                return Err(field(
+                    format!("{prefix}.warm"),
+                    format!(
+                        "{} is more than node {}'s memory of {}",
+                        crate::units::format_bytes(target.warm),
+                        n.id,
+                        crate::units::format_bytes(n.mem_bytes)
+                    ),
+                ));
+            }
+        }
+        out.push(target);
+    }
+    Ok(out)
+}
+
+impl ApiTargets {
+    /// Opens the record in `<state_dir>/targets/`. A record that no longer validates (a mount
+    /// or node gone) is logged and ignored: the configuration's targets apply, the record stays
+    /// until the next `PUT` or `DELETE`.
+    pub(super) fn open(
+        state_dir: &Path,
+        page_sizes: &BTreeSet<PageSize>,
+        topology: &Topology,
+    ) -> Result<ApiTargets, JournalError> {
+        let journal = Journal::open(&state_dir.join(TARGETS_DIR))?;
+        let mut api = None;
+        for (key, stored) in journal.load::<Stored>()? {
+            if key != RECORD {
+                continue;
+            }
+            match validate_targets(&stored.targets, page_sizes, topology) {
+                Ok(targets) => {
+                    tracing::info!(
+                        targets = stored.targets.len(),
+                        "warm targets set over the API are in force (DELETE /v1/pool/targets returns to the configuration's)"
+                    );
+                    api = Some((targets, stored.updated_unix));
+                }
+                Err(err) => tracing::error!(
+                    %err,
+                    "stored API targets no longer valid: the configuration's targets apply"
+                ),
+            }
+        }
+        Ok(ApiTargets {
+            journal,
+            inner: Mutex::new(Inner {
+                config: Vec::new(),
+                api,
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `policy`'s targets as the configuration's and puts the API targets in their
+    /// place when there are any.
+    pub(super) fn apply(&self, policy: &mut PoolPolicy) {
+        let mut inner = self.lock();
+        inner.config = policy.targets.clone();
+        if let Some((targets, _)) = &inner.api {
+            policy.targets = targets.clone();
+        }
+    }
+
+    fn report(inner: &Inner) -> TargetsReport {
+        match &inner.api {
+            Some((targets, at)) => TargetsReport {
+                source: TargetsSource::Api,
+                targets: targets.clone(),
+                config_targets: inner.config.clone(),
+                updated_unix: Some(*at),
+            },
+            None => TargetsReport {
+                source: TargetsSource::Config,
+                targets: inner.config.clone(),
+                config_targets: inner.config.clone(),
+                updated_unix: None,
+            },
+        }
+    }
+}
+
+impl Pool {
+    fn page_sizes(&self) -> BTreeSet<PageSize> {
+        self.mounts.keys().copied().collect()
+    }
+
+    /// The targets in force and where they come from.
+    pub fn targets(&self) -> TargetsReport {
+        ApiTargets::report(&self.api_targets.lock())
+    }
+
+    /// Validates `specs`, persists them (atomically, durably) and applies them as a reload
+    /// does: the worker fills or trims from its next round. On error nothing changed.
+    pub fn set_targets(&self, specs: &[TargetSpec]) -> Result<TargetsReport, TargetsError> {
+        let targets = validate_targets(specs, &self.page_sizes(), &self.topology)?;
+        let at = now_unix();
+        {
+            let mut inner = self.api_targets.lock();
+            let stored = Stored {
+                targets: specs.to_vec(),
+                updated_unix: at,
+            };
+            self.api_targets.journal.write(RECORD, &stored)?;
+            inner.api = Some((targets, at));
+        }
+        self.reapply_targets();
+        Ok(self.targets())
+    }
+
+    /// Removes the API targets: the configuration's apply again, now and after a restart.
+    pub fn clear_targets(&self) -> Result<TargetsReport, TargetsError> {
+        {
+            let mut inner = self.api_targets.lock();
+            self.api_targets.journal.remove(RECORD)?;
+            inner.api = None;
+        }
+        self.reapply_targets();
+        Ok(self.targets())
+    }
+
+    /// Re-applies the policy in force with the configuration's targets, through
+    /// [`Pool::set_policy`] (which puts the API targets in their place).
+    fn reapply_targets(&self) {
+        let mut policy = (*self.policy()).clone();
+        policy.targets = self.api_targets.lock().config.clone();
+        self.set_policy(policy);
+    }
+}
