@@ -52,6 +52,29 @@ impl ApiError {
         }
     }
 
+    /// A short name of the error's kind, for `hugeprep_errors_total{kind}`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. } => "bad_request",
+            ApiError::NoRoute { .. } => "no_route",
+            ApiError::Internal(_) => "internal",
+            ApiError::Pool(e) => match e {
+                PoolError::Field { .. } => "bad_request",
+                PoolError::DuplicateName { .. } => "duplicate_name",
+                PoolError::Insufficient { .. } => "insufficient",
+                PoolError::NotFound { .. } => "not_found",
+                PoolError::ShuttingDown => "shutting_down",
+                PoolError::Pin(_) => "pin",
+                PoolError::KeyReused { .. } => "idempotency_key_reused",
+                PoolError::Journal(_) => "journal",
+                PoolError::File(_) => "file",
+                PoolError::Fault(_) => "fault",
+                PoolError::Reserve(_) => "reserve",
+                PoolError::Io { .. } => "io",
+            },
+        }
+    }
+
     fn field_name(&self) -> Option<String> {
         match self {
             ApiError::BadRequest { field, .. } => field.clone(),
@@ -88,6 +111,7 @@ pub fn status_of(err: &ApiError) -> StatusCode {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = status_of(&self);
+        super::metrics::api_metrics().error(self.kind());
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
         }

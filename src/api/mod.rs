@@ -15,12 +15,14 @@
 //! | `PUT /v1/pool/targets` | set warm targets, persisted ([`TargetsBody`]) |
 //! | `DELETE /v1/pool/targets` | return to the configuration's targets |
 //! | `GET /v1/capacity` | what can be leased now, warm and in total |
+//! | `GET /metrics` | Prometheus metrics ([`metrics`]) |
 //!
 //! Errors are `{"error": "...", "field": "..."}` with a status from [`status_of`].
 
 mod body;
 mod control;
 mod error;
+pub mod metrics;
 pub mod pidwatch;
 mod routes;
 

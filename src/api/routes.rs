@@ -5,6 +5,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
@@ -66,6 +67,7 @@ pub fn router(state: ApiState) -> Router {
                 .delete(super::control::delete_targets),
         )
         .route("/v1/capacity", get(super::control::capacity))
+        .route("/metrics", get(metrics))
         .fallback(no_route)
         .with_state(state)
 }
@@ -109,6 +111,7 @@ async fn create_lease(
             .and_then(|l| l.2);
         pidwatch::watch(Arc::clone(&state.pool), info.id, pid, start);
     }
+    super::metrics::api_metrics().lease(info.source, info.ready_ms);
     tracing::info!(id = info.id, name = %info.name, size = info.size, source = info.source.name(), ready_ms = info.ready_ms, "leased");
     Ok((StatusCode::CREATED, HeaderMap::new(), Json(info)))
 }
@@ -198,6 +201,17 @@ async fn version() -> Json<VersionReport> {
     Json(VersionReport {
         version: env!("CARGO_PKG_VERSION").to_string(),
     })
+}
+
+async fn metrics(State(state): State<ApiState>) -> Result<impl IntoResponse, ApiError> {
+    let text = blocking(move || Ok(super::metrics::render(&state.pool, &state.cpu))).await?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            super::metrics::CONTENT_TYPE,
+        )],
+        text,
+    ))
 }
 
 async fn no_route(method: Method, uri: Uri) -> ApiError {

@@ -271,21 +271,23 @@ impl Pool {
                 LeaseSource::WarmGrown => {
                     let mut f = BackingFile::open(&path, v.page_size)?;
                     f.set_len(v.size)?;
+                    let t = Instant::now();
                     let grown = fault::fault_range(&f, old_size..v.size, v.node, threads);
                     if let Err(e) = grown {
                         let _ = f.set_len(old_size);
                         return Err(e.into());
                     }
-                    self.counters.lease_faulted(v.size - old_size);
+                    self.counters.lease_faulted(v.size - old_size, t.elapsed());
                     Ok(f)
                 }
                 LeaseSource::Cold => {
                     let f = BackingFile::create(&path, v.size, v.page_size, None)?;
+                    let t = Instant::now();
                     if let Err(e) = fault::fault_range(&f, 0..v.size, v.node, threads) {
                         let _ = fs::remove_file(&path);
                         return Err(e.into());
                     }
-                    self.counters.lease_faulted(v.size);
+                    self.counters.lease_faulted(v.size, t.elapsed());
                     Ok(f)
                 }
             }

@@ -478,6 +478,7 @@ impl Pool {
         drop(file);
         match result {
             Ok((report, size)) => {
+                self.counters.scrubbed(report.bytes, report.seconds);
                 let mut st = self.lock();
                 let warm = FileRecord {
                     size,
@@ -558,13 +559,14 @@ impl Pool {
         };
         let path = mount.file_path(id);
         let threads = self.cpus(rec.node).len();
+        let t = Instant::now();
         let made = BackingFile::create(&path, rec.size, rec.page_size, None)
             .map_err(|e| e.to_string())
             .and_then(|f| {
                 fault::fault_range(&f, 0..rec.size, rec.node, threads).map_err(|e| e.to_string())
             });
         if made.is_ok() {
-            self.counters.refill_faulted(rec.size);
+            self.counters.refill_faulted(rec.size, t.elapsed());
         }
         let mut st = self.lock();
         match made {
