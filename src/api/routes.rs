@@ -143,15 +143,12 @@ async fn pool_status(State(state): State<ApiState>) -> Json<PoolStatus> {
 /// How long a drain waits for files in flight (scrubs, refills, releases) to settle.
 const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Decodes an optional JSON body (empty: the default); unknown fields are refused by name.
+/// Decodes an optional JSON body (empty: the default); errors name the field at fault.
 fn json_body<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest {
-        field: None,
-        message: format!("malformed request: {e}"),
-    })
+    super::body::decode_json(body)
 }
 
 async fn drain_pool(
