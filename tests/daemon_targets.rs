@@ -5,47 +5,11 @@
 
 mod daemon_util;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use daemon_util::{Daemon, Env, MIB};
+use daemon_util::{http, Daemon, Env, MIB};
 use serde_json::{json, Value};
-
-/// One HTTP/1.1 exchange on the daemon's socket with extra headers: (status, headers, body).
-fn http(
-    socket: &Path,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (u16, String, Value) {
-    let mut s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).unwrap();
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    // The daemon answers with a content-length body; chunked encoding is not used.
-    (
-        status,
-        head.to_ascii_lowercase(),
-        serde_json::from_str(body).unwrap_or(Value::Null),
-    )
-}
 
 fn targets(d: &Daemon) -> Value {
     let (status, body) = d.raw("GET", "/v1/pool/targets", b"");

@@ -331,3 +331,51 @@ pub fn write_pattern(lease: &LeaseInfo, seed: u8) {
         *b = seed ^ (i as u8) | 0x80;
     }
 }
+
+/// One HTTP/1.1 exchange on a daemon socket with extra request headers, for what
+/// [`Daemon::raw`] cannot send or see: (status, the response head in lower case, the JSON
+/// body or `Null`).
+pub fn http(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, serde_json::Value) {
+    let (status, head, text) = http_text(socket, method, path, headers, body);
+    (
+        status,
+        head,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// As [`http`], with the body as text.
+pub fn http_text(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    // The daemon answers with a content-length body (no chunked encoding) for these routes.
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
