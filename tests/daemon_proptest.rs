@@ -6,31 +6,13 @@
 //! (64 per route) keeps it fast; `tests/proptest_parsers.rs` runs the parsers alone.
 
 mod daemon_util;
+mod prop_util;
 
 use daemon_util::{Daemon, Env, MIB};
+use prop_util::word;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Value};
-
-fn word() -> impl Strategy<Value = String> {
-    prop_oneof![
-        Just(String::new()),
-        Just("2M".to_string()),
-        Just("1G".to_string()),
-        Just("4K".to_string()),
-        Just("4M".to_string()),
-        Just("3M".to_string()),
-        Just("64T".to_string()),
-        Just("lots".to_string()),
-        Just("root".to_string()),
-        Just("nobody-such-user".to_string()),
-        Just("../etc".to_string()),
-        Just("a/b".to_string()),
-        Just(".hidden".to_string()),
-        Just("x".repeat(70)),
-        "[a-z0-9]{1,8}",
-    ]
-}
 
 fn json_value() -> impl Strategy<Value = Value> {
     prop_oneof![

@@ -6,6 +6,8 @@
 //! field. A bounded number of cases keeps the suite fast; `tests/daemon_proptest.rs` sends such
 //! bodies to the real daemon and checks that a refused request changed nothing.
 
+mod prop_util;
+
 use std::collections::BTreeSet;
 
 use hugeprep::api::{decode_json, parse_lease_body, parse_targets_body, ApiError, ResumeRequest};
@@ -16,6 +18,7 @@ use hugeprep::pool::targets::validate_targets;
 use hugeprep::pool::{check_name, DrainRequest};
 use hugeprep::topology::Topology;
 use hugeprep::PageSize;
+use prop_util::word;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -25,35 +28,6 @@ fn config(cases: u32) -> ProptestConfig {
         failure_persistence: None,
         ..ProptestConfig::default()
     }
-}
-
-/// Strings a client might send where a size, page size, name or word belongs.
-fn word() -> impl Strategy<Value = String> {
-    prop_oneof![
-        Just(String::new()),
-        Just("2M".to_string()),
-        Just("1G".to_string()),
-        Just("4K".to_string()),
-        Just("4M".to_string()),
-        Just("8M".to_string()),
-        Just("3M".to_string()),
-        Just("64T".to_string()),
-        Just("99999999999999999999G".to_string()),
-        Just("lots".to_string()),
-        Just("-1".to_string()),
-        Just("0".to_string()),
-        Just("../etc".to_string()),
-        Just("a/b".to_string()),
-        Just("x".repeat(200)),
-        Just("sample".to_string()),
-        Just("full".to_string()),
-        Just("demand".to_string()),
-        Just("rep-stosb".to_string()),
-        Just("avx512-nt".to_string()),
-        Just("llc".to_string()),
-        Just("all".to_string()),
-        "\\PC{0,12}",
-    ]
 }
 
 /// Any JSON value a client might put in a field.

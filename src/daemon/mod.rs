@@ -119,8 +119,9 @@ fn spawn_reload_on_sighup(pool: Arc<Pool>, reload: Option<Reload>) {
             };
             match (reload.0)() {
                 Ok(policy) => {
-                    tracing::info!(policy = %policy.describe(), "reloaded: new pool policy in force");
                     pool.set_policy(policy);
+                    // Targets set over the API stay in force: log what is, not what the file says.
+                    tracing::info!(policy = %pool.policy().describe(), "reloaded: new pool policy in force");
                 }
                 Err(err) => tracing::error!(
                     error = %err,
