@@ -7,8 +7,8 @@ mod libvirt_util;
 
 use std::os::unix::fs::MetadataExt;
 
-use daemon_util::{map_lease, MIB};
-use libvirt_util::{domain_xml, inode, tools_present, Lab};
+use daemon_util::{map_lease, Env, MIB};
+use libvirt_util::{domain_xml, file_is_zero, inode, tools_present, Lab};
 
 /// Writes `pattern` at `offset` of a lease through hugeprep's own link.
 fn write_at(lease: &hugeprep::pool::LeaseInfo, offset: usize, pattern: &[u8]) {
@@ -283,12 +283,42 @@ fn with_backing(xml: &str, extra: &str) -> String {
 }
 
 #[test]
-fn discard_domains_start_on_leases_and_leave_the_pool_whole() {
+fn leases_come_back_scrubbed_and_discard_domains_leave_the_pool_whole() {
     if !tools_present() {
         return;
     }
-    let mut lab = Lab::new("libvirt-discard", 256 * MIB, 128 * MIB);
+    // Room in the mount for the warm pool and one lease only.
+    let mut lab = Lab::new("libvirt-discard", 160 * MIB, 128 * MIB);
     let free_idle = lab.env.free_pages();
+
+    // The pool is short and the mount full while a domain runs (another lease holds the
+    // room), so the domain's lease cannot be replaced: the kernel's free hugepages do not
+    // move at the start, and at the release the file itself is scrubbed back into the pool.
+    let other = lab.daemon.lease("other", 32 * MIB).unwrap();
+    lab.daemon.settle(lab.warm);
+    let free_before = lab.env.free_pages();
+    let uuid = lab.uuid();
+    lab.start(&domain_xml("scrubbed", &uuid, 0, true, ""));
+    let lease = lab.leases_of(&uuid).remove(0);
+    assert_eq!(
+        lab.qemu_backing_maps(&uuid),
+        vec![("pc.ram".to_string(), inode(&lease.path))]
+    );
+    assert_eq!(lab.env.free_pages(), free_before, "QEMU took hugepages");
+    write_at(&lease, 4 << 20, b"scrub-me");
+    assert_eq!(lab.guest_bytes(&uuid, 4 << 20, 8), b"scrub-me");
+    let ino = inode(&lease.path);
+    lab.destroy(&uuid);
+    lab.daemon.settle(lab.warm);
+    let kept: Vec<String> = Env::names(&lab.env.pool_dir())
+        .into_iter()
+        .filter(|n| inode(&lab.env.pool_dir().join(n)) == ino)
+        .collect();
+    assert_eq!(kept.len(), 1, "the released file is not back in the pool");
+    assert!(file_is_zero(&lab.env.pool_dir().join(&kept[0])));
+    lab.daemon.release(other.id).unwrap();
+    lab.assert_clean();
+    assert_eq!(lab.env.free_pages(), free_idle);
 
     // OpenStack Nova's file-backed memory (`<discard/>`), and the same with libvirt's own
     // preallocation, which over a pre-faulted lease touches pages already there.
