@@ -71,6 +71,19 @@ fn deb_passes_lintian_without_errors() {
     assert!(errs.is_empty(), "lintian errors:\n{}", errs.join("\n"));
 }
 
+/// cargo-deb takes the units of `hugeprep-reserve` from the maintainer-scripts directory (it
+/// would pick up `hugeprep.socket` from `service/` as `hugeprep-reserve.socket`): the copy
+/// there must stay the unit in `service/`.
+#[test]
+fn deb_reserve_unit_is_the_one_in_service() {
+    let read = |p: &str| std::fs::read_to_string(root().join(p)).unwrap();
+    assert_eq!(
+        read("packaging/debian/hugeprep-reserve.service"),
+        read("service/hugeprep-reserve.service"),
+        "copy service/hugeprep-reserve.service to packaging/debian/"
+    );
+}
+
 #[test]
 fn rpm_spec_parses_lints_and_installs_the_files_of_the_deb() {
     if !have("rpmspec", "rpm") || !have("rpmbuild", "rpm") || !have("rpmlint", "rpmlint") {
