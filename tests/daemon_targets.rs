@@ -145,8 +145,23 @@ fn api_targets_apply_now_survive_reload_and_restart_and_clear_back_to_the_file()
     assert_eq!(targets(&d)["source"], "api");
     assert_eq!(d.pool().kinds[0].target_bytes, 32 * MIB);
 
-    // And a restart.
+    // And a restart. The boot-time reserve reads the persisted targets too (the kernel has the
+    // pages free here, so it adds none).
     d.stop();
+    let out = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .args([
+            "reserve",
+            "--config",
+            config.to_str().unwrap(),
+            "--state-dir",
+        ])
+        .arg(&env.state)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("set over the API"), "{text}");
+    assert!(text.contains("32 MiB target, added 0 pages"), "{text}");
     let mut d = env.spawn(&cfg);
     let t = targets(&d);
     assert_eq!(t["source"], "api", "{t}");

@@ -9,6 +9,7 @@ use anyhow::Context;
 use hugeprep::daemon::config::ConfigFile;
 use hugeprep::hugetlb::pool::{self as kpool, Scope};
 use hugeprep::pool::reserve::{self, Reservations};
+use hugeprep::pool::targets::stored_targets;
 use hugeprep::pool::PoolPolicy;
 use hugeprep::topology::{self, Topology};
 use hugeprep::units::format_bytes;
@@ -35,7 +36,7 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
     } else {
         ConfigFile::default()
     };
-    let policy = match &file.pool {
+    let mut policy = match &file.pool {
         Some(spec) => spec
             .validate()
             .with_context(|| args.config.display().to_string())?,
@@ -56,6 +57,15 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
         .with_context(|| format!("mkdir {}", state_dir.display()))?;
     let ledger = Reservations::open(&state_dir)?;
     let topo = Topology::detect()?;
+    // Targets set over the API win over the file's in the daemon: reserve for those.
+    let page_sizes = kpool::page_sizes().into_iter().collect();
+    if let Some(targets) = stored_targets(&state_dir, &page_sizes, &topo)? {
+        println!(
+            "warm targets set over the API (persisted in {}) apply",
+            state_dir.display()
+        );
+        policy.targets = targets;
+    }
     let mut short_any = false;
     for page_size in kpool::page_sizes() {
         for node in topo.node_ids() {

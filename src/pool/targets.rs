@@ -159,34 +159,59 @@ pub fn validate_targets(
     Ok(out)
 }
 
+/// The persisted record, validated, with when it was set. A record that no longer validates
+/// (a mount or node gone) is logged and ignored: the configuration's targets apply, the record
+/// stays until the next `PUT` or `DELETE`.
+fn load(
+    journal: &Journal,
+    page_sizes: &BTreeSet<PageSize>,
+    topology: &Topology,
+) -> Result<Option<(Vec<Target>, u64)>, JournalError> {
+    for (key, stored) in journal.load::<Stored>()? {
+        if key != RECORD {
+            continue;
+        }
+        match validate_targets(&stored.targets, page_sizes, topology) {
+            Ok(targets) => return Ok(Some((targets, stored.updated_unix))),
+            Err(err) => tracing::error!(
+                %err,
+                "stored API targets no longer valid: the configuration's targets apply"
+            ),
+        }
+    }
+    Ok(None)
+}
+
+/// The targets set over the API and persisted in `state_dir`, when there are valid ones: what
+/// the daemon will keep warm in place of the configuration's (`hugeprep reserve` raises the
+/// kernel's pools for them at boot). Reads only; creates nothing.
+pub fn stored_targets(
+    state_dir: &Path,
+    page_sizes: &BTreeSet<PageSize>,
+    topology: &Topology,
+) -> Result<Option<Vec<Target>>, JournalError> {
+    let dir = state_dir.join(TARGETS_DIR);
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let journal = Journal::open(&dir)?;
+    Ok(load(&journal, page_sizes, topology)?.map(|(t, _)| t))
+}
+
 impl ApiTargets {
-    /// Opens the record in `<state_dir>/targets/`. A record that no longer validates (a mount
-    /// or node gone) is logged and ignored: the configuration's targets apply, the record stays
-    /// until the next `PUT` or `DELETE`.
+    /// Opens the record in `<state_dir>/targets/` (see [`stored_targets`]).
     pub(super) fn open(
         state_dir: &Path,
         page_sizes: &BTreeSet<PageSize>,
         topology: &Topology,
     ) -> Result<ApiTargets, JournalError> {
         let journal = Journal::open(&state_dir.join(TARGETS_DIR))?;
-        let mut api = None;
-        for (key, stored) in journal.load::<Stored>()? {
-            if key != RECORD {
-                continue;
-            }
-            match validate_targets(&stored.targets, page_sizes, topology) {
-                Ok(targets) => {
-                    tracing::info!(
-                        targets = stored.targets.len(),
-                        "warm targets set over the API are in force (DELETE /v1/pool/targets returns to the configuration's)"
-                    );
-                    api = Some((targets, stored.updated_unix));
-                }
-                Err(err) => tracing::error!(
-                    %err,
-                    "stored API targets no longer valid: the configuration's targets apply"
-                ),
-            }
+        let api = load(&journal, page_sizes, topology)?;
+        if let Some((targets, _)) = &api {
+            tracing::info!(
+                targets = targets.len(),
+                "warm targets set over the API are in force (DELETE /v1/pool/targets returns to the configuration's)"
+            );
         }
         Ok(ApiTargets {
             journal,
