@@ -106,7 +106,7 @@ fn check(
 
 fn runner() -> TestRunner {
     TestRunner::new(Config {
-        cases: 64,
+        cases: prop_util::cases(64),
         failure_persistence: None,
         ..Config::default()
     })

@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {
-        cases,
+        cases: prop_util::cases(cases),
         failure_persistence: None,
         ..ProptestConfig::default()
     }

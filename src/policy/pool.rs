@@ -283,7 +283,7 @@ impl TargetSpec {
                 return Err(PoolPolicyError::Field {
                     field,
                     message: format!(
-                        "{s} is not a positive multiple of the {} page size",
+                        "{s} is not a positive multiple of the target's page_size {}",
                         t.page_size
                     ),
                 });

@@ -38,3 +38,11 @@ pub fn word() -> impl Strategy<Value = String> {
         2 => "\\PC{0,12}",
     ]
 }
+
+/// `cases` per property (the suite's bound), or `PROPTEST_CASES` when set for a deeper run.
+pub fn cases(cases: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases)
+}
