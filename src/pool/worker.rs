@@ -98,7 +98,18 @@ impl Pool {
         // A VMM is starting on a lease just given out (or a lease was just given back): its
         // pin and first touches fault through the same hugetlb fault mutexes, CPUs and memory
         // bandwidth a refill or scrub would load. Wait, unless a lease waits on this work.
-        if st.lessee_grace.is_some_and(|t| Instant::now() < t) && !self.control.is_urgent() {
+        // Under a stream of leases the grace never ends, so while the pool lacks a file the
+        // next lease of a size in demand needs, released files are still scrubbed (and files
+        // cut or given back), and once a lease has missed (served grown, shrunk or cold: the
+        // pool is short for this rate of leases) refills run too: that lease faulted its size
+        // cold, which loads the same mutexes and bandwidth far more (see `shape`).
+        let depleted = self.depleted(st);
+        if !depleted {
+            st.missed = false;
+        }
+        let urgent = self.control.is_urgent();
+        let graced = st.lessee_grace.is_some_and(|t| Instant::now() < t) && !urgent;
+        if graced && !depleted {
             return None;
         }
         // 1. Released and unproven files: scrub them back to warm, or delete them.
@@ -165,7 +176,7 @@ impl Pool {
             }
         }
         // 3. Below target: make a new warm file of the next size in the mix that fits.
-        if st.refill_backoff.is_some_and(|t| Instant::now() < t) {
+        if (graced && !st.missed) || st.refill_backoff.is_some_and(|t| Instant::now() < t) {
             return None;
         }
         let policy = self.policy();
