@@ -53,14 +53,15 @@ impl Pool {
             tracing::warn!(%err, "cannot run the pool worker at idle priority");
         }
         loop {
-            let job = {
+            let (job, pressing) = {
                 let mut st = self.lock();
                 loop {
                     if self.shutdown.load(Ordering::SeqCst) {
                         return;
                     }
+                    let pressing = self.depleted(&st);
                     if let Some(job) = self.next_job(&mut st) {
-                        break job;
+                        break (job, pressing);
                     }
                     st = self
                         .changed
@@ -71,7 +72,7 @@ impl Pool {
             };
             tracing::debug!(?job, "pool worker");
             match job {
-                Job::Scrub(id) => self.scrub_job(id),
+                Job::Scrub(id) => self.scrub_job(id, pressing),
                 Job::Delete(id) => self.delete_job(id),
                 Job::Fill(id) => self.fill_job(id),
                 Job::Shrink(id, size) => self.shrink_job(id, size),
@@ -80,6 +81,10 @@ impl Pool {
                     page_size,
                     pages,
                 } => self.reserve_job(node, page_size, pages),
+            }
+            // A scrub the next lease needed ran at normal priority: back to idle.
+            if !crate::sys::priority::current_thread_is_idle() {
+                let _ = crate::sys::priority::set_current_thread_idle();
             }
             self.changed.notify_all();
         }
@@ -424,7 +429,11 @@ impl Pool {
         self.lock().files.get(&id).map(|e| e.rec.clone())
     }
 
-    fn scrub_job(&self, id: u64) {
+    /// Scrubs a released file back to warm. `pressing`: a size in demand has no idle warm
+    /// file, so the next lease of it waits on this scrub or faults cold: the scrub runs at
+    /// normal priority without the bandwidth cap (a few ms; at idle priority a busy host
+    /// starves it), as for a lease that waits.
+    fn scrub_job(&self, id: u64, pressing: bool) {
         let Some(rec) = self.record(id) else { return };
         let Ok(mount) = self.mount(rec.page_size) else {
             return;
@@ -444,7 +453,7 @@ impl Pool {
         let opts = ScrubOptions {
             cpus: self.cpus(rec.node),
             bandwidth: self.policy().scrub_bandwidth,
-            background: true,
+            background: !pressing,
             verify: self.policy().verify,
         };
         let mut file = match BackingFile::open(&path, rec.page_size) {
