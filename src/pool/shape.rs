@@ -272,8 +272,19 @@ impl Pool {
         None
     }
 
+    /// Whether some kind lacks a wanted file (none warm, being scrubbed or refilled for it):
+    /// the lessee grace yields then to work that faults nothing (see `worker`).
+    pub(super) fn incomplete(&self, st: &State) -> bool {
+        self.mounts.keys().any(|ps| {
+            self.topology.node_ids().into_iter().any(|node| {
+                let want = self.wanted_sizes(st, node, *ps);
+                !compare(&want, &st.warm_sizes(node, *ps)).0.is_empty()
+            })
+        })
+    }
+
     /// Whether some kind lacks an idle warm file of a size it wants: the next lease of that
-    /// size would be served grown or cold. The lessee grace yields then (see `worker`).
+    /// size would be served grown or cold (its scrub is pressing, see `worker`).
     pub(super) fn depleted(&self, st: &State) -> bool {
         self.mounts.keys().any(|ps| {
             self.topology.node_ids().into_iter().any(|node| {

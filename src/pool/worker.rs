@@ -103,18 +103,18 @@ impl Pool {
         // A VMM is starting on a lease just given out (or a lease was just given back): its
         // pin and first touches fault through the same hugetlb fault mutexes, CPUs and memory
         // bandwidth a refill or scrub would load. Wait, unless a lease waits on this work.
-        // Under a stream of leases the grace never ends, so while the pool lacks a file the
-        // next lease of a size in demand needs, released files are still scrubbed (and files
-        // cut or given back), and once a lease has missed (served grown, shrunk or cold: the
-        // pool is short for this rate of leases) refills run too: that lease faulted its size
-        // cold, which loads the same mutexes and bandwidth far more (see `shape`).
-        let depleted = self.depleted(st);
-        if !depleted {
+        // Under a stream of leases the grace never ends, so while the pool lacks a wanted
+        // file, released files are still scrubbed (and files cut or given back), and once a
+        // lease has missed (served grown, shrunk or cold: the pool is short for this rate of
+        // leases) refills run too: that lease faulted its size cold, which loads the same
+        // mutexes and bandwidth far more (see `shape`).
+        let incomplete = self.incomplete(st);
+        if !incomplete {
             st.missed = false;
         }
         let urgent = self.control.is_urgent();
         let graced = st.lessee_grace.is_some_and(|t| Instant::now() < t) && !urgent;
-        if graced && !depleted {
+        if graced && !incomplete {
             return None;
         }
         // 1. Released and unproven files: scrub them back to warm, or delete them.
