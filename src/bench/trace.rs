@@ -223,6 +223,9 @@ pub struct ShapeResult {
     pub refill_faulted_bytes: u64,
     /// How late the replay ran behind the trace at its end, ms.
     pub lag_ms: f64,
+    /// Why the pool's target was not met at the end of the replay (the kernel's free pages
+    /// taken by someone else on a shared host: such a run measures that, not the shape).
+    pub unmet: Option<String>,
 }
 
 /// The report.
@@ -412,6 +415,7 @@ fn replay(
                 .last()
                 .map_or(0.0, |e| (e.at_ms + e.hold_ms) as f64);
         let after = pool.counters();
+        let unmet = pool.status().kinds.into_iter().find_map(|k| k.reason);
         let mut phases: Vec<String> = Vec::new();
         for s in &samples {
             if !phases.contains(&s.phase) {
@@ -432,6 +436,7 @@ fn replay(
             lease_faulted_bytes: after.lease_faulted_bytes - before.lease_faulted_bytes,
             refill_faulted_bytes: after.refill_faulted_bytes - before.refill_faulted_bytes,
             lag_ms: lag_ms.max(0.0),
+            unmet,
         };
         log(&format!(
             "{shape:?}: {} leases replayed, {} faulted cold in leases",
@@ -550,6 +555,12 @@ impl TraceBenchReport {
                 format_bytes(r.refill_faulted_bytes),
                 r.lag_ms
             );
+            if let Some(why) = &r.unmet {
+                s += &format!(
+                    "{:<7} target not met at the end: {why}\n",
+                    format!("{:?}", r.shape).to_lowercase()
+                );
+            }
         }
         s
     }
