@@ -283,23 +283,6 @@ impl Pool {
         })
     }
 
-    /// Whether some kind lacks an idle warm file of a size it wants: the next lease of that
-    /// size would be served grown or cold (its scrub is pressing, see `worker`).
-    pub(super) fn depleted(&self, st: &State) -> bool {
-        self.mounts.keys().any(|ps| {
-            self.topology.node_ids().into_iter().any(|node| {
-                let idle: Vec<u64> = st
-                    .of_kind(node, *ps)
-                    .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
-                    .map(|e| e.rec.size)
-                    .collect();
-                self.wanted_sizes(st, node, *ps)
-                    .iter()
-                    .any(|s| !idle.contains(s))
-            })
-        })
-    }
-
     /// The next reshaping step of any kind under the demand shape.
     pub(super) fn reshape_any(&self, st: &State) -> Option<Reshape> {
         if self.policy().shape != Shape::Demand {

@@ -49,17 +49,21 @@ impl Pool {
     }
 
     fn run_worker(&self) {
-        if let Err(err) = crate::sys::priority::set_current_thread_idle() {
+        use crate::sys::priority::{set_current_thread_idle, set_current_thread_normal};
+        if let Err(err) = set_current_thread_idle() {
             tracing::warn!(%err, "cannot run the pool worker at idle priority");
         }
         loop {
+            // Choosing the next job takes microseconds and runs at normal priority: at idle
+            // priority a busy host delays even the choice of work the next lease needs.
+            let _ = set_current_thread_normal();
             let (job, pressing) = {
                 let mut st = self.lock();
                 loop {
                     if self.shutdown.load(Ordering::SeqCst) {
                         return;
                     }
-                    let pressing = self.depleted(&st);
+                    let pressing = self.incomplete(&st);
                     if let Some(job) = self.next_job(&mut st) {
                         break (job, pressing);
                     }
@@ -70,7 +74,14 @@ impl Pool {
                         .0;
                 }
             };
-            tracing::debug!(?job, "pool worker");
+            tracing::debug!(?job, pressing, "pool worker");
+            // Work that faults nothing and restores a wanted file (a scrub of a released file,
+            // a cut, a give-back) runs at normal priority while the shape lacks a file; the
+            // rest (refills, raising the kernel's pool) at idle priority.
+            let quick = matches!(job, Job::Scrub(_) | Job::Shrink(..) | Job::Delete(_));
+            if !(pressing && quick) {
+                let _ = set_current_thread_idle();
+            }
             match job {
                 Job::Scrub(id) => self.scrub_job(id, pressing),
                 Job::Delete(id) => self.delete_job(id),
@@ -81,10 +92,6 @@ impl Pool {
                     page_size,
                     pages,
                 } => self.reserve_job(node, page_size, pages),
-            }
-            // A scrub the next lease needed ran at normal priority: back to idle.
-            if !crate::sys::priority::current_thread_is_idle() {
-                let _ = crate::sys::priority::set_current_thread_idle();
             }
             self.changed.notify_all();
         }
@@ -429,10 +436,10 @@ impl Pool {
         self.lock().files.get(&id).map(|e| e.rec.clone())
     }
 
-    /// Scrubs a released file back to warm. `pressing`: a size in demand has no idle warm
-    /// file, so the next lease of it waits on this scrub or faults cold: the scrub runs at
-    /// normal priority without the bandwidth cap (a few ms; at idle priority a busy host
-    /// starves it), as for a lease that waits.
+    /// Scrubs a released file back to warm. `pressing`: the shape lacks a file, which this
+    /// one restores, and a lease of its size would otherwise be served grown or cold: the
+    /// scrub runs at normal priority without the bandwidth cap (a few ms; at idle priority a
+    /// busy host starved it), as for a lease that waits.
     fn scrub_job(&self, id: u64, pressing: bool) {
         let Some(rec) = self.record(id) else { return };
         let Ok(mount) = self.mount(rec.page_size) else {
