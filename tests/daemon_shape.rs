@@ -1,6 +1,7 @@
 //! The pool shaped by demand, against the real daemon: the quick start's `--warm 4G` serves
 //! repeated 4 GiB leases warm-exact, a pool learns a lease size its `sizes` mix lacks, and
-//! flavors from the configuration file are kept as files of exactly their sizes.
+//! flavors from the configuration file are kept as files of exactly their sizes, and a
+//! released file the shape lacks is scrubbed within the lessee grace.
 
 mod daemon_util;
 
@@ -94,4 +95,39 @@ fn flavors_from_the_config_file_and_recovered_files_are_cut_to_them() {
         let l = d.lease(&format!("f{i}"), size * MIB).unwrap();
         assert_eq!(l.source, LeaseSource::WarmExact, "{size} MiB");
     }
+}
+
+/// Under a stream of leases the lessee grace (here 60 s, restarted by every lease and
+/// release) never ends: a released file that the shape lacks is still scrubbed and kept
+/// within it, so the next lease of its size is warm-exact, while the refill of a file taken
+/// by a warm-exact lease still waits for the grace (nothing missed).
+#[test]
+fn a_released_file_the_shape_lacks_is_scrubbed_within_the_lessee_grace() {
+    let env = Env::new("shapegrace", 160 * MIB);
+    let d = env.spawn(&[
+        "--warm",
+        "64M",
+        "--sizes",
+        "32M",
+        "--lessee-grace-ms",
+        "60000",
+    ]);
+    d.settle(64 * MIB);
+    let a = d.lease("a", 32 * MIB).unwrap();
+    assert_eq!(a.source, LeaseSource::WarmExact);
+    // The grace holds the refill: the pool served the lease warm-exact.
+    let k = &d.pool().kinds[0];
+    assert_eq!((k.warm_bytes, k.filling_bytes), (32 * MIB, 0), "{k:?}");
+    d.release(a.id).unwrap();
+    // Well within the grace (a liveness bound, not a timing): scrubbed and kept.
+    let p = d.settle(64 * MIB);
+    assert_eq!(p.kinds[0].warm_files, 2, "{:?}", p.kinds[0]);
+    for i in 0..3 {
+        let l = d.lease(&format!("vm{i}"), 32 * MIB).unwrap();
+        assert_eq!(l.source, LeaseSource::WarmExact, "lease {i}");
+        d.release(l.id).unwrap();
+        d.settle(64 * MIB);
+    }
+    assert!(env.log().contains("scrubbed and verified"));
+    assert_eq!(env.mount_used(), 64 * MIB);
 }

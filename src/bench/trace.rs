@@ -202,6 +202,12 @@ pub struct PhaseResult {
     pub p50_ms: f64,
     /// 99th percentile, ms.
     pub p99_ms: f64,
+    /// The most bytes the trace holds leased at once at an arrival of this phase (the
+    /// arriving lease included): a target below it cannot keep every lease warm-exact.
+    pub peak_held_bytes: u64,
+    /// Per size, the most leases of that size held at once in this phase, times the size,
+    /// summed: what a pool that never faults during the phase must hold as files.
+    pub peak_by_size_bytes: u64,
 }
 
 /// One shape's replay.
@@ -217,6 +223,9 @@ pub struct ShapeResult {
     pub refill_faulted_bytes: u64,
     /// How late the replay ran behind the trace at its end, ms.
     pub lag_ms: f64,
+    /// Why the pool's target was not met at the end of the replay (the kernel's free pages
+    /// taken by someone else on a shared host: such a run measures that, not the shape).
+    pub unmet: Option<String>,
 }
 
 /// The report.
@@ -236,6 +245,24 @@ struct Sample {
     phase: String,
     ms: f64,
     source: Option<LeaseSource>,
+    held: u64,
+    size: u64,
+    held_of_size: u64,
+}
+
+/// Per lease, the bytes the trace holds leased at its arrival and the leases of its size
+/// held then, itself included (from the trace's own times, whatever the replay does).
+pub fn held_at_arrival(events: &[TraceEvent]) -> Vec<(u64, u64)> {
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    events
+        .iter()
+        .map(|e| {
+            live.retain(|(end, _)| *end > e.at_ms);
+            live.push((e.at_ms + e.hold_ms, e.size));
+            let same = live.iter().filter(|l| l.1 == e.size).count() as u64;
+            (live.iter().map(|l| l.1).sum(), same)
+        })
+        .collect()
 }
 
 fn summarize(phase: &str, samples: &[&Sample]) -> PhaseResult {
@@ -261,6 +288,15 @@ fn summarize(phase: &str, samples: &[&Sample]) -> PhaseResult {
         warm_exact: exact as f64 / samples.len().max(1) as f64,
         p50_ms: Summary::quantile(&ms, 0.5).unwrap_or(f64::NAN),
         p99_ms: Summary::quantile(&ms, 0.99).unwrap_or(f64::NAN),
+        peak_held_bytes: samples.iter().map(|s| s.held).max().unwrap_or(0),
+        peak_by_size_bytes: {
+            let mut by: BTreeMap<u64, u64> = BTreeMap::new();
+            for s in samples {
+                let p = by.entry(s.size).or_insert(0);
+                *p = (*p).max(s.held_of_size);
+            }
+            by.iter().map(|(s, n)| s * n).sum()
+        },
     }
 }
 
@@ -307,6 +343,7 @@ fn replay(
     let result = (|| {
         settle(&pool)?;
         let before = pool.counters();
+        let held = held_at_arrival(&cfg.events);
         let mut samples = Vec::with_capacity(cfg.events.len());
         let mut releases: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
         let start = Instant::now();
@@ -362,7 +399,14 @@ fn replay(
                 Err(PoolError::Insufficient { .. }) => None,
                 Err(err) => return Err(err.into()),
             };
-            samples.push(Sample { phase, ms, source });
+            samples.push(Sample {
+                phase,
+                ms,
+                source,
+                held: held[i].0,
+                size: e.size,
+                held_of_size: held[i].1,
+            });
             i += 1;
         }
         let lag_ms = now_ms()
@@ -371,6 +415,7 @@ fn replay(
                 .last()
                 .map_or(0.0, |e| (e.at_ms + e.hold_ms) as f64);
         let after = pool.counters();
+        let unmet = pool.status().kinds.into_iter().find_map(|k| k.reason);
         let mut phases: Vec<String> = Vec::new();
         for s in &samples {
             if !phases.contains(&s.phase) {
@@ -391,6 +436,7 @@ fn replay(
             lease_faulted_bytes: after.lease_faulted_bytes - before.lease_faulted_bytes,
             refill_faulted_bytes: after.refill_faulted_bytes - before.refill_faulted_bytes,
             lag_ms: lag_ms.max(0.0),
+            unmet,
         };
         log(&format!(
             "{shape:?}: {} leases replayed, {} faulted cold in leases",
@@ -434,13 +480,11 @@ pub fn run(
     log: &dyn Fn(&str),
 ) -> Result<TraceBenchReport, TraceBenchError> {
     // The most leased at once, plus the target and a file being refilled, in pages.
-    let mut live: Vec<(u64, u64)> = Vec::new();
-    let mut peak = 0;
-    for e in &cfg.events {
-        live.retain(|(end, _)| *end > e.at_ms);
-        live.push((e.at_ms + e.hold_ms, e.size));
-        peak = peak.max(live.iter().map(|l| l.1).sum::<u64>());
-    }
+    let peak = held_at_arrival(&cfg.events)
+        .into_iter()
+        .map(|h| h.0)
+        .max()
+        .unwrap_or(0);
     let largest = cfg.events.iter().map(|e| e.size).max().unwrap_or(0);
     let page = cfg.page_size.bytes();
     // Replies lag behind the trace on a busy machine: twice the peak.
@@ -474,7 +518,7 @@ impl TraceBenchReport {
     /// The report as a table.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "trace of {} leases, warm target {} of {} pages\n{:<7} {:<9} {:>6} {:>11} {:>9} {:>9}  sources\n",
+            "trace of {} leases, warm target {} of {} pages (peak held: the most bytes leased at once in the phase; by size: per size the most held at once, summed)\n{:<7} {:<9} {:>6} {:>11} {:>9} {:>9} {:>10} {:>10}  sources\n",
             self.leases,
             format_bytes(self.warm),
             self.page_size,
@@ -483,20 +527,24 @@ impl TraceBenchReport {
             "leases",
             "warm-exact",
             "p50 ms",
-            "p99 ms"
+            "p99 ms",
+            "peak held",
+            "by size"
         );
         for r in &self.shapes {
             for p in &r.phases {
                 let sources: Vec<String> =
                     p.sources.iter().map(|(k, v)| format!("{k} {v}")).collect();
                 s += &format!(
-                    "{:<7} {:<9} {:>6} {:>10.1}% {:>9.3} {:>9.3}  {}\n",
+                    "{:<7} {:<9} {:>6} {:>10.1}% {:>9.3} {:>9.3} {:>10} {:>10}  {}\n",
                     format!("{:?}", r.shape).to_lowercase(),
                     p.phase,
                     p.leases + p.refused,
                     p.warm_exact * 100.0,
                     p.p50_ms,
                     p.p99_ms,
+                    format_bytes(p.peak_held_bytes),
+                    format_bytes(p.peak_by_size_bytes),
                     sources.join(", ")
                 );
             }
@@ -507,6 +555,12 @@ impl TraceBenchReport {
                 format_bytes(r.refill_faulted_bytes),
                 r.lag_ms
             );
+            if let Some(why) = &r.unmet {
+                s += &format!(
+                    "{:<7} target not met at the end: {why}\n",
+                    format!("{:?}", r.shape).to_lowercase()
+                );
+            }
         }
         s
     }
@@ -534,5 +588,17 @@ mod tests {
         let t = mixed_trace(100);
         assert_eq!(t.len(), 224);
         assert_eq!(t.iter().filter(|e| e.phase == "burst").count(), 24);
+    }
+
+    #[test]
+    fn held_bytes_count_overlapping_leases_only() {
+        let p = Path::new("t");
+        let ev = parse_trace(p, "0 32M 100\n50 64M 100\n100 32M 10\n").unwrap();
+        // The first lease ends at 100 ms, as the third arrives: not held with it.
+        let m = 1 << 20;
+        assert_eq!(
+            held_at_arrival(&ev),
+            vec![(32 * m, 1), (96 * m, 1), (96 * m, 1)]
+        );
     }
 }

@@ -239,6 +239,7 @@ impl Pool {
             };
             st.pending_names.insert(v.name.clone());
             st.note_demand(v.node, v.page_size, v.size);
+            st.missed |= source != LeaseSource::WarmExact;
             break Ok(reserved);
         };
         if waiting {

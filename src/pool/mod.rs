@@ -158,6 +158,9 @@ struct State {
     /// Until then the worker starts no refill or background scrub: the lessee's VMM is
     /// starting (see [`LESSEE_GRACE`]).
     lessee_grace: Option<Instant>,
+    /// A lease was served other than warm-exact since the pool last had every wanted file:
+    /// refills no longer wait for the lessee grace (see `worker`).
+    missed: bool,
     last_scrub: Option<ScrubReport>,
     /// Why a kind's target is not met, as last logged (see `Pool::explain`).
     reasons: BTreeMap<(u32, PageSize), String>,

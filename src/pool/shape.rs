@@ -2,10 +2,12 @@
 //! reshaping decisions under `shape = "demand"` (see `docs/pool.md`, "Shape").
 //!
 //! The wanted shape is a multiset of file sizes that fills the kind's warm target: the
-//! target's flavors first; what the target has beyond them is split among the sizes leased
-//! recently (a bounded history) by their share of the bytes leased, topped up greedily with
-//! the most leased size that still fits, and the last bytes as one file of the remainder;
-//! without any history, the `sizes` mix as the fixed shape fills it.
+//! target's flavors first; what the target has beyond them goes first to as many files of
+//! each size leased recently (a bounded history) as were held at once at its peak, one file
+//! of every size in turn, so that a released file comes back before the next lease of its
+//! size needs it; the rest is split among those sizes by their share of the bytes leased,
+//! topped up greedily with the most leased size that still fits, and the last bytes as one
+//! file of the remainder; without any history, the `sizes` mix as the fixed shape fills it.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -16,17 +18,32 @@ use crate::policy::pool::{Shape, Target};
 /// Leases remembered per (node, page size) to learn the shape from.
 pub const HISTORY: usize = 64;
 
-/// The recent lease sizes of one kind, oldest first.
-pub type History = VecDeque<u64>;
+/// One remembered lease: its size and how many leases of that size were held at once when
+/// it was taken, itself included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Demand {
+    /// Bytes.
+    pub size: u64,
+    /// Leases of `size` held at once, this one included.
+    pub held: u64,
+}
+
+/// The recent leases of one kind, oldest first.
+pub type History = VecDeque<Demand>;
 
 impl State {
-    /// Records a lease's size in its kind's history (bounded to [`HISTORY`]).
+    /// Records a lease in its kind's history (bounded to [`HISTORY`]), with the leases of its
+    /// size already held.
     pub(super) fn note_demand(&mut self, node: u32, ps: PageSize, size: u64) {
+        let held = 1 + self
+            .of_kind(node, ps)
+            .filter(|e| matches!(e.rec.state, FileState::Leased(_)) && e.rec.size == size)
+            .count() as u64;
         let h = self.demand.entry((node, ps)).or_default();
         if h.len() == HISTORY {
             h.pop_front();
         }
-        h.push_back(size);
+        h.push_back(Demand { size, held });
     }
 
     /// Sizes of the files that are or will be warm (as [`State::pool_bytes`] counts them).
@@ -67,7 +84,7 @@ fn cycle(sizes: &[u64], mut budget: u64, page: u64, out: &mut Vec<u64>) {
 }
 
 /// The wanted warm files of a kind, largest first: see the module documentation.
-pub fn wanted(target: &Target, shape: Shape, history: &[u64], page: u64) -> Vec<u64> {
+pub fn wanted(target: &Target, shape: Shape, history: &[Demand], page: u64) -> Vec<u64> {
     let mut out = Vec::new();
     let mut budget = target.warm;
     for f in &target.flavors {
@@ -79,14 +96,35 @@ pub fn wanted(target: &Target, shape: Shape, history: &[u64], page: u64) -> Vec<
         }
     }
     let mut counts: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut peaks: BTreeMap<u64, u64> = BTreeMap::new();
     if shape == Shape::Demand && target.flavors.is_empty() {
-        for &s in history.iter().filter(|&&s| s > 0 && s <= budget) {
-            *counts.entry(s).or_insert(0) += 1;
+        for d in history.iter().filter(|d| d.size > 0 && d.size <= budget) {
+            *counts.entry(d.size).or_insert(0) += 1;
+            let p = peaks.entry(d.size).or_insert(0);
+            *p = (*p).max(d.held);
         }
     }
     if counts.is_empty() {
         cycle(&target.sizes, budget, page, &mut out);
     } else {
+        // As many files of each size as were held at once, one of every size in turn (the
+        // most leased first), while they fit.
+        let mut turn: Vec<(u64, u64)> = counts.iter().map(|(s, c)| (*s, *c)).collect();
+        turn.sort_by_key(|(s, c)| std::cmp::Reverse((*c, *s)));
+        let mut kept: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut progress = true;
+        while progress {
+            progress = false;
+            for &(s, _) in &turn {
+                let k = kept.entry(s).or_insert(0);
+                if *k < peaks.get(&s).copied().unwrap_or(0) && s <= budget {
+                    out.push(s);
+                    budget -= s;
+                    *k += 1;
+                    progress = true;
+                }
+            }
+        }
         let weight: u128 = counts.iter().map(|(s, c)| u128::from(*s * c)).sum();
         let start = budget;
         let mut by_weight: Vec<(u64, u64)> = counts.iter().map(|(s, c)| (*s, *c)).collect();
@@ -159,7 +197,7 @@ impl Pool {
         let Some(target) = policy.target(node, ps) else {
             return Vec::new();
         };
-        let history: Vec<u64> = st
+        let history: Vec<Demand> = st
             .demand
             .get(&(node, ps))
             .map(|h| h.iter().copied().collect())
@@ -234,6 +272,17 @@ impl Pool {
         None
     }
 
+    /// Whether some kind lacks a wanted file (none warm, being scrubbed or refilled for it):
+    /// the lessee grace yields then to work that faults nothing (see `worker`).
+    pub(super) fn incomplete(&self, st: &State) -> bool {
+        self.mounts.keys().any(|ps| {
+            self.topology.node_ids().into_iter().any(|node| {
+                let want = self.wanted_sizes(st, node, *ps);
+                !compare(&want, &st.warm_sizes(node, *ps)).0.is_empty()
+            })
+        })
+    }
+
     /// The next reshaping step of any kind under the demand shape.
     pub(super) fn reshape_any(&self, st: &State) -> Option<Reshape> {
         if self.policy().shape != Shape::Demand {
@@ -268,6 +317,11 @@ mod tests {
         }
     }
 
+    /// A history of leases of `sizes`, each held alone.
+    fn alone(sizes: &[u64]) -> Vec<Demand> {
+        sizes.iter().map(|&size| Demand { size, held: 1 }).collect()
+    }
+
     #[test]
     fn without_history_the_sizes_mix_fills_the_target() {
         let t = target(4 * G, vec![G, 2 * G], vec![]);
@@ -287,7 +341,7 @@ mod tests {
         ];
         let t = target(9 * G, vec![G], f);
         assert_eq!(
-            wanted(&t, Shape::Demand, &[512 * M; 10], 2 * M),
+            wanted(&t, Shape::Demand, &alone(&[512 * M; 10]), 2 * M),
             vec![4 * G, 4 * G, G]
         );
     }
@@ -296,17 +350,47 @@ mod tests {
     fn history_shares_the_target_by_bytes_leased() {
         let t = target(4 * G, vec![4 * G], vec![]);
         // Only 4 GiB leases: one 4 GiB file, as --warm 4G should keep.
-        assert_eq!(wanted(&t, Shape::Demand, &[4 * G; 3], 2 * M), vec![4 * G]);
-        // 1 GiB and 2 GiB leases alike: a third of the bytes to 1 GiB, two thirds to 2 GiB.
-        let h = [G, 2 * G, G, 2 * G];
+        assert_eq!(
+            wanted(&t, Shape::Demand, &alone(&[4 * G; 3]), 2 * M),
+            vec![4 * G]
+        );
+        // 1 GiB and 2 GiB leases alike: one of each, then a third of the bytes left to 1 GiB,
+        // two thirds to 2 GiB (none), then the most leased size that fits.
+        let h = alone(&[G, 2 * G, G, 2 * G]);
         assert_eq!(wanted(&t, Shape::Demand, &h, 2 * M), vec![2 * G, G, G]);
         // Sizes above the target cannot be kept and do not count.
         assert_eq!(
-            wanted(&t, Shape::Demand, &[8 * G, 3 * G], 2 * M),
+            wanted(&t, Shape::Demand, &alone(&[8 * G, 3 * G]), 2 * M),
             vec![3 * G, G]
         );
         // The fixed shape never learns.
         assert_eq!(wanted(&t, Shape::Fixed, &h, 2 * M), vec![4 * G]);
+    }
+
+    #[test]
+    fn sizes_held_at_once_get_as_many_files_as_fit() {
+        let t = target(512 * M, vec![512 * M], vec![]);
+        let d = |size, held| Demand { size, held };
+        // 32M leased most, but 128M was held four at once: four 128M files before any share
+        // by bytes leased, one of every size in turn.
+        let h = [
+            d(32 * M, 1),
+            d(32 * M, 2),
+            d(32 * M, 1),
+            d(64 * M, 1),
+            d(64 * M, 2),
+            d(128 * M, 1),
+            d(128 * M, 4),
+        ];
+        let w = wanted(&t, Shape::Demand, &h, 2 * M);
+        assert_eq!(w.iter().filter(|&&s| s == 128 * M).count(), 2, "{w:?}");
+        assert_eq!(w.iter().sum::<u64>(), 512 * M);
+        // With room, every peak is met.
+        let t = target(G, vec![G], vec![]);
+        let w = wanted(&t, Shape::Demand, &h, 2 * M);
+        assert!(w.iter().filter(|&&s| s == 128 * M).count() >= 4, "{w:?}");
+        assert!(w.iter().filter(|&&s| s == 32 * M).count() >= 2, "{w:?}");
+        assert_eq!(w.iter().sum::<u64>(), G);
     }
 
     #[test]

@@ -49,18 +49,23 @@ impl Pool {
     }
 
     fn run_worker(&self) {
-        if let Err(err) = crate::sys::priority::set_current_thread_idle() {
+        use crate::sys::priority::{set_current_thread_idle, set_current_thread_normal};
+        if let Err(err) = set_current_thread_idle() {
             tracing::warn!(%err, "cannot run the pool worker at idle priority");
         }
         loop {
-            let job = {
+            // Choosing the next job takes microseconds and runs at normal priority: at idle
+            // priority a busy host delays even the choice of work the next lease needs.
+            let _ = set_current_thread_normal();
+            let (job, pressing) = {
                 let mut st = self.lock();
                 loop {
                     if self.shutdown.load(Ordering::SeqCst) {
                         return;
                     }
+                    let pressing = self.incomplete(&st);
                     if let Some(job) = self.next_job(&mut st) {
-                        break job;
+                        break (job, pressing);
                     }
                     st = self
                         .changed
@@ -69,9 +74,16 @@ impl Pool {
                         .0;
                 }
             };
-            tracing::debug!(?job, "pool worker");
+            tracing::debug!(?job, pressing, "pool worker");
+            // Work that faults nothing and restores a wanted file (a scrub of a released file,
+            // a cut, a give-back) runs at normal priority while the shape lacks a file; the
+            // rest (refills, raising the kernel's pool) at idle priority.
+            let quick = matches!(job, Job::Scrub(_) | Job::Shrink(..) | Job::Delete(_));
+            if !(pressing && quick) {
+                let _ = set_current_thread_idle();
+            }
             match job {
-                Job::Scrub(id) => self.scrub_job(id),
+                Job::Scrub(id) => self.scrub_job(id, pressing),
                 Job::Delete(id) => self.delete_job(id),
                 Job::Fill(id) => self.fill_job(id),
                 Job::Shrink(id, size) => self.shrink_job(id, size),
@@ -98,7 +110,18 @@ impl Pool {
         // A VMM is starting on a lease just given out (or a lease was just given back): its
         // pin and first touches fault through the same hugetlb fault mutexes, CPUs and memory
         // bandwidth a refill or scrub would load. Wait, unless a lease waits on this work.
-        if st.lessee_grace.is_some_and(|t| Instant::now() < t) && !self.control.is_urgent() {
+        // Under a stream of leases the grace never ends, so while the pool lacks a wanted
+        // file, released files are still scrubbed (and files cut or given back), and once a
+        // lease has missed (served grown, shrunk or cold: the pool is short for this rate of
+        // leases) refills run too: that lease faulted its size cold, which loads the same
+        // mutexes and bandwidth far more (see `shape`).
+        let incomplete = self.incomplete(st);
+        if !incomplete {
+            st.missed = false;
+        }
+        let urgent = self.control.is_urgent();
+        let graced = st.lessee_grace.is_some_and(|t| Instant::now() < t) && !urgent;
+        if graced && !incomplete {
             return None;
         }
         // 1. Released and unproven files: scrub them back to warm, or delete them.
@@ -165,7 +188,7 @@ impl Pool {
             }
         }
         // 3. Below target: make a new warm file of the next size in the mix that fits.
-        if st.refill_backoff.is_some_and(|t| Instant::now() < t) {
+        if (graced && !st.missed) || st.refill_backoff.is_some_and(|t| Instant::now() < t) {
             return None;
         }
         let policy = self.policy();
@@ -413,7 +436,11 @@ impl Pool {
         self.lock().files.get(&id).map(|e| e.rec.clone())
     }
 
-    fn scrub_job(&self, id: u64) {
+    /// Scrubs a released file back to warm. `pressing`: the shape lacks a file, which this
+    /// one restores, and a lease of its size would otherwise be served grown or cold: the
+    /// scrub runs at normal priority without the bandwidth cap (a few ms; at idle priority a
+    /// busy host starved it), as for a lease that waits.
+    fn scrub_job(&self, id: u64, pressing: bool) {
         let Some(rec) = self.record(id) else { return };
         let Ok(mount) = self.mount(rec.page_size) else {
             return;
@@ -433,7 +460,7 @@ impl Pool {
         let opts = ScrubOptions {
             cpus: self.cpus(rec.node),
             bandwidth: self.policy().scrub_bandwidth,
-            background: true,
+            background: !pressing,
             verify: self.policy().verify,
         };
         let mut file = match BackingFile::open(&path, rec.page_size) {
