@@ -81,7 +81,12 @@ impl BenchDaemon {
             }),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = runtime.spawn(api::serve(listener, state, async {
+        // The benchmark's own user (and root) are admin on its socket.
+        let access = Arc::new(api::access::Access::new(
+            &api::access::AccessConfig::default(),
+            None,
+        ));
+        let server = runtime.spawn(api::serve(listener, None, state, access, async {
             let _ = stopped.await;
         }));
         Ok(BenchDaemon {

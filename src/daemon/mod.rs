@@ -67,6 +67,9 @@ pub enum DaemonError {
     /// The pool could not start.
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// The TLS listener could not start.
+    #[error(transparent)]
+    Tls(#[from] crate::api::tls::TlsError),
 }
 
 /// Everything the daemon needs, after config file and flags are merged.
@@ -90,6 +93,10 @@ pub struct DaemonConfig {
     pub cpu: CpuReport,
     /// Re-reads the configuration on SIGHUP; `None`: SIGHUP only logs that nothing changes.
     pub reload: Option<Reload>,
+    /// Roles of unix socket peers and tokens, and the TCP listener's address.
+    pub access: crate::api::access::AccessConfig,
+    /// The TCP listener's TLS configuration (built from `access` at start).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Builds the pool policy again from the configuration file and the command line, for a
@@ -180,6 +187,22 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         source,
     })?;
     let api_socket = socket::listen(&config.socket, config.socket_group.as_deref())?;
+    let socket_gid = std::os::unix::fs::MetadataExt::gid(
+        &std::fs::metadata(&config.socket).map_err(|source| DaemonError::Io {
+            op: "stat",
+            path: config.socket.clone(),
+            source,
+        })?,
+    );
+    let access = Arc::new(api::access::Access::new(&config.access, Some(socket_gid)));
+    let tls = match (&config.access.listen, &config.tls) {
+        (Some((addr, _)), Some(tls)) => {
+            let listener = api::tls::TlsListener::bind(*addr, Arc::clone(tls)).await?;
+            tracing::info!(tls = %listener.local_addr(), "listening on tcp with tls");
+            Some(listener)
+        }
+        _ => None,
+    };
     api::pidwatch::watch_existing(&pool);
     let served: Vec<String> = pool
         .mounts()
@@ -214,7 +237,7 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         pool_for_signal.shutdown();
     };
     let activated = api_socket.activated;
-    let served = api::serve(api_socket.listener, state, shutdown).await;
+    let served = api::serve(api_socket.listener, tls, state, access, shutdown).await;
     pool.shutdown();
     let _ = tokio::task::spawn_blocking(move || worker.join()).await;
     if pool.policy().reserve.release_on_stop {
