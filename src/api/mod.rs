@@ -18,6 +18,7 @@
 //! groups, the optional TCP listener ([`tls`], TLS only) by bearer token ([`access`]).
 
 pub mod access;
+pub mod admission;
 mod body;
 mod error;
 pub mod peer;
@@ -41,10 +42,16 @@ pub async fn serve(
     access: std::sync::Arc<access::Access>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = router(state).layer(axum::middleware::from_fn_with_state(
-        access,
-        peer::authorize,
-    ));
+    // Outermost first: who may ask, then whether there is room for another lease.
+    let app = router(state)
+        .layer(axum::middleware::from_fn_with_state(
+            std::sync::Arc::new(admission::Admission::for_host()),
+            admission::admit,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            access,
+            peer::authorize,
+        ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;

@@ -58,8 +58,12 @@ impl BenchDaemon {
         let plan = config.plan;
         let pool = Pool::open(config)?;
         let worker = pool.spawn_worker().map_err(io("spawn the pool worker"))?;
+        // As in the daemon: the API threads run above ordinary processes.
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            .on_thread_start(|| {
+                let _ = crate::sys::priority::set_current_thread_api();
+            })
             .enable_all()
             .build()
             .map_err(io("start the runtime"))?;

@@ -51,6 +51,9 @@ pub struct RecycleBenchConfig {
     pub methods: Vec<Method>,
     /// Directory for the journal of the latency part (fsync cost depends on it).
     pub state_dir: Option<PathBuf>,
+    /// Also time warm leases with a busy-looping process on every CPU, against quiet
+    /// (`--hog`, see [`crate::bench::hog`]).
+    pub hog: bool,
 }
 
 /// A recycle benchmark failed; every variant keeps the failing layer's own error.
@@ -163,6 +166,8 @@ pub struct RecycleBenchReport {
     pub scrub_goal_met: Option<bool>,
     /// Lease latency, when run.
     pub latency: Option<LatencyResult>,
+    /// Quiet against hogged lease latency, with `--hog`.
+    pub hog: Option<crate::bench::hog::HogLatency>,
 }
 
 fn cpus(threads: usize) -> Vec<usize> {
@@ -397,7 +402,12 @@ pub fn run(
     }
     crate::hugetlb::check_size(cfg.size, cfg.page_size)?;
     crate::hugetlb::check_size(cfg.lease_size, cfg.page_size)?;
-    let pages = (2 * cfg.size).max(6 * cfg.lease_size) / cfg.page_size.bytes();
+    let lease_files = if cfg.hog {
+        crate::bench::hog::BATCH as u64 + 2
+    } else {
+        6
+    };
+    let pages = (2 * cfg.size).max(lease_files * cfg.lease_size) / cfg.page_size.bytes();
     // Declared before the mount so that it drops after it, on every return: pages can only be
     // given back once the files on the mount have let go of them.
     let top_up = PoolTopUp::ensure_free(None, cfg.page_size, pages)?;
@@ -415,6 +425,11 @@ pub fn run(
     }
     let latency = if cfg.leases > 0 {
         Some(latency(cfg, mount.path(), log)?)
+    } else {
+        None
+    };
+    let hog = if cfg.leases > 0 && cfg.hog {
+        Some(crate::bench::hog::hogged_latency(cfg, mount.path(), log)?)
     } else {
         None
     };
@@ -446,6 +461,7 @@ pub fn run(
         scrub,
         delete_refault: refault,
         latency,
+        hog,
     })
 }
 
@@ -501,6 +517,9 @@ impl RecycleBenchReport {
                 l.max_ms,
                 l.warm_exact
             );
+        }
+        if let Some(h) = &self.hog {
+            s += &h.table();
         }
         s
     }

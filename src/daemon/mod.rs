@@ -141,8 +141,17 @@ fn spawn_reload_on_sighup(pool: Arc<Pool>, reload: Option<Reload>) {
 
 /// Runs the daemon until SIGTERM or SIGINT.
 pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
+    // The API and the lease path (runtime workers, their blocking threads and this thread,
+    // which runs the accept loops) run above ordinary processes; the pool worker lowers
+    // itself to SCHED_IDLE.
+    if let Err(err) = crate::sys::priority::set_current_thread_api() {
+        tracing::warn!(%err, nice = crate::sys::priority::API_NICE, "cannot raise the API's priority (CAP_SYS_NICE): leases slow down when every CPU is busy");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .on_thread_start(|| {
+            let _ = crate::sys::priority::set_current_thread_api();
+        })
         .enable_all()
         .build()
         .map_err(|source| DaemonError::Io {

@@ -96,7 +96,17 @@ impl Pool {
         let (id, source, old_size) = self.reserve(&v)?;
         let mount = self.mount(v.page_size)?;
         let lease_path = mount.lease_dir.join(&v.name);
-        match self.prepare(&v, id, source, old_size, &lease_path) {
+        let prepared = self.prepare(&v, id, source, old_size, &lease_path);
+        let faulted = match source {
+            LeaseSource::Cold => v.size,
+            LeaseSource::WarmGrown => v.size - old_size,
+            _ => 0,
+        };
+        if faulted > 0 {
+            self.lock().end_faulting(id);
+            self.changed.notify_all();
+        }
+        match prepared {
             Ok(linked) => {
                 let pin = match self.pin_lease(&v, id) {
                     Ok(pin) => pin,
@@ -139,7 +149,9 @@ impl Pool {
                     name: v.name.clone(),
                 });
             }
-            let avail = kernel::available_bytes(v.node, v.page_size, &mount.root);
+            let faulting = st.faulting(v.node, v.page_size);
+            let avail =
+                kernel::available_bytes(v.node, v.page_size, &mount.root).saturating_sub(faulting);
             let warm: Vec<(u64, u64)> = st
                 .of_kind(v.node, v.page_size)
                 .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
@@ -148,7 +160,10 @@ impl Pool {
             let warm_bytes: u64 = warm.iter().map(|w| w.1).sum();
             let pending = st.pending_clean_bytes(v.node, v.page_size);
             let supply = avail + warm_bytes + pending;
-            if v.size > supply {
+            // Pages promised to faults in progress come back once those end (a failed fault)
+            // or as warm files (a refill): wait for them before saying no.
+            let settling = pending > 0 || faulting > 0;
+            if v.size > supply && !(faulting > 0 && Instant::now() < deadline) {
                 break Err(PoolError::Insufficient {
                     size: v.size,
                     page_size: v.page_size,
@@ -175,17 +190,13 @@ impl Pool {
                     self.delete_locked(&mut st, vid);
                     continue;
                 }
-                if pending > 0 && Instant::now() < deadline {
+                if settling && Instant::now() < deadline {
                     if !waiting {
                         waiting = true;
                         self.control.begin_urgent();
                         self.changed.notify_all();
                     }
-                    st = self
-                        .changed
-                        .wait_timeout(st, Duration::from_millis(50))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
+                    st = st.wait_timeout(&self.changed, Duration::from_millis(50));
                     continue;
                 }
                 break Err(PoolError::Insufficient {
@@ -228,6 +239,9 @@ impl Pool {
                     (id, source, 0)
                 }
             };
+            if need > 0 {
+                st.start_faulting(reserved.0, v.node, v.page_size, need);
+            }
             st.pending_names.insert(v.name.clone());
             st.note_demand(v.node, v.page_size, v.size);
             break Ok(reserved);
