@@ -94,10 +94,8 @@ fn tls_with_tokens_enforces_roles_and_never_logs_a_token() {
     }
 }
 
-#[test]
-fn tcp_without_tls_is_refused_at_start_naming_the_field() {
-    let env = Env::new("remote-notls", 4 * MIB);
-    let pki = Pki::new(&env.dir.join("pki"));
+/// `hugeprep serve` on `env` with `flags`, expected to refuse to start; returns its stderr.
+fn refused_start(env: &Env, flags: &[String]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
         .args(["serve", "--calibration", "off", "--socket"])
         .arg(&env.socket)
@@ -105,12 +103,26 @@ fn tcp_without_tls_is_refused_at_start_naming_the_field() {
         .arg(&env.state)
         .arg("--mount")
         .arg(&env.mount)
-        .args(["--listen", "127.0.0.1:0", "--tokens"])
-        .arg(&pki.tokens)
+        .args(flags)
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn tcp_without_tls_is_refused_at_start_naming_the_field() {
+    let env = Env::new("remote-notls", 4 * MIB);
+    let pki = Pki::new(&env.dir.join("pki"));
+    let err = refused_start(
+        &env,
+        &[
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--tokens".into(),
+            pki.tokens.display().to_string(),
+        ],
+    );
     assert!(err.contains("access.tls_cert"), "{err}");
     assert!(err.contains("never serves TCP without TLS"), "{err}");
     assert!(!env.socket.exists(), "a refused start left its socket");
@@ -122,18 +134,7 @@ fn tcp_without_tls_is_refused_at_start_naming_the_field() {
     let mut flags = pki.serve_flags(false);
     let i = flags.iter().position(|f| f == "--tokens").unwrap();
     flags[i + 1] = loose.display().to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
-        .args(["serve", "--calibration", "off", "--socket"])
-        .arg(&env.socket)
-        .arg("--state-dir")
-        .arg(&env.state)
-        .arg("--mount")
-        .arg(&env.mount)
-        .args(&flags)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&env, &flags);
     assert!(
         err.contains("access.tokens") && err.contains("chmod 0600"),
         "{err}"

@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::daemon::BenchDaemon;
 use super::recycle::{RecycleBenchConfig, RecycleBenchError};
 use crate::client::Client;
-use crate::pool::{LeaseRequest, LeaseSource, PoolConfig, PoolPolicy};
+use crate::pool::{LeaseRequest, LeaseSource};
 use crate::stats::Summary;
 
 /// Leases per batch, and warm files kept for it.
@@ -92,6 +91,8 @@ pub struct HogLatency {
     pub hogged: CaseLatency,
     /// Hogged p99 / quiet p99, at the client.
     pub p99_ratio: f64,
+    /// The client's nice value (0: an ordinary caller).
+    pub client_nice: i32,
 }
 
 fn case(name: &'static str, client: &[f64], daemon: &[f64], warm_exact: usize) -> CaseLatency {
@@ -120,25 +121,18 @@ pub fn hogged_latency(
         Some(d) => d.join("hog"),
         None => std::env::temp_dir().join(format!("hugeprep-bench-hog-{}", std::process::id())),
     };
-    let mut policy = PoolPolicy::embedded();
-    policy.set_warm(
-        cfg.page_size,
-        BATCH as u64 * cfg.lease_size,
-        vec![cfg.lease_size],
-    );
-    policy.scrub_bandwidth = None;
-    policy.threads = cfg.threads;
-    let daemon = BenchDaemon::start(
-        PoolConfig {
-            state_dir: base.join("state"),
-            mounts: vec![mount.to_path_buf()],
-            policy,
-            plan: cfg.plan,
-        },
-        &base.join("bench.sock"),
-    )?;
-    daemon.pool().set_lessee_grace(Duration::ZERO);
+    let daemon = super::recycle::lease_daemon(cfg, mount, &base, BATCH as u64)?;
     let client = Client::new(daemon.socket());
+    let nice_before = crate::sys::priority::current_thread_nice();
+    if let Some(n) = cfg.client_nice {
+        crate::sys::priority::set_current_thread_nice(n).map_err(|source| {
+            RecycleBenchError::Daemon(super::daemon::BenchDaemonError::Io {
+                op: "set the client's nice value (--client-nice)",
+                source,
+            })
+        })?;
+    }
+    let client_nice = crate::sys::priority::current_thread_nice();
     let hogs = crate::sys::affinity::allowed_cpus().len();
     let rounds = cfg.leases.div_ceil(BATCH).max(1);
     // (client ms, daemon ms, warm-exact) per case: 0 quiet, 1 hogged.
@@ -184,6 +178,7 @@ pub fn hogged_latency(
         }
         Ok(())
     })();
+    let _ = crate::sys::priority::set_current_thread_nice(nice_before);
     drop(daemon);
     let _ = std::fs::remove_dir_all(&base);
     result?;
@@ -193,6 +188,7 @@ pub fn hogged_latency(
         hogs,
         lease_size: cfg.lease_size,
         p99_ratio: hogged.client_p50_p99.1 / quiet.client_p50_p99.1,
+        client_nice,
         quiet,
         hogged,
     };
@@ -204,8 +200,9 @@ impl HogLatency {
     /// The two cases side by side.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "warm lease, quiet vs {} CPU hogs (nice 0), {} leases each:\n{:<8} {:>11} {:>11} {:>24} {:>13} {:>13} {:>11}\n",
+            "warm lease, quiet vs {} CPU hogs (nice 0), client at nice {}, {} leases each:\n{:<8} {:>11} {:>11} {:>24} {:>13} {:>13} {:>11}\n",
             self.hogs,
+            self.client_nice,
             self.quiet.leases,
             "case",
             "client p50",

@@ -54,6 +54,9 @@ pub struct RecycleBenchConfig {
     /// Also time warm leases with a busy-looping process on every CPU, against quiet
     /// (`--hog`, see [`crate::bench::hog`]).
     pub hog: bool,
+    /// Nice value of the benchmark's client thread during `--hog` (default: unchanged, i.e.
+    /// an ordinary caller); `-10` times a caller that runs at the API's priority.
+    pub client_nice: Option<i32>,
 }
 
 /// A recycle benchmark failed; every variant keeps the failing layer's own error.
@@ -321,17 +324,21 @@ fn throughput(
     })
 }
 
-fn latency(
+/// The in-process daemon of the latency parts: `warm_files` warm files of the lease size on
+/// `mount`, its journal and socket under `base`, no scrub cap and no lessee grace (that would
+/// make every settle wait for it; these parts time the lease alone).
+pub(crate) fn lease_daemon(
     cfg: &RecycleBenchConfig,
     mount: &Path,
-    log: &dyn Fn(&str),
-) -> Result<LatencyResult, RecycleBenchError> {
-    let base = match &cfg.state_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("hugeprep-bench-recycle-{}", std::process::id())),
-    };
+    base: &Path,
+    warm_files: u64,
+) -> Result<BenchDaemon, RecycleBenchError> {
     let mut policy = PoolPolicy::embedded();
-    policy.set_warm(cfg.page_size, 4 * cfg.lease_size, vec![cfg.lease_size]);
+    policy.set_warm(
+        cfg.page_size,
+        warm_files * cfg.lease_size,
+        vec![cfg.lease_size],
+    );
     policy.scrub_bandwidth = None;
     policy.threads = cfg.threads;
     let daemon = BenchDaemon::start(
@@ -343,8 +350,20 @@ fn latency(
         },
         &base.join("bench.sock"),
     )?;
-    // The lessee grace would make every settle wait for it; this part times the lease alone.
     daemon.pool().set_lessee_grace(Duration::ZERO);
+    Ok(daemon)
+}
+
+fn latency(
+    cfg: &RecycleBenchConfig,
+    mount: &Path,
+    log: &dyn Fn(&str),
+) -> Result<LatencyResult, RecycleBenchError> {
+    let base = match &cfg.state_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("hugeprep-bench-recycle-{}", std::process::id())),
+    };
+    let daemon = lease_daemon(cfg, mount, &base, 4)?;
     let client = Client::new(daemon.socket());
     let settle = || daemon.settle(Duration::from_secs(60));
     let mut samples = Vec::with_capacity(cfg.leases);

@@ -34,6 +34,10 @@ pub struct BenchRecycleArgs {
     /// side by side (p50/p99 at the client and in the daemon).
     #[arg(long)]
     pub hog: bool,
+    /// With --hog: run the benchmark's client at this nice value (e.g. -10, the daemon's API
+    /// priority) instead of as an ordinary process.
+    #[arg(long, allow_hyphen_values = true, requires = "hog")]
+    pub client_nice: Option<i32>,
     /// `--json`, `--json-out FILE`.
     #[command(flatten)]
     pub output: super::JsonOutput,
@@ -72,6 +76,7 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
             methods: hugeprep::clear::available_methods(),
             state_dir: args.state_dir.clone(),
             hog: args.hog,
+            client_nice: args.client_nice,
         };
         runs.push(recycle::run(&cfg, &|line| eprintln!("{line}"))?);
     }
