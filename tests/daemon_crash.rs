@@ -49,9 +49,13 @@ fn check_accounting(env: &Env, d: &Daemon) {
             && k2.filling_bytes == 0;
         if quiet {
             let journal_bytes = k1.warm_bytes + k1.leased_bytes;
+            // A file listed a moment ago may be gone by now (the worker gives back a size
+            // nobody asks for between two status reads): that snapshot does not count.
             let file_bytes: u64 = files
                 .iter()
-                .map(|f| std::fs::metadata(env.pool_dir().join(f)).unwrap().len())
+                .map(|f| {
+                    std::fs::metadata(env.pool_dir().join(f)).map_or(u64::MAX / 64, |m| m.len())
+                })
                 .sum();
             let consistent = used == journal_bytes
                 && file_bytes == journal_bytes

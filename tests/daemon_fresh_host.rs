@@ -2,7 +2,7 @@
 //! then `hugeprep status` shows 4 GiB warm and `hugeprep lease vm1 4G` returns a warm lease;
 //! `hugeprep drain --release-pools` gives back exactly the pages the daemon added. And the
 //! same host with `reserve = false`: the shortfall and its remedy in the log, `status` and
-//! `doctor`.
+//! `doctor`. And `hugeprep reserve` (the boot-time unit) sharing the daemon's ledger.
 
 mod daemon_util;
 
@@ -298,6 +298,56 @@ fn release_on_stop_gives_the_pages_back_at_a_clean_stop() {
     assert_eq!(node_pools(), before, "{}", env.log());
     assert!(Env::names(&env.pool_dir()).is_empty());
     drop(occupied);
+}
+
+/// `hugeprep reserve` (what `hugeprep-reserve.service` runs at boot) raises the pools to the
+/// targets before the daemon starts; the daemon fills from those pages without raising more,
+/// and `drain --release-pools` gives back exactly what the reserve added (one ledger).
+#[test]
+fn boot_reserve_raises_the_pools_and_drain_gives_them_back() {
+    let env = Env::fresh("boot-reserve");
+    let before = node_pools();
+    let occupied = occupy_free_pages();
+    let config = env.dir.join("reserve.toml");
+    std::fs::write(
+        &config,
+        "[pool]\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"16M\"\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let state = env.state.to_str().unwrap();
+    let out = stdout(&hugeprep(
+        &env,
+        &[
+            "reserve",
+            "--strict",
+            "--config",
+            config,
+            "--state-dir",
+            state,
+        ],
+    ));
+    assert!(
+        out.contains("node 0 2M: 16 MiB target, added 8 pages"),
+        "{out}"
+    );
+    let raised: Vec<u64> = before.iter().map(|p| p + 8).collect();
+    assert_eq!(node_pools(), raised, "{out}");
+
+    let mut d = env.spawn(&["--config", config]);
+    wait_status(&env, "16 MiB warm", |s| {
+        s["pool"]["kinds"][0]["warm_bytes"] == 16 << 20
+    });
+    assert_eq!(
+        node_pools(),
+        raised,
+        "the daemon raised more\n{}",
+        env.log()
+    );
+    let report = stdout(&hugeprep(&env, &["drain", "--release-pools", "--json"]));
+    d.stop();
+    drop(occupied);
+    assert_eq!(node_pools(), before, "{report}\n{}", env.log());
 }
 
 #[test]

@@ -5,8 +5,10 @@
 mod daemon_util;
 mod libvirt_util;
 
-use daemon_util::{map_lease, MIB};
-use libvirt_util::{domain_xml, inode, tools_present, Lab};
+use std::os::unix::fs::MetadataExt;
+
+use daemon_util::{map_lease, Env, MIB};
+use libvirt_util::{domain_xml, file_is_zero, inode, tools_present, Lab};
 
 /// Writes `pattern` at `offset` of a lease through hugeprep's own link.
 fn write_at(lease: &hugeprep::pool::LeaseInfo, offset: usize, pattern: &[u8]) {
@@ -268,4 +270,109 @@ fn shortage_daemon_down_bad_input_and_stale_leases_leak_nothing() {
     lab.destroy(&uuid);
     lab.respawn_daemon();
     lab.assert_clean();
+}
+
+/// `domain_xml`'s file-backed `<memoryBacking>` with `extra` added inside it.
+fn with_backing(xml: &str, extra: &str) -> String {
+    let end = "<access mode='shared'/></memoryBacking>";
+    assert!(xml.contains(end));
+    xml.replace(
+        end,
+        &format!("<access mode='shared'/>{extra}</memoryBacking>"),
+    )
+}
+
+#[test]
+fn leases_come_back_scrubbed_and_discard_domains_leave_the_pool_whole() {
+    if !tools_present() {
+        return;
+    }
+    // Room in the mount for the warm pool and one lease only.
+    let mut lab = Lab::new("libvirt-discard", 160 * MIB, 128 * MIB);
+    let free_idle = lab.env.free_pages();
+
+    // The pool is short and the mount full while a domain runs (another lease holds the
+    // room), so the domain's lease cannot be replaced: the kernel's free hugepages do not
+    // move at the start, and at the release the file itself is scrubbed back into the pool.
+    let other = lab.daemon.lease("other", 32 * MIB).unwrap();
+    lab.daemon.settle(lab.warm);
+    let free_before = lab.env.free_pages();
+    let uuid = lab.uuid();
+    lab.start(&domain_xml("scrubbed", &uuid, 0, true, ""));
+    let lease = lab.leases_of(&uuid).remove(0);
+    assert_eq!(
+        lab.qemu_backing_maps(&uuid),
+        vec![("pc.ram".to_string(), inode(&lease.path))]
+    );
+    assert_eq!(lab.env.free_pages(), free_before, "QEMU took hugepages");
+    write_at(&lease, 4 << 20, b"scrub-me");
+    assert_eq!(lab.guest_bytes(&uuid, 4 << 20, 8), b"scrub-me");
+    let ino = inode(&lease.path);
+    lab.destroy(&uuid);
+    lab.daemon.settle(lab.warm);
+    let kept: Vec<String> = Env::names(&lab.env.pool_dir())
+        .into_iter()
+        .filter(|n| inode(&lab.env.pool_dir().join(n)) == ino)
+        .collect();
+    assert_eq!(kept.len(), 1, "the released file is not back in the pool");
+    assert!(file_is_zero(&lab.env.pool_dir().join(&kept[0])));
+    lab.daemon.release(other.id).unwrap();
+    lab.assert_clean();
+    assert_eq!(lab.env.free_pages(), free_idle);
+
+    // OpenStack Nova's file-backed memory (`<discard/>`), and the same with libvirt's own
+    // preallocation, which over a pre-faulted lease touches pages already there.
+    for (name, extra, prealloc) in [
+        ("discard", "<discard/>", false),
+        (
+            "discard-immediate",
+            "<discard/><allocation mode='immediate'/>",
+            true,
+        ),
+    ] {
+        let uuid = lab.uuid();
+        lab.start(&with_backing(&domain_xml(name, &uuid, 0, true, ""), extra));
+        // QEMU maps the lease and took no pages of its own, preallocating or not.
+        check_running(&lab, &uuid, &["pc.ram"], free_idle);
+        let backends = lab.qemu_memory_backends(&uuid);
+        assert_eq!(backends.len(), 1, "{name}: {backends:?}");
+        let b = &backends[0];
+        assert_eq!(b["qom-type"], "memory-backend-file", "{name}: {b}");
+        assert_eq!(
+            b["discard-data"], true,
+            "{name}: libvirt passed no discard-data: {b}"
+        );
+        assert_eq!(
+            b["prealloc"].as_bool().unwrap_or(false),
+            prealloc,
+            "{name}: {b}"
+        );
+        let lease = lab.leases_of(&uuid).remove(0);
+        write_at(&lease, 8 << 20, b"discard-me");
+        assert_eq!(lab.guest_bytes(&uuid, 8 << 20, 10), b"discard-me", "{name}");
+
+        // QEMU punches every page out of the lease when it stops: held open here, the
+        // file has no blocks left and its pages are back in the kernel's free pool.
+        let held = std::fs::File::open(&lease.path).unwrap();
+        assert_eq!(
+            held.metadata().unwrap().blocks() * 512,
+            lease.size,
+            "{name}"
+        );
+        lab.destroy(&uuid);
+        assert_eq!(
+            held.metadata().unwrap().blocks(),
+            0,
+            "{name}: QEMU left pages"
+        );
+        assert_eq!(lab.env.free_pages(), free_idle, "{name}");
+        drop(held);
+
+        // The lease is released, the pool whole and settled at its target, nothing leaked.
+        // The pool refilled to its target while the domain ran, so the released file (with
+        // no pages left) is given back rather than refilled: tests/pool_holes.rs refills
+        // the holes of a file QEMU punched when the pool is short.
+        lab.assert_clean();
+        assert_eq!(lab.env.free_pages(), free_idle, "{name}");
+    }
 }

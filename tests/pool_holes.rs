@@ -28,10 +28,22 @@ fn blocks(lease: &LeaseInfo) -> u64 {
     std::fs::metadata(&lease.path).unwrap().blocks() * 512 / PAGE
 }
 
-/// A daemon whose target (192 MiB in one size) the 128 MiB mount can never fill, so the
-/// refill worker stays out of the way and a released file is kept and scrubbed.
+/// A daemon whose target (192 MiB in one size, the fixed shape: no learning of the leases'
+/// 64 MiB) the 128 MiB mount can never fill, so the refill worker stays out of the way and
+/// a released file is kept and scrubbed.
 fn daemon(env: &Env) -> Daemon {
-    env.spawn(&["--warm", "192M", "--sizes", "192M", "--verify", "full"])
+    let config = env.dir.join("fixed-shape.toml");
+    std::fs::write(&config, "[pool]\nshape = \"fixed\"\n").unwrap();
+    env.spawn(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--warm",
+        "192M",
+        "--sizes",
+        "192M",
+        "--verify",
+        "full",
+    ])
 }
 
 /// Releases `lease` and checks the pool is whole again: the file kept warm with every page

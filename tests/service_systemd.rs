@@ -35,6 +35,23 @@ fn status_line(c: &Container) -> String {
     c.prop("hugeprep.service", "StatusText")
 }
 
+/// `(clean, warm)` of the last `pool recovered` journal line: whether the start found the
+/// clean-shutdown marker, and how many warm files it kept.
+fn last_recovery(c: &Container) -> (bool, u64) {
+    let j = c.journal("hugeprep");
+    let line = j
+        .lines()
+        .rfind(|l| l.contains("pool recovered"))
+        .unwrap_or_else(|| panic!("no recovery line:\n{j}"));
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+            .to_string()
+    };
+    (field("clean=") == "true", field("warm=").parse().unwrap())
+}
+
 #[test]
 fn package_under_real_systemd() {
     let Some(deb) = systemd_util::package() else {
@@ -140,6 +157,8 @@ fn package_under_real_systemd() {
     assert!(c.ok(&["hugeprep", "status"]).contains("vm-one"));
     let j = c.journal("hugeprep");
     assert!(j.contains("clean=true kept_leases=1"), "{j}");
+    let (clean, warm) = last_recovery(&c);
+    assert!(clean && warm >= 1, "restart kept no warm file:\n{j}");
 
     // Stop: drains, writes the clean-shutdown marker, within TimeoutStopSec.
     c.ok(&["systemctl", "stop", "hugeprep.service"]);
@@ -148,6 +167,9 @@ fn package_under_real_systemd() {
 
     // Watchdog: a stalled daemon is killed with result 'watchdog'.
     c.ok(&["systemctl", "start", "hugeprep.service"]);
+    // The stop kept the warm files (release_on_stop = false, the default).
+    let (clean, warm) = last_recovery(&c);
+    assert!(clean && warm >= 1, "stop kept no warm file");
     c.ok(&["touch", "/run/hugeprep-test-stall"]);
     c.wait_for(
         "test \"$(systemctl show -p Result --value hugeprep)\" = watchdog",

@@ -40,16 +40,7 @@ pub fn run(args: ChArgsArgs) -> anyhow::Result<()> {
         leases.push(lease);
     }
     let ids: Vec<String> = (0..leases.len()).map(|i| format!("mem{i}")).collect();
-    let mems: Vec<GuestMemoryFile<'_>> = leases
-        .iter()
-        .zip(&ids)
-        .map(|(l, id)| GuestMemoryFile {
-            id,
-            path: &l.path,
-            size: l.size,
-            node: Some(l.node),
-        })
-        .collect();
+    let mems = GuestMemoryFile::for_leases(leases.iter().copied(), &ids);
     if args.json {
         let memory = cloud_hypervisor::memory_config(&mems);
         println!("{}", serde_json::to_string_pretty(&memory)?);

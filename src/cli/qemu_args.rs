@@ -60,16 +60,7 @@ pub fn run(args: QemuArgsArgs) -> anyhow::Result<()> {
     let ids: Vec<String> = (0..leases.len())
         .map(|i| format!("{}{i}", args.id_prefix))
         .collect();
-    let mems: Vec<GuestMemoryFile<'_>> = leases
-        .iter()
-        .zip(&ids)
-        .map(|(l, id)| GuestMemoryFile {
-            id,
-            path: &l.path,
-            size: l.size,
-            node: Some(l.node),
-        })
-        .collect();
+    let mems = GuestMemoryFile::for_leases(&leases, &ids);
     let words = if args.numa {
         qemu::numa_args(&mems)
     } else {

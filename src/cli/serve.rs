@@ -58,6 +58,10 @@ pub struct ServeArgs {
     /// Worker threads per node (0 = every CPU of the node).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Milliseconds after a lease or a release before the pool refills or scrubs in the
+    /// background (the VMM's start has the host first); 0 = none; at most 60000.
+    #[arg(long, value_name = "MS")]
+    pub lessee_grace_ms: Option<u64>,
     /// Clearing policy file replacing the embedded `policies/clearing.toml`.
     #[arg(long, value_name = "FILE")]
     pub clearing_policy: Option<PathBuf>,
@@ -161,6 +165,14 @@ fn pool_policy(args: &ServeArgs, file: &ConfigFile) -> anyhow::Result<PoolPolicy
     }
     if let Some(t) = args.threads {
         policy.threads = t;
+    }
+    if let Some(ms) = args.lessee_grace_ms {
+        anyhow::ensure!(
+            ms <= hugeprep::policy::pool::MAX_LESSEE_GRACE_MS,
+            "--lessee-grace-ms: {ms}: at most {}",
+            hugeprep::policy::pool::MAX_LESSEE_GRACE_MS
+        );
+        policy.lessee_grace = std::time::Duration::from_millis(ms);
     }
     Ok(policy)
 }

@@ -126,6 +126,17 @@ pub struct PoolPolicySpec {
     /// (default: keep them for the next start).
     #[serde(default)]
     pub release_on_stop: bool,
+    /// Milliseconds after a lease or a release during which the worker starts no refill or
+    /// background scrub, leaving the host to the VMM that starts on the lease (0: none).
+    #[serde(default = "default_grace")]
+    pub lessee_grace_ms: u64,
+}
+
+/// The longest lessee grace a policy may ask for, ms.
+pub const MAX_LESSEE_GRACE_MS: u64 = 60_000;
+
+fn default_grace() -> u64 {
+    2000
 }
 
 fn default_bandwidth() -> String {
@@ -194,6 +205,9 @@ pub struct PoolPolicy {
     pub reserve: ReservePolicy,
     /// How warm file sizes are chosen.
     pub shape: Shape,
+    /// After a lease or a release, the worker waits this long before refilling or scrubbing
+    /// in the background (docs/pinning.md).
+    pub lessee_grace: std::time::Duration,
 }
 
 fn field_bytes(field: String, text: &str) -> Result<u64, PoolPolicyError> {
@@ -238,6 +252,18 @@ impl PoolPolicySpec {
                 release_on_stop: self.release_on_stop,
             },
             shape: self.shape,
+            lessee_grace: {
+                if self.lessee_grace_ms > MAX_LESSEE_GRACE_MS {
+                    return Err(PoolPolicyError::Field {
+                        field: "lessee_grace_ms".into(),
+                        message: format!(
+                            "{} ms: at most {MAX_LESSEE_GRACE_MS}",
+                            self.lessee_grace_ms
+                        ),
+                    });
+                }
+                std::time::Duration::from_millis(self.lessee_grace_ms)
+            },
         })
     }
 }
@@ -353,6 +379,7 @@ impl PoolPolicy {
             targets: Vec::new(),
             reserve: ReservePolicy::default(),
             shape: Shape::Demand,
+            lessee_grace: std::time::Duration::from_millis(default_grace()),
         })
     }
 

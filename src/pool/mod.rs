@@ -69,6 +69,7 @@ const LEASE_WAIT: Duration = Duration::from_secs(120);
 /// How long after a lease or a release the worker leaves the CPUs, the memory bandwidth and
 /// the kernel's hugetlb fault mutexes to the VMM that starts on it: its pin and its first
 /// touches run within this window (see docs/pinning.md for what was measured).
+/// The default; the policy's `lessee_grace_ms` sets it.
 pub const LESSEE_GRACE: Duration = Duration::from_secs(2);
 
 /// What the pool needs to start.
@@ -322,6 +323,7 @@ impl Pool {
             next_id,
             ..State::default()
         };
+        let grace_ms = u64::try_from(config.policy.lessee_grace.as_millis()).unwrap_or(u64::MAX);
         Ok(Arc::new(Pool {
             mounts,
             topology,
@@ -344,7 +346,7 @@ impl Pool {
             reserve_gate: Mutex::new(()),
             counters: counters::Counters::default(),
             pins: Mutex::new(BTreeMap::new()),
-            grace_ms: std::sync::atomic::AtomicU64::new(LESSEE_GRACE.as_millis() as u64),
+            grace_ms: std::sync::atomic::AtomicU64::new(grace_ms),
         }))
     }
 
@@ -368,6 +370,7 @@ impl Pool {
     /// value from the start (the workers' CPU sets are fixed then).
     pub fn set_policy(&self, mut policy: PoolPolicy) {
         policy.threads = self.policy().threads;
+        self.set_lessee_grace(policy.lessee_grace);
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
         self.changed.notify_all();
     }

@@ -27,3 +27,22 @@ pub struct GuestMemoryFile<'a> {
     /// NUMA node to bind the VMM's mapping to, when known.
     pub node: Option<u32>,
 }
+
+impl<'a> GuestMemoryFile<'a> {
+    /// One backend per lease, named by `ids` in order (bound to the lease's node).
+    pub fn for_leases(
+        leases: impl IntoIterator<Item = &'a crate::pool::LeaseInfo>,
+        ids: &'a [String],
+    ) -> Vec<GuestMemoryFile<'a>> {
+        leases
+            .into_iter()
+            .zip(ids)
+            .map(|(l, id)| GuestMemoryFile {
+                id,
+                path: &l.path,
+                size: l.size,
+                node: Some(l.node),
+            })
+            .collect()
+    }
+}

@@ -81,7 +81,9 @@ impl Env {
 
     /// Starts `hugeprep serve` on this world with `extra` flags and waits for READY=1.
     /// Calibration (200 ms of timing at every start) is off unless `extra` asks for it: the
-    /// crash test restarts the daemon fifty times.
+    /// crash test restarts the daemon fifty times. So is the lessee grace (2 s without a
+    /// refill after every lease and release, which only a starting VMM needs; the service
+    /// test runs the packaged default): tests that settle after each lease would wait it out.
     pub fn spawn(&self, extra: &[&str]) -> Daemon {
         self.spawn_wrapped(&[], extra)
     }
@@ -93,6 +95,11 @@ impl Env {
             &[]
         } else {
             &["--calibration", "off"]
+        };
+        let grace: &[&str] = if extra.contains(&"--lessee-grace-ms") {
+            &[]
+        } else {
+            &["--lessee-grace-ms", "0"]
         };
         let notify = self.dir.join("notify.sock");
         let _ = fs::remove_file(&notify);
@@ -120,6 +127,7 @@ impl Env {
             .arg("--mount")
             .arg(&self.mount)
             .args(calibration)
+            .args(grace)
             .args(extra)
             .env("NOTIFY_SOCKET", &notify)
             .env("RUST_LOG", "hugeprep=debug")

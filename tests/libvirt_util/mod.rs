@@ -164,6 +164,30 @@ impl Lab {
         v
     }
 
+    /// The memory backends on the command line of domain `uuid`'s QEMU: every `-object`
+    /// whose `qom-type` is a memory backend, as the JSON libvirt wrote.
+    pub fn qemu_memory_backends(&self, uuid: &str) -> Vec<serde_json::Value> {
+        let pid = self.sandbox.qemu_pid(uuid).unwrap();
+        let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let args: Vec<String> = raw
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let backends: Vec<serde_json::Value> = args
+            .windows(2)
+            .filter(|w| w[0] == "-object")
+            .filter_map(|w| serde_json::from_str::<serde_json::Value>(&w[1]).ok())
+            .filter(|o| {
+                o["qom-type"]
+                    .as_str()
+                    .unwrap_or("")
+                    .starts_with("memory-backend")
+            })
+            .collect();
+        assert!(!backends.is_empty(), "no JSON memory backend in {args:?}");
+        backends
+    }
+
     /// QEMU's NUMA policy line for its mapping of `alias` (`/proc/PID/numa_maps`).
     pub fn qemu_numa_map(&self, uuid: &str, alias: &str) -> String {
         let pid = self.sandbox.qemu_pid(uuid).unwrap();

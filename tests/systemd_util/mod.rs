@@ -132,8 +132,8 @@ impl Drop for Container {
     }
 }
 
-/// The .deb under test: `$HUGEPREP_DEB` (scripts/test builds it with scripts/package-deb),
-/// else built now when cargo-deb is installed; `None` (after `missing_tool`) otherwise.
+/// The .deb under test: `$HUGEPREP_DEB` when set, else built now with scripts/package-deb
+/// (cargo-deb: scripts/test installs it); `None` (after `missing_tool`) otherwise.
 pub fn package() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("HUGEPREP_DEB") {
         return Some(PathBuf::from(p));

@@ -1,0 +1,204 @@
+//! The packages: the .deb passes lintian with no errors; the RPM spec (packaging/rpm) parses
+//! (`rpmspec --parse`), passes rpmlint with no errors, builds (`rpmbuild -bb` in place) and
+//! installs the same files, modes and conffiles as the .deb. rpm on Debian has no
+//! systemd-rpm-macros: tests/packaging/macros.systemd stands in for them.
+
+#[path = "systemd_util/mod.rs"]
+mod systemd_util;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The .deb, built once for the tests of this file (they run in parallel).
+fn deb() -> Option<PathBuf> {
+    static DEB: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DEB.get_or_init(systemd_util::package).clone()
+}
+
+/// True when `tool --version` runs; `missing_tool` (fails under scripts/test) otherwise.
+fn have(tool: &str, package: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        hugeprep::testing::missing_tool(&format!(
+            "{tool} is not installed (apt install {package}; scripts/test installs it)"
+        ));
+    }
+    ok
+}
+
+/// Runs `cmd`; panics with its output when it fails. Returns stdout.
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The lines of a linter's output that are errors (`E: ` tags).
+fn errors(report: &str) -> Vec<&str> {
+    report.lines().filter(|l| l.contains(" E: ")).collect()
+}
+
+#[test]
+fn deb_passes_lintian_without_errors() {
+    if !have("lintian", "lintian") {
+        return;
+    }
+    let Some(deb) = deb() else {
+        return;
+    };
+    let out = Command::new("lintian")
+        .args(["--tag-display-limit", "0"])
+        .arg(&deb)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    eprintln!("lintian {}:\n{report}", deb.display());
+    let errs = errors(&report);
+    assert!(errs.is_empty(), "lintian errors:\n{}", errs.join("\n"));
+}
+
+/// cargo-deb takes the units of `hugeprep-reserve` from the maintainer-scripts directory (it
+/// would pick up `hugeprep.socket` from `service/` as `hugeprep-reserve.socket`): the copy
+/// there must stay the unit in `service/`.
+#[test]
+fn deb_reserve_unit_is_the_one_in_service() {
+    let read = |p: &str| std::fs::read_to_string(root().join(p)).unwrap();
+    assert_eq!(
+        read("packaging/debian/hugeprep-reserve.service"),
+        read("service/hugeprep-reserve.service"),
+        "copy service/hugeprep-reserve.service to packaging/debian/"
+    );
+}
+
+#[test]
+fn rpm_spec_parses_lints_and_installs_the_files_of_the_deb() {
+    if !have("rpmspec", "rpm") || !have("rpmbuild", "rpm") || !have("rpmlint", "rpmlint") {
+        return;
+    }
+    let spec = root().join("packaging/rpm/hugeprep.spec");
+    let macros = root().join("tests/packaging/macros.systemd");
+    // Parses, with every macro expanded (an unknown one would stay as `%name` in a scriptlet).
+    let parsed = run(Command::new("rpmspec")
+        .arg("--parse")
+        .arg("--load")
+        .arg(&macros)
+        .arg(&spec));
+    for left in ["%systemd", "%tmpfiles", "%{_unitdir}", "%{_tmpfilesdir}"] {
+        assert!(!parsed.contains(left), "{left} not expanded:\n{parsed}");
+    }
+
+    // Builds from this checkout.
+    let top = std::env::temp_dir().join(format!("hugeprep-rpm-{}", std::process::id()));
+    let _cleanup = RemoveOnDrop(top.clone());
+    run(Command::new("rpmbuild")
+        .current_dir(root())
+        .args(["-bb", "--build-in-place", "--nodeps", "--quiet"])
+        .arg("--load")
+        .arg(&macros)
+        .arg("--define")
+        .arg(format!("_topdir {}", top.display()))
+        .arg(&spec));
+    let rpm = std::fs::read_dir(top.join("RPMS/x86_64"))
+        .unwrap()
+        .next()
+        .expect("rpmbuild wrote no package")
+        .unwrap()
+        .path();
+
+    // Lints (the spec and the package): no errors. The rpmlintrc filters what the distribution
+    // decides (signing, Packager, Group).
+    let out = Command::new("rpmlint")
+        .arg("-r")
+        .arg(root().join("packaging/rpm/hugeprep.rpmlintrc"))
+        .arg(&spec)
+        .arg(&rpm)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    eprintln!("rpmlint:\n{report}");
+    let errs = errors(&report);
+    assert!(errs.is_empty(), "rpmlint errors:\n{}", errs.join("\n"));
+
+    // The same files with the same modes as the .deb, and the same conffiles.
+    let Some(deb) = deb() else {
+        return;
+    };
+    let rpm_files = run(Command::new("rpm")
+        .args(["-qp", "--qf", "[%{FILEMODES:perms} %{FILENAMES}\\n]"])
+        .arg(&rpm));
+    let deb_files = run(Command::new("dpkg-deb").arg("-c").arg(&deb));
+    let deb_files = deb_files.lines().map(|l| {
+        let mode = l.split_whitespace().next().unwrap_or("");
+        let path = l.split_whitespace().last().unwrap_or("");
+        format!("{mode} {}", path.trim_start_matches('.'))
+    });
+    let (rpm_set, rpm_docs) = files(rpm_files.lines().map(str::to_string));
+    let (deb_set, deb_docs) = files(deb_files);
+    assert!(
+        deb_set.contains("-rwxr-xr-x /usr/bin/hugeprep")
+            && deb_set.contains("-rw-r--r-- /usr/lib/systemd/system/hugeprep.service"),
+        "{deb_set:?}"
+    );
+    assert_eq!(
+        rpm_set.symmetric_difference(&deb_set).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "files only in one of the packages"
+    );
+    assert_eq!(rpm_docs, deb_docs, "documentation");
+    let rpm_conf: BTreeSet<String> = run(Command::new("rpm").arg("-qcp").arg(&rpm))
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let deb_conf: BTreeSet<String> = run(Command::new("dpkg-deb")
+        .arg("--info")
+        .arg(&deb)
+        .arg("conffiles"))
+    .lines()
+    .map(str::to_string)
+    .collect();
+    assert_eq!(rpm_conf, deb_conf, "conffiles");
+}
+
+/// Splits `MODE PATH` lines into the installed files (directories and rpm's build-id links
+/// left out; zsh's directory is the distribution's) and the documentation's file names
+/// (Debian adds its copyright and changelog; rpm names the directory with the version).
+fn files(lines: impl Iterator<Item = String>) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut installed = BTreeSet::new();
+    let mut docs = BTreeSet::new();
+    for line in lines {
+        if line.starts_with('d') || line.contains("/.build-id/") {
+            continue;
+        }
+        if let Some(rest) = line.split_once(" /usr/share/doc/").map(|(_, r)| r) {
+            let name = rest.rsplit('/').next().unwrap_or(rest);
+            if name != "copyright" && name != "changelog.Debian.gz" {
+                docs.insert(name.to_string());
+            }
+            continue;
+        }
+        installed.insert(line.replace("/zsh/vendor-completions/", "/zsh/site-functions/"));
+    }
+    (installed, docs)
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
