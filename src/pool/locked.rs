@@ -1,5 +1,5 @@
 //! The pool lock with a priority ceiling: a `SCHED_IDLE` thread (the worker) runs in
-//! `SCHED_OTHER` while it holds the lock. Otherwise, on a host whose CPUs are all busy, the
+//! `SCHED_OTHER` at the API's priority while it holds the lock. Otherwise, on a host whose CPUs are all busy, the
 //! worker is preempted mid-hold for hundreds of milliseconds and every lease waits behind it
 //! (priority inversion: measured as a warm-lease p99 of 480 ms with a busy loop per CPU).
 
@@ -21,7 +21,7 @@ impl<'a> Locked<'a> {
     pub(super) fn take(mutex: &'a Mutex<State>) -> Locked<'a> {
         let was_idle = priority::current_thread_is_idle();
         if was_idle {
-            let _ = priority::set_current_thread_normal();
+            let _ = priority::set_current_thread_api();
         }
         Locked {
             guard: Some(mutex.lock().unwrap_or_else(|e| e.into_inner())),
