@@ -343,8 +343,12 @@ impl Pool {
             state: FileState::Leased(lease.clone()),
             ..entry.rec.clone()
         };
+        // The fsync runs outside the lock: the file is busy leasing, so nothing else touches
+        // it, and the other leases need not wait for this one's journal.
+        drop(st);
         self.journal.write(&rec.key(), &rec)?;
         let info = LeaseInfo::of(&rec, &lease);
+        let mut st = self.lock();
         if let Some(e) = st.files.get_mut(&id) {
             e.rec = rec;
             e.busy = None;
@@ -410,7 +414,7 @@ impl Pool {
     /// Releases a lease: the file is journaled dirty, the lease path removed, the file taken
     /// back from its owner, and the worker scrubs it (or deletes it above target).
     pub fn release(&self, lease_id: u64) -> Result<LeaseInfo> {
-        let (id, info, mount) = {
+        let (id, info, mount, dirty) = {
             let mut st = self.lock();
             let found = st.files.values_mut().find(|e| {
                 e.busy.is_none() && matches!(&e.rec.state, FileState::Leased(l) if l.id == lease_id)
@@ -427,11 +431,23 @@ impl Pool {
                 state: FileState::Dirty,
                 ..entry.rec.clone()
             };
-            self.journal.write(&dirty.key(), &dirty)?;
-            entry.rec = dirty;
+            // Busy from here: a second release of the same lease finds nothing.
             entry.busy = Some(Work::Releasing);
-            (entry.rec.id, info, mount)
+            (entry.rec.id, info, mount, dirty)
         };
+        // The fsync runs outside the lock (see `commit`).
+        let written = self.journal.write(&dirty.key(), &dirty);
+        {
+            let mut st = self.lock();
+            let Some(entry) = st.files.get_mut(&id) else {
+                return Err(PoolError::NotFound { id: lease_id });
+            };
+            if let Err(err) = written {
+                entry.busy = None;
+                return Err(err.into());
+            }
+            entry.rec = dirty;
+        }
         let path = mount.file_path(id);
         if let Ok(m) = fs::metadata(&path) {
             unlink_if_same(&info.path, m.dev(), m.ino());
