@@ -141,6 +141,17 @@ where
     t
 }
 
+/// Every cycle of the run completed, and nothing failed but back-pressure.
+fn check_run(t: &Tally, cycles: usize) {
+    assert!(
+        t.errors.is_empty(),
+        "{} errors, e.g. {:?}",
+        t.errors.len(),
+        &t.errors[..t.errors.len().min(5)]
+    );
+    assert_eq!((t.lease_ms.len(), t.release_ms.len()), (cycles, cycles));
+}
+
 /// Waits until nothing is leased, dirty, scrubbing or filling, then checks that the pool's
 /// books match the mount: used bytes are exactly the warm files, no lease file is left.
 fn check_accounting(env: &Env, d: &Daemon) {
@@ -191,13 +202,7 @@ fn sixty_four_clients_on_the_unix_socket_and_over_tls_leak_nothing() {
         let socket = socket.clone();
         async move { Conn::unix(&socket).await }
     });
-    assert!(
-        t.errors.is_empty(),
-        "{} errors, e.g. {:?}",
-        t.errors.len(),
-        &t.errors[..t.errors.len().min(5)]
-    );
-    assert_eq!((t.lease_ms.len(), t.release_ms.len()), (2000, 2000));
+    check_run(&t, 2000);
     check_accounting(&env, &d);
 
     let addr = tls_addr(|| env.log());
@@ -206,12 +211,6 @@ fn sixty_four_clients_on_the_unix_socket_and_over_tls_leak_nothing() {
         let connector = connector.clone();
         async move { Conn::tls(addr, &connector, Some(LEASE)).await }
     });
-    assert!(
-        t.errors.is_empty(),
-        "{} errors, e.g. {:?}",
-        t.errors.len(),
-        &t.errors[..t.errors.len().min(5)]
-    );
-    assert_eq!((t.lease_ms.len(), t.release_ms.len()), (500, 500));
+    check_run(&t, 500);
     check_accounting(&env, &d);
 }
