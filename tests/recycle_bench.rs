@@ -23,6 +23,8 @@ fn small_run_measures_both_paths_and_gives_every_page_back() {
         plan: ClearPlan::always(Method::WriteBytes),
         methods: vec![Method::WriteBytes, Method::RepStosb],
         state_dir: None,
+        hog: false,
+        client_nice: None,
     };
     let report = recycle::run(&config, &|_| {}).unwrap();
     assert!(report.scrub.gbps.median > 0.0 && report.delete_refault.gbps.median > 0.0);

@@ -18,13 +18,20 @@
 //! | `GET /metrics` | Prometheus metrics ([`metrics`]) |
 //!
 //! Errors are `{"error": "...", "field": "..."}` with a status from [`status_of`].
+//!
+//! Every request passes [`peer::authorize`]: the unix socket's peers get a role by uid and
+//! groups, the optional TCP listener ([`tls`], TLS only) by bearer token ([`access`]).
 
+pub mod access;
+pub mod admission;
 mod body;
 mod control;
 mod error;
 pub mod metrics;
+pub mod peer;
 pub mod pidwatch;
 mod routes;
+pub mod tls;
 
 pub use body::{decode_json, parse_lease_body, parse_lease_request, LEASE_FIELDS};
 pub use control::{parse_targets_body, ByteCount, FlavorBody, TargetBody, TargetsBody};
@@ -33,14 +40,47 @@ pub use routes::{router, ApiState, CpuReport, ResumeRequest, VersionReport};
 
 use std::future::Future;
 
-/// Serves the API on `listener` until `shutdown` completes, then waits for requests in
-/// flight.
+/// Serves the API on the unix socket `listener` and, when given, the TLS listener `tls`,
+/// every request checked against `access`, until `shutdown` completes; then waits for
+/// requests in flight.
 pub async fn serve(
     listener: tokio::net::UnixListener,
+    tls: Option<tls::TlsListener>,
     state: ApiState,
+    access: std::sync::Arc<access::Access>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    // Outermost first: who may ask, then whether there is room for another lease.
+    let app = router(state)
+        .layer(axum::middleware::from_fn_with_state(
+            std::sync::Arc::new(admission::Admission::for_host()),
+            admission::admit,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            access,
+            peer::authorize,
+        ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let unix = axum::serve(
+        listener,
+        app.clone()
+            .into_make_service_with_connect_info::<peer::Peer>(),
+    )
+    .with_graceful_shutdown(stopped(stop_rx.clone()));
+    match tls {
+        None => async { unix.await }.await,
+        Some(tls) => {
+            let tcp = axum::serve(tls, app.into_make_service_with_connect_info::<peer::Peer>())
+                .with_graceful_shutdown(stopped(stop_rx));
+            let (a, b) = tokio::join!(async { unix.await }, async { tcp.await });
+            a.and(b)
+        }
+    }
 }

@@ -58,8 +58,12 @@ impl BenchDaemon {
         let plan = config.plan;
         let pool = Pool::open(config)?;
         let worker = pool.spawn_worker().map_err(io("spawn the pool worker"))?;
+        // As in the daemon: the API threads run above ordinary processes.
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            .on_thread_start(|| {
+                let _ = crate::sys::priority::set_current_thread_api();
+            })
             .enable_all()
             .build()
             .map_err(io("start the runtime"))?;
@@ -81,7 +85,12 @@ impl BenchDaemon {
             }),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = runtime.spawn(api::serve(listener, state, async {
+        // The benchmark's own user (and root) are admin on its socket.
+        let access = Arc::new(api::access::Access::new(
+            &api::access::AccessConfig::default(),
+            None,
+        ));
+        let server = runtime.spawn(api::serve(listener, None, state, access, async {
             let _ = stopped.await;
         }));
         Ok(BenchDaemon {

@@ -6,6 +6,7 @@ pub mod clear_config;
 pub mod clear_goals;
 pub mod clear_report;
 pub mod daemon;
+pub mod hog;
 pub mod pin;
 pub mod prefault;
 pub mod qemu;

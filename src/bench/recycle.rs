@@ -51,6 +51,12 @@ pub struct RecycleBenchConfig {
     pub methods: Vec<Method>,
     /// Directory for the journal of the latency part (fsync cost depends on it).
     pub state_dir: Option<PathBuf>,
+    /// Also time warm leases with a busy-looping process on every CPU, against quiet
+    /// (`--hog`, see [`crate::bench::hog`]).
+    pub hog: bool,
+    /// Nice value of the benchmark's client thread during `--hog` (default: unchanged, i.e.
+    /// an ordinary caller); `-10` times a caller that runs at the API's priority.
+    pub client_nice: Option<i32>,
 }
 
 /// A recycle benchmark failed; every variant keeps the failing layer's own error.
@@ -163,6 +169,8 @@ pub struct RecycleBenchReport {
     pub scrub_goal_met: Option<bool>,
     /// Lease latency, when run.
     pub latency: Option<LatencyResult>,
+    /// Quiet against hogged lease latency, with `--hog`.
+    pub hog: Option<crate::bench::hog::HogLatency>,
 }
 
 fn cpus(threads: usize) -> Vec<usize> {
@@ -316,17 +324,21 @@ fn throughput(
     })
 }
 
-fn latency(
+/// The in-process daemon of the latency parts: `warm_files` warm files of the lease size on
+/// `mount`, its journal and socket under `base`, no scrub cap and no lessee grace (that would
+/// make every settle wait for it; these parts time the lease alone).
+pub(crate) fn lease_daemon(
     cfg: &RecycleBenchConfig,
     mount: &Path,
-    log: &dyn Fn(&str),
-) -> Result<LatencyResult, RecycleBenchError> {
-    let base = match &cfg.state_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("hugeprep-bench-recycle-{}", std::process::id())),
-    };
+    base: &Path,
+    warm_files: u64,
+) -> Result<BenchDaemon, RecycleBenchError> {
     let mut policy = PoolPolicy::embedded();
-    policy.set_warm(cfg.page_size, 4 * cfg.lease_size, vec![cfg.lease_size]);
+    policy.set_warm(
+        cfg.page_size,
+        warm_files * cfg.lease_size,
+        vec![cfg.lease_size],
+    );
     policy.scrub_bandwidth = None;
     policy.threads = cfg.threads;
     let daemon = BenchDaemon::start(
@@ -338,8 +350,20 @@ fn latency(
         },
         &base.join("bench.sock"),
     )?;
-    // The lessee grace would make every settle wait for it; this part times the lease alone.
     daemon.pool().set_lessee_grace(Duration::ZERO);
+    Ok(daemon)
+}
+
+fn latency(
+    cfg: &RecycleBenchConfig,
+    mount: &Path,
+    log: &dyn Fn(&str),
+) -> Result<LatencyResult, RecycleBenchError> {
+    let base = match &cfg.state_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("hugeprep-bench-recycle-{}", std::process::id())),
+    };
+    let daemon = lease_daemon(cfg, mount, &base, 4)?;
     let client = Client::new(daemon.socket());
     let settle = || daemon.settle(Duration::from_secs(60));
     let mut samples = Vec::with_capacity(cfg.leases);
@@ -397,7 +421,12 @@ pub fn run(
     }
     crate::hugetlb::check_size(cfg.size, cfg.page_size)?;
     crate::hugetlb::check_size(cfg.lease_size, cfg.page_size)?;
-    let pages = (2 * cfg.size).max(6 * cfg.lease_size) / cfg.page_size.bytes();
+    let lease_files = if cfg.hog {
+        crate::bench::hog::BATCH as u64 + 2
+    } else {
+        6
+    };
+    let pages = (2 * cfg.size).max(lease_files * cfg.lease_size) / cfg.page_size.bytes();
     // Declared before the mount so that it drops after it, on every return: pages can only be
     // given back once the files on the mount have let go of them.
     let top_up = PoolTopUp::ensure_free(None, cfg.page_size, pages)?;
@@ -415,6 +444,11 @@ pub fn run(
     }
     let latency = if cfg.leases > 0 {
         Some(latency(cfg, mount.path(), log)?)
+    } else {
+        None
+    };
+    let hog = if cfg.leases > 0 && cfg.hog {
+        Some(crate::bench::hog::hogged_latency(cfg, mount.path(), log)?)
     } else {
         None
     };
@@ -446,6 +480,7 @@ pub fn run(
         scrub,
         delete_refault: refault,
         latency,
+        hog,
     })
 }
 
@@ -501,6 +536,9 @@ impl RecycleBenchReport {
                 l.max_ms,
                 l.warm_exact
             );
+        }
+        if let Some(h) = &self.hog {
+            s += &h.table();
         }
         s
     }

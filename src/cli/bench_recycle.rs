@@ -30,6 +30,14 @@ pub struct BenchRecycleArgs {
     /// Journal directory for the latency part (default: a temporary directory).
     #[arg(long)]
     pub state_dir: Option<std::path::PathBuf>,
+    /// Also time warm leases with one busy-looping process per CPU against a quiet host,
+    /// side by side (p50/p99 at the client and in the daemon).
+    #[arg(long)]
+    pub hog: bool,
+    /// With --hog: run the benchmark's client at this nice value (e.g. -10, the daemon's API
+    /// priority) instead of as an ordinary process.
+    #[arg(long, allow_hyphen_values = true, requires = "hog")]
+    pub client_nice: Option<i32>,
     /// `--json`, `--json-out FILE`.
     #[command(flatten)]
     pub output: super::JsonOutput,
@@ -67,6 +75,8 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
             plan: resolution.plan,
             methods: hugeprep::clear::available_methods(),
             state_dir: args.state_dir.clone(),
+            hog: args.hog,
+            client_nice: args.client_nice,
         };
         runs.push(recycle::run(&cfg, &|line| eprintln!("{line}"))?);
     }

@@ -47,7 +47,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the daemon: warm pools and leases over a unix socket.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Take a lease from the daemon.
     Lease(lease::LeaseArgs),
     /// Release a lease.
@@ -134,7 +134,7 @@ pub fn init_tracing(verbose: u8) {
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::Lease(a) => lease::run(a),
         Command::Release(a) => release::run(a),
         Command::Status(a) => status::run(a),

@@ -73,6 +73,58 @@ pub struct ServeArgs {
     /// calibration for this CPU, kernel and policy.
     #[arg(long)]
     pub recalibrate: bool,
+    /// Also serve the API on this TCP address, with TLS only (e.g. 0.0.0.0:7443; the config
+    /// file's `access.listen`).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Server certificate chain (PEM) of the TCP listener (`access.tls_cert`).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// Server key (PEM) of the TCP listener (`access.tls_key`).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Require TCP clients to present a certificate signed by this CA (PEM;
+    /// `access.tls_client_ca`).
+    #[arg(long, value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Bearer tokens file (TOML, mode 0600; `access.tokens`).
+    #[arg(long, value_name = "FILE")]
+    pub tokens: Option<PathBuf>,
+}
+
+/// The `[access]` table with the flags applied, validated, and the TLS configuration built
+/// from its files.
+fn access(
+    args: &ServeArgs,
+    file: &ConfigFile,
+) -> anyhow::Result<(
+    hugeprep::api::access::AccessConfig,
+    Option<std::sync::Arc<rustls::ServerConfig>>,
+)> {
+    let mut spec = file.access.clone().unwrap_or_default();
+    if args.listen.is_some() {
+        spec.listen.clone_from(&args.listen);
+    }
+    for (flag, value) in [
+        (&args.tls_cert, &mut spec.tls_cert),
+        (&args.tls_key, &mut spec.tls_key),
+        (&args.tls_client_ca, &mut spec.tls_client_ca),
+        (&args.tokens, &mut spec.tokens),
+    ] {
+        if flag.is_some() {
+            value.clone_from(flag);
+        }
+    }
+    let config = spec.validate()?;
+    let tls = match &config.listen {
+        Some((_, files)) => Some(hugeprep::api::tls::server_config(
+            &files.cert,
+            &files.key,
+            files.client_ca.as_deref(),
+        )?),
+        None => None,
+    };
+    Ok((config, tls))
 }
 
 fn parse_verify(s: &str) -> Result<Verification, String> {
@@ -160,6 +212,7 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
         None => ConfigFile::default(),
     };
     let mut policy = pool_policy(&args, &file)?;
+    let (access, tls) = access(&args, &file)?;
     let reload_args = args.clone();
     let clearing_path = args
         .clearing_policy
@@ -227,6 +280,8 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
         },
         policy,
         plan,
+        access,
+        tls,
         reload: Some(daemon::Reload(std::sync::Arc::new(move || {
             reload(&reload_args)
         }))),

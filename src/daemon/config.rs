@@ -16,6 +16,15 @@
 //! page_size = "2M"
 //! warm = "4G"
 //! sizes = ["1G", "2G"]
+//!
+//! [access]                      # see docs/api.md, "Remote access"
+//! listen = "0.0.0.0:7443"       # TLS only: needs tls_cert, tls_key and tokens
+//! tls_cert = "/etc/hugeprep/tls/server.pem"
+//! tls_key = "/etc/hugeprep/tls/server.key"
+//! tokens = "/etc/hugeprep/tokens.toml"
+//! [[access.unix_peer]]
+//! user = "libvirt-qemu"
+//! role = "lease"
 //! ```
 //!
 //! Command-line options override the file.
@@ -49,6 +58,8 @@ pub struct ConfigFile {
     /// calibration for this CPU, kernel and policy.
     #[serde(default)]
     pub recalibrate: bool,
+    /// Roles and the TLS listener (`[access]`; see `docs/api.md`, "Remote access").
+    pub access: Option<crate::api::access::AccessSpec>,
 }
 
 /// A configuration file that cannot be read or parsed.

@@ -67,6 +67,9 @@ pub enum DaemonError {
     /// The pool could not start.
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// The TLS listener could not start.
+    #[error(transparent)]
+    Tls(#[from] crate::api::tls::TlsError),
 }
 
 /// Everything the daemon needs, after config file and flags are merged.
@@ -90,6 +93,10 @@ pub struct DaemonConfig {
     pub cpu: CpuReport,
     /// Re-reads the configuration on SIGHUP; `None`: SIGHUP only logs that nothing changes.
     pub reload: Option<Reload>,
+    /// Roles of unix socket peers and tokens, and the TCP listener's address.
+    pub access: crate::api::access::AccessConfig,
+    /// The TCP listener's TLS configuration (built from `access` at start).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Builds the pool policy again from the configuration file and the command line, for a
@@ -135,8 +142,17 @@ fn spawn_reload_on_sighup(pool: Arc<Pool>, reload: Option<Reload>) {
 
 /// Runs the daemon until SIGTERM or SIGINT.
 pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
+    // The API and the lease path (runtime workers, their blocking threads and this thread,
+    // which runs the accept loops) run above ordinary processes; the pool worker lowers
+    // itself to SCHED_IDLE.
+    if let Err(err) = crate::sys::priority::set_current_thread_api() {
+        tracing::warn!(%err, nice = crate::sys::priority::API_NICE, "cannot raise the API's priority (CAP_SYS_NICE): leases slow down when every CPU is busy");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .on_thread_start(|| {
+            let _ = crate::sys::priority::set_current_thread_api();
+        })
         .enable_all()
         .build()
         .map_err(|source| DaemonError::Io {
@@ -181,6 +197,22 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         source,
     })?;
     let api_socket = socket::listen(&config.socket, config.socket_group.as_deref())?;
+    let socket_gid = std::os::unix::fs::MetadataExt::gid(
+        &std::fs::metadata(&config.socket).map_err(|source| DaemonError::Io {
+            op: "stat",
+            path: config.socket.clone(),
+            source,
+        })?,
+    );
+    let access = Arc::new(api::access::Access::new(&config.access, Some(socket_gid)));
+    let tls = match (&config.access.listen, &config.tls) {
+        (Some((addr, _)), Some(tls)) => {
+            let listener = api::tls::TlsListener::bind(*addr, Arc::clone(tls)).await?;
+            tracing::info!(tls = %listener.local_addr(), "listening on tcp with tls");
+            Some(listener)
+        }
+        _ => None,
+    };
     api::pidwatch::watch_existing(&pool);
     let served: Vec<String> = pool
         .mounts()
@@ -215,7 +247,7 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         pool_for_signal.shutdown();
     };
     let activated = api_socket.activated;
-    let served = api::serve(api_socket.listener, state, shutdown).await;
+    let served = api::serve(api_socket.listener, tls, state, access, shutdown).await;
     pool.shutdown();
     let _ = tokio::task::spawn_blocking(move || worker.join()).await;
     if pool.policy().reserve.release_on_stop {

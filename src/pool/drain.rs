@@ -112,11 +112,7 @@ impl Pool {
                     incomplete = unsettled;
                     break;
                 }
-                st = self
-                    .changed
-                    .wait_timeout(st, Duration::from_millis(20))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                st = st.wait_timeout(&self.changed, Duration::from_millis(20));
             }
         }
         self.changed.notify_all();

@@ -96,11 +96,7 @@ impl Pool {
                         return Err(conflict(key, "another request still running"));
                     }
                     Some(_) if Instant::now() < deadline => {
-                        st = self
-                            .changed
-                            .wait_timeout(st, Duration::from_millis(50))
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
+                        st = st.wait_timeout(&self.changed, Duration::from_millis(50));
                     }
                     Some(_) => return Err(conflict(key, "a request that is still running")),
                     None => {

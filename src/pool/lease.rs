@@ -105,7 +105,17 @@ impl Pool {
         let (id, source, old_size) = self.reserve(&v)?;
         let mount = self.mount(v.page_size)?;
         let lease_path = mount.lease_dir.join(&v.name);
-        match self.prepare(&v, id, source, old_size, &lease_path) {
+        let prepared = self.prepare(&v, id, source, old_size, &lease_path);
+        let faulted = match source {
+            LeaseSource::Cold => v.size,
+            LeaseSource::WarmGrown => v.size - old_size,
+            _ => 0,
+        };
+        if faulted > 0 {
+            self.lock().end_faulting(id);
+            self.changed.notify_all();
+        }
+        match prepared {
             Ok(linked) => {
                 let pin = match self.pin_lease(&v, id) {
                     Ok(pin) => pin,
@@ -148,7 +158,9 @@ impl Pool {
                     name: v.name.clone(),
                 });
             }
-            let avail = kernel::available_bytes(v.node, v.page_size, &mount.root);
+            let faulting = st.faulting(v.node, v.page_size);
+            let avail =
+                kernel::available_bytes(v.node, v.page_size, &mount.root).saturating_sub(faulting);
             let warm: Vec<(u64, u64)> = st
                 .of_kind(v.node, v.page_size)
                 .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
@@ -157,7 +169,10 @@ impl Pool {
             let warm_bytes: u64 = warm.iter().map(|w| w.1).sum();
             let pending = st.pending_clean_bytes(v.node, v.page_size);
             let supply = avail + warm_bytes + pending;
-            if v.size > supply {
+            // Pages promised to faults in progress come back once those end (a failed fault)
+            // or as warm files (a refill): wait for them before saying no.
+            let settling = pending > 0 || faulting > 0;
+            if v.size > supply && !(faulting > 0 && Instant::now() < deadline) {
                 break Err(PoolError::Insufficient {
                     size: v.size,
                     page_size: v.page_size,
@@ -184,17 +199,13 @@ impl Pool {
                     self.delete_locked(&mut st, vid);
                     continue;
                 }
-                if pending > 0 && Instant::now() < deadline {
+                if settling && Instant::now() < deadline {
                     if !waiting {
                         waiting = true;
                         self.control.begin_urgent();
                         self.changed.notify_all();
                     }
-                    st = self
-                        .changed
-                        .wait_timeout(st, Duration::from_millis(50))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
+                    st = st.wait_timeout(&self.changed, Duration::from_millis(50));
                     continue;
                 }
                 break Err(PoolError::Insufficient {
@@ -237,6 +248,9 @@ impl Pool {
                     (id, source, 0)
                 }
             };
+            if need > 0 {
+                st.start_faulting(reserved.0, v.node, v.page_size, need);
+            }
             st.pending_names.insert(v.name.clone());
             st.note_demand(v.node, v.page_size, v.size);
             st.missed |= source != LeaseSource::WarmExact;
@@ -343,8 +357,12 @@ impl Pool {
             state: FileState::Leased(lease.clone()),
             ..entry.rec.clone()
         };
+        // The fsync runs outside the lock: the file is busy leasing, so nothing else touches
+        // it, and the other leases need not wait for this one's journal.
+        drop(st);
         self.journal.write(&rec.key(), &rec)?;
         let info = LeaseInfo::of(&rec, &lease);
+        let mut st = self.lock();
         if let Some(e) = st.files.get_mut(&id) {
             e.rec = rec;
             e.busy = None;
@@ -410,7 +428,7 @@ impl Pool {
     /// Releases a lease: the file is journaled dirty, the lease path removed, the file taken
     /// back from its owner, and the worker scrubs it (or deletes it above target).
     pub fn release(&self, lease_id: u64) -> Result<LeaseInfo> {
-        let (id, info, mount) = {
+        let (id, info, mount, dirty) = {
             let mut st = self.lock();
             let found = st.files.values_mut().find(|e| {
                 e.busy.is_none() && matches!(&e.rec.state, FileState::Leased(l) if l.id == lease_id)
@@ -427,11 +445,23 @@ impl Pool {
                 state: FileState::Dirty,
                 ..entry.rec.clone()
             };
-            self.journal.write(&dirty.key(), &dirty)?;
-            entry.rec = dirty;
+            // Busy from here: a second release of the same lease finds nothing.
             entry.busy = Some(Work::Releasing);
-            (entry.rec.id, info, mount)
+            (entry.rec.id, info, mount, dirty)
         };
+        // The fsync runs outside the lock (see `commit`).
+        let written = self.journal.write(&dirty.key(), &dirty);
+        {
+            let mut st = self.lock();
+            let Some(entry) = st.files.get_mut(&id) else {
+                return Err(PoolError::NotFound { id: lease_id });
+            };
+            if let Err(err) = written {
+                entry.busy = None;
+                return Err(err.into());
+            }
+            entry.rec = dirty;
+        }
         let path = mount.file_path(id);
         if let Ok(m) = fs::metadata(&path) {
             unlink_if_same(&info.path, m.dev(), m.ino());

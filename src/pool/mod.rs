@@ -27,6 +27,7 @@ pub mod holes;
 pub mod idempotency;
 mod kernel;
 mod lease;
+mod locked;
 mod pin;
 pub mod placement;
 mod record;
@@ -172,9 +173,32 @@ struct State {
     demand: BTreeMap<(u32, PageSize), shape::History>,
     /// Leases with an idempotency key in progress, by key.
     keyed: BTreeMap<String, idempotency::Idempotency>,
+    /// Bytes per kind that leases and refills have been promised but not faulted yet: the
+    /// kernel still counts them free, so every decision subtracts them (concurrent cold
+    /// leases would otherwise promise the same free pages twice).
+    faulting: BTreeMap<u64, (u32, PageSize, u64)>,
 }
 
 impl State {
+    /// Bytes of the kind promised to a fault in progress (see `faulting`).
+    fn faulting(&self, node: u32, ps: PageSize) -> u64 {
+        self.faulting
+            .values()
+            .filter(|f| f.0 == node && f.1 == ps)
+            .map(|f| f.2)
+            .sum()
+    }
+
+    /// Promises `bytes` of the kind's free pages to the fault of file `id` about to start.
+    fn start_faulting(&mut self, id: u64, node: u32, ps: PageSize, bytes: u64) {
+        self.faulting.insert(id, (node, ps, bytes));
+    }
+
+    /// The fault of file `id` is over (done or failed): the kernel's count is right again.
+    fn end_faulting(&mut self, id: u64) {
+        self.faulting.remove(&id);
+    }
+
     fn new_id(&mut self) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
@@ -344,8 +368,8 @@ impl Pool {
         }))
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> locked::Locked<'_> {
+        locked::Locked::take(&self.state)
     }
 
     /// The mounts in use, by page size.

@@ -67,11 +67,7 @@ impl Pool {
                     if let Some(job) = self.next_job(&mut st) {
                         break (job, pressing);
                     }
-                    st = self
-                        .changed
-                        .wait_timeout(st, Duration::from_millis(500))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
+                    st = st.wait_timeout(&self.changed, Duration::from_millis(500));
                 }
             };
             tracing::debug!(?job, pressing, "pool worker");
@@ -215,7 +211,9 @@ impl Pool {
                     if size == 0 {
                         continue;
                     }
-                    if kernel::available_bytes(node, *ps, &mount.root) < size {
+                    let free = kernel::available_bytes(node, *ps, &mount.root)
+                        .saturating_sub(st.faulting(node, *ps));
+                    if free < size {
                         if let Some(job) = self.shortfall(st, node, *ps, mount, deficit, size) {
                             return Some(job);
                         }
@@ -230,7 +228,9 @@ impl Pool {
                     .or(Some(deficit / page * page))
                     .filter(|&s| s > 0);
                 let Some(size) = size else { continue };
-                if kernel::available_bytes(node, *ps, &mount.root) < size {
+                let free = kernel::available_bytes(node, *ps, &mount.root)
+                    .saturating_sub(st.faulting(node, *ps));
+                if free < size {
                     if let Some(job) = self.shortfall(st, node, *ps, mount, deficit, size) {
                         return Some(job);
                     }
@@ -259,6 +259,7 @@ impl Pool {
             st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
             return None;
         }
+        st.start_faulting(id, node, ps, size);
         st.files.insert(
             id,
             Entry {
@@ -580,8 +581,11 @@ impl Pool {
     }
 
     fn fill_job(&self, id: u64) {
-        let Some(rec) = self.record(id) else { return };
-        let Ok(mount) = self.mount(rec.page_size) else {
+        let found = self
+            .record(id)
+            .and_then(|r| self.mount(r.page_size).ok().map(|m| (r, m)));
+        let Some((rec, mount)) = found else {
+            self.lock().end_faulting(id);
             return;
         };
         let path = mount.file_path(id);
@@ -596,6 +600,8 @@ impl Pool {
             self.counters.refill_faulted(rec.size, t.elapsed());
         }
         let mut st = self.lock();
+        st.end_faulting(id);
+        self.changed.notify_all();
         match made {
             Ok(()) => {
                 let warm = FileRecord {
