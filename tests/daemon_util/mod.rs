@@ -96,6 +96,14 @@ impl Env {
         } else {
             &["--calibration", "off"]
         };
+        // A world from `Env::new` hands the daemon pages it reserved itself and gives back
+        // exactly those: its daemon must not raise the kernel's pools on top (a raise would
+        // outlive a killed daemon). `Env::fresh` worlds test the raise itself.
+        let reserve: &[&str] = if self._reservation.is_some() && !extra.contains(&"--no-reserve") {
+            &["--no-reserve"]
+        } else {
+            &[]
+        };
         let grace: &[&str] = if extra.contains(&"--lessee-grace-ms") {
             &[]
         } else {
@@ -128,6 +136,7 @@ impl Env {
             .arg(&self.mount)
             .args(calibration)
             .args(grace)
+            .args(reserve)
             .args(extra)
             .env("NOTIFY_SOCKET", &notify)
             .env("RUST_LOG", "hugeprep=debug")
