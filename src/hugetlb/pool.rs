@@ -437,20 +437,30 @@ impl PoolTopUp {
         if self.added == 0 {
             return Ok(None);
         }
-        let total = read(self.scope, self.page_size)?.total;
-        let resize = set_pages(self.scope, self.page_size, total.saturating_sub(self.added))?;
-        let kept = resize.after.saturating_sub(resize.requested);
-        if kept > 0 {
-            // Pages still in use cannot go back: whoever holds them leaks them.
-            tracing::warn!(
-                "{} {}: {kept} of the {} pages added are still in use and stay in the pool",
-                self.scope,
-                self.page_size,
-                self.added
-            );
+        // Pages a process that just exited still held (an io_uring's long-term pin is torn
+        // down after the exit, asynchronously) come free a moment later: retry for a short
+        // while before declaring them kept.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let mut remaining = self.added;
+        loop {
+            let total = read(self.scope, self.page_size)?.total;
+            let resize = set_pages(self.scope, self.page_size, total.saturating_sub(remaining))?;
+            remaining = resize.after.saturating_sub(resize.requested);
+            if remaining == 0 || std::time::Instant::now() > deadline {
+                if remaining > 0 {
+                    // Pages still in use cannot go back: whoever holds them leaks them.
+                    tracing::warn!(
+                        "{} {}: {remaining} of the {} pages added are still in use and stay in the pool",
+                        self.scope,
+                        self.page_size,
+                        self.added
+                    );
+                }
+                self.added = 0;
+                return Ok(Some(resize));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        self.added = 0;
-        Ok(Some(resize))
     }
 }
 

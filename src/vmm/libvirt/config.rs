@@ -122,8 +122,10 @@ mod tests {
         let c: HookConfig = toml::from_str("memory_backing_dir = \"/dev/hugepages/vm\"").unwrap();
         assert_eq!(c.on_shortage, Fallback::Fail);
         assert_eq!(c.socket, PathBuf::from(crate::client::DEFAULT_SOCKET));
+        assert!(!c.pin, "pinning is opt-in");
         let mut c2 = c.clone();
         c2.on_daemon_down = Fallback::Cold;
+        c2.pin = true;
         let back: HookConfig = toml::from_str(&c2.to_toml()).unwrap();
         assert_eq!(back, c2);
     }
