@@ -35,7 +35,17 @@ fn warm_4g_serves_repeated_4g_leases_warm_exact() {
 #[test]
 fn the_pool_learns_a_leased_size_and_gives_back_the_others() {
     let env = Env::new("shapelearn", 160 * MIB);
-    let d = env.spawn(&["--warm", "64M", "--sizes", "16M"]);
+    // A lessee grace, as in production: a warm-exact lease's refill waits for it, so the
+    // release that follows finds the pool short and its file is scrubbed and kept (with no
+    // grace the refill can win the race and the released file is the one given back).
+    let d = env.spawn(&[
+        "--warm",
+        "64M",
+        "--sizes",
+        "16M",
+        "--lessee-grace-ms",
+        "1000",
+    ]);
     let p = d.settle(64 * MIB);
     assert_eq!(p.kinds[0].warm_files, 4);
     let first = d.lease("first", 32 * MIB).unwrap();
