@@ -206,28 +206,18 @@ impl Pool {
                 // smaller than every size in the mix: fill it exactly then, or the pool would
                 // stay below its target for good (a small warm file still serves a grown lease).
                 let page = ps.bytes();
-                if self.policy().shape == Shape::Demand {
-                    let size = self.next_missing(st, node, *ps, deficit);
-                    if size == 0 {
-                        continue;
-                    }
-                    let free = kernel::available_bytes(node, *ps, &mount.root)
-                        .saturating_sub(st.faulting(node, *ps));
-                    if free < size {
-                        if let Some(job) = self.shortfall(st, node, *ps, mount, deficit, size) {
-                            return Some(job);
-                        }
-                        st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
-                        continue;
-                    }
-                    return self.new_fill(st, node, *ps, size);
+                let demand = self.policy().shape == Shape::Demand;
+                let size = if demand {
+                    self.next_missing(st, node, *ps, deficit)
+                } else {
+                    (0..n)
+                        .map(|i| target.sizes[(st.refill_turn + i) % n])
+                        .find(|&s| s <= deficit)
+                        .unwrap_or(deficit / page * page)
+                };
+                if size == 0 {
+                    continue;
                 }
-                let size = (0..n)
-                    .map(|i| target.sizes[(st.refill_turn + i) % n])
-                    .find(|&s| s <= deficit)
-                    .or(Some(deficit / page * page))
-                    .filter(|&s| s > 0);
-                let Some(size) = size else { continue };
                 let free = kernel::available_bytes(node, *ps, &mount.root)
                     .saturating_sub(st.faulting(node, *ps));
                 if free < size {
@@ -237,7 +227,9 @@ impl Pool {
                     st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
                     continue;
                 }
-                st.refill_turn = st.refill_turn.wrapping_add(1);
+                if !demand {
+                    st.refill_turn = st.refill_turn.wrapping_add(1);
+                }
                 return self.new_fill(st, node, *ps, size);
             }
         }
