@@ -35,6 +35,7 @@ mod recover;
 mod request;
 pub mod reserve;
 pub mod shape;
+mod shortfall;
 mod status;
 pub mod targets;
 mod worker;

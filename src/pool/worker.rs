@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::shape::Reshape;
 use super::{
-    fault, file_key, holders, holes, kernel, reserve, Entry, FileRecord, FileState, Pool,
-    PoolMount, State, Work,
+    fault, file_key, holders, holes, kernel, Entry, FileRecord, FileState, Pool, State, Work,
 };
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;
@@ -20,10 +19,6 @@ use crate::units::format_bytes;
 
 /// How long refill waits after the kernel could not supply a file.
 const REFILL_BACKOFF: Duration = Duration::from_secs(2);
-
-/// How long the worker waits before raising a kernel pool again after the kernel or a limit
-/// gave fewer pages than the target needs (each try may compact memory).
-const RESERVE_BACKOFF: Duration = Duration::from_secs(30);
 
 #[derive(Debug)]
 enum Job {
@@ -221,8 +216,12 @@ impl Pool {
                 let free = kernel::available_bytes(node, *ps, &mount.root)
                     .saturating_sub(st.faulting(node, *ps));
                 if free < size {
-                    if let Some(job) = self.shortfall(st, node, *ps, mount, deficit, size) {
-                        return Some(job);
+                    if let Some(pages) = self.shortfall(st, node, *ps, mount, deficit, size) {
+                        return Some(Job::Reserve {
+                            node,
+                            page_size: *ps,
+                            pages,
+                        });
                     }
                     st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
                     continue;
@@ -295,126 +294,6 @@ impl Pool {
             Err(err) => {
                 tracing::error!(id, %err, "cannot cut a warm file: deleting it");
                 self.delete_job(id);
-            }
-        }
-    }
-
-    /// A kind's target lacks `deficit` bytes and the kernel cannot supply the next file of
-    /// `size`: a job that raises the node's pool, or else the reason, logged and shown.
-    fn shortfall(
-        &self,
-        st: &mut State,
-        node: u32,
-        ps: PageSize,
-        mount: &PoolMount,
-        deficit: u64,
-        size: u64,
-    ) -> Option<Job> {
-        let page = ps.bytes();
-        if let Some(free) = kernel::mount_free_pages(&mount.root) {
-            if free * page < size {
-                let reason = format!(
-                    "mount {} is full: its size limit leaves {} free (remount it larger)",
-                    mount.root.display(),
-                    format_bytes(free * page)
-                );
-                self.explain(st, node, ps, Some(reason));
-                return None;
-            }
-        }
-        let free = crate::hugetlb::pool::available(Some(node), ps).unwrap_or(0);
-        let short = deficit.div_ceil(page).saturating_sub(free).max(1);
-        if !self.policy().reserve.enabled {
-            let reason = reserve::Limit::Disabled.explain(node, ps, short);
-            self.explain(st, node, ps, Some(reason));
-            return None;
-        }
-        if st
-            .reserve_backoff
-            .get(&(node, ps))
-            .is_some_and(|t| Instant::now() < *t)
-        {
-            return None;
-        }
-        Some(Job::Reserve {
-            node,
-            page_size: ps,
-            pages: short,
-        })
-    }
-
-    /// Raises `node`'s pool by up to `short` pages, as far as the policy's limit, the node's
-    /// memory and the kernel allow; whatever is still missing is explained.
-    fn reserve_job(&self, node: u32, ps: PageSize, short: u64) {
-        let _gate = self.reserve_gate.lock().unwrap_or_else(|e| e.into_inner());
-        if self.shutdown.load(Ordering::SeqCst) || self.lock().drained.contains(&(node, ps)) {
-            return; // decided before a drain or a stop: nothing to fill any more
-        }
-        let available = crate::topology::node_available_bytes(node).unwrap_or(0);
-        let added_on_node = self.reservations.added_bytes_on(node);
-        let (pages, limit) =
-            reserve::plan(short, ps, &self.policy().reserve, added_on_node, available);
-        let raised = if pages > 0 {
-            self.reservations.raise(node, ps, pages)
-        } else {
-            Ok(reserve::Raise { asked: 0, added: 0 })
-        };
-        let mut st = self.lock();
-        let reason = match raised {
-            Ok(r) => {
-                if r.added > 0 {
-                    tracing::info!(
-                        node, page_size = %ps, added = r.added, asked = r.asked,
-                        held = self.reservations.added(node, ps),
-                        "raised the kernel's hugepage pool for the warm target"
-                    );
-                }
-                let still = short - r.added.min(short);
-                if still == 0 {
-                    None
-                } else if r.added < r.asked {
-                    Some(format!(
-                        "kernel pool short by {still} {ps} pages on node {node}; the kernel added                          {} of the {} pages asked (memory short or fragmented{})",
-                        r.added,
-                        r.asked,
-                        if ps == PageSize::Size1G {
-                            ": reserve 1G pages at boot, hugepagesz=1G hugepages=N"
-                        } else {
-                            ""
-                        }
-                    ))
-                } else {
-                    limit.map(|l| l.explain(node, ps, still))
-                }
-            }
-            Err(err) => Some(format!(
-                "kernel pool short by {short} {ps} pages on node {node}; raising it failed: {err}"
-            )),
-        };
-        if reason.is_some() {
-            st.reserve_backoff
-                .insert((node, ps), Instant::now() + RESERVE_BACKOFF);
-            self.explain(&mut st, node, ps, reason);
-        }
-    }
-
-    /// Records why a kind's target is not met (`None`: it is met) and says so in the log once,
-    /// and again whenever the reason changes. The metrics (a later issue) read the same
-    /// reasons through [`Pool::status`].
-    pub(super) fn explain(&self, st: &mut State, node: u32, ps: PageSize, reason: Option<String>) {
-        let key = (node, ps);
-        match reason {
-            Some(reason) => {
-                if st.reasons.get(&key) != Some(&reason) {
-                    tracing::warn!(node, page_size = %ps, "warm target not met: {reason}");
-                    st.reasons.insert(key, reason);
-                }
-            }
-            None => {
-                if st.reasons.remove(&key).is_some() {
-                    tracing::info!(node, page_size = %ps, "warm target met");
-                }
-                st.reserve_backoff.remove(&key);
             }
         }
     }
