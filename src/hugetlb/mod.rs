@@ -2,6 +2,7 @@
 //! files that hold guest memory.
 
 mod file;
+pub mod free;
 pub mod lock;
 pub mod mount;
 pub mod pool;

@@ -43,7 +43,7 @@ impl Pool {
         for (ps, mount) in &self.mounts {
             for node in self.topology.node_ids() {
                 // The kernel is read outside the lock: leases and the worker take it often.
-                let kernel_available_bytes = kernel::available_bytes(node, *ps, &mount.root);
+                let kernel_available_bytes = self.supply.available_bytes(node, *ps, &mount.root);
                 let st = self.lock();
                 let idle: Vec<u64> = st
                     .of_kind(node, *ps)

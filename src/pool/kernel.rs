@@ -2,8 +2,11 @@
 //! ([`hugetlb::pool::available`](crate::hugetlb::pool::available)), limited by the pool
 //! mount's own size limit.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
+use crate::hugetlb::free::FreePages;
 use crate::hugetlb::pool::{self, Scope};
 use crate::page_size::PageSize;
 
@@ -41,4 +44,38 @@ pub fn available_bytes(node: u32, page_size: PageSize, mount: &Path) -> u64 {
         pages = pages.min(m);
     }
     pages * page_size.bytes()
+}
+
+/// [`available_bytes`] for the pool's hot paths (every lease decision, every worker turn):
+/// the kernel's counters stay open, so a reading walks no path through sysfs.
+#[derive(Debug, Default)]
+pub struct Supply {
+    counters: Mutex<BTreeMap<(u32, PageSize), Arc<FreePages>>>,
+}
+
+impl Supply {
+    /// Bytes of new pages a file on `mount` can get on `node` now (see [`available_bytes`]).
+    pub fn available_bytes(&self, node: u32, page_size: PageSize, mount: &Path) -> u64 {
+        let counter = {
+            let mut open = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+            match open.get(&(node, page_size)) {
+                Some(c) => Some(Arc::clone(c)),
+                None => FreePages::open(Some(node), page_size).ok().map(|c| {
+                    let c = Arc::new(c);
+                    open.insert((node, page_size), Arc::clone(&c));
+                    c
+                }),
+            }
+        };
+        let Some(counter) = counter else {
+            return available_bytes(node, page_size, mount);
+        };
+        let mut pages = counter.pages().unwrap_or(0);
+        // `statfs` by path: an open descriptor on the mount would keep it from unmounting.
+        let limit = mount_free_pages(mount);
+        if let Some(m) = limit {
+            pages = pages.min(m);
+        }
+        pages * page_size.bytes()
+    }
 }

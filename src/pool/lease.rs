@@ -2,8 +2,14 @@
 //! journaling each step before it takes effect, and rolling back a failed lease so that it
 //! leaves no file, link or pool state behind.
 
+use super::fault::FaultError;
 use super::placement::{self, NodeSupply};
 use super::*;
+use crate::prefault::PrefaultError;
+
+/// How many times a lease chooses again when the kernel's free pages ran out under its
+/// fault.
+const FAULT_RETRIES: u32 = 3;
 
 impl Pool {
     /// Checks a request against the limits; allocates and changes nothing.
@@ -79,7 +85,7 @@ impl Pool {
             .map(|(node, warm_bytes)| NodeSupply {
                 node,
                 warm_bytes,
-                free_bytes: kernel::available_bytes(node, page_size, &mount),
+                free_bytes: self.supply.available_bytes(node, page_size, &mount),
             })
             .collect();
         let (node, why) = placement::choose_node(&self.topology, pid_cpus.as_deref(), &supply);
@@ -102,19 +108,36 @@ impl Pool {
     ) -> Result<LeaseInfo> {
         let started = Instant::now();
         let v = self.validate(req)?;
-        let (id, source, old_size) = self.reserve(&v)?;
         let mount = self.mount(v.page_size)?;
         let lease_path = mount.lease_dir.join(&v.name);
-        let prepared = self.prepare(&v, id, source, old_size, &lease_path);
-        let faulted = match source {
-            LeaseSource::Cold => v.size,
-            LeaseSource::WarmGrown => v.size - old_size,
-            _ => 0,
+        let mut attempts = 0;
+        let (id, source, prepared) = loop {
+            let (id, source, old_size) = self.reserve(&v)?;
+            let prepared = self.prepare(&v, id, source, old_size, &lease_path);
+            let faulted = match source {
+                LeaseSource::Cold => v.size,
+                LeaseSource::WarmGrown => v.size - old_size,
+                _ => 0,
+            };
+            if faulted > 0 {
+                self.lock().end_faulting(id);
+                self.changed.notify_all();
+            }
+            // The kernel had fewer free pages at the fault than when the file was chosen
+            // (another user of the machine's hugepages took some meanwhile): choose again,
+            // which waits for memory on its way back, rather than fail the lease.
+            if let Err((PoolError::Fault(FaultError(PrefaultError::Insufficient { .. })), linked)) =
+                &prepared
+            {
+                if attempts < FAULT_RETRIES {
+                    attempts += 1;
+                    tracing::info!(name = %v.name, attempts, "free pages taken during the lease's fault: choosing again");
+                    self.abort(&v, id, source, *linked);
+                    continue;
+                }
+            }
+            break (id, source, prepared);
         };
-        if faulted > 0 {
-            self.lock().end_faulting(id);
-            self.changed.notify_all();
-        }
         match prepared {
             Ok(linked) => {
                 let pin = match self.pin_lease(&v, id) {
@@ -159,8 +182,10 @@ impl Pool {
                 });
             }
             let faulting = st.faulting(v.node, v.page_size);
-            let avail =
-                kernel::available_bytes(v.node, v.page_size, &mount.root).saturating_sub(faulting);
+            let avail = self
+                .supply
+                .available_bytes(v.node, v.page_size, &mount.root)
+                .saturating_sub(faulting);
             let warm: Vec<(u64, u64)> = st
                 .of_kind(v.node, v.page_size)
                 .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
@@ -190,12 +215,18 @@ impl Pool {
                 (None, None, None) => (None, LeaseSource::Cold, v.size),
             };
             if need > avail {
-                // Make room: give back another warm file, or wait for dirty memory.
+                // Make room: give back another warm file, else a released file still waiting
+                // for the worker (its pages go back to the kernel, which zeroes them again
+                // in this lease's fault), else wait for the memory being cleaned now. A lease
+                // never queues behind the worker's backlog: under pressure every lease thread
+                // makes its own pages, in parallel, instead of one worker scrubbing for all.
                 let victim = warm
                     .iter()
                     .filter(|w| Some(w.0) != choice.map(|c| c.0))
-                    .min_by_key(|w| w.1);
-                if let Some(&(vid, _)) = victim {
+                    .min_by_key(|w| w.1)
+                    .map(|w| w.0)
+                    .or_else(|| st.dirty_victim(v.node, v.page_size, need - avail));
+                if let Some(vid) = victim {
                     self.delete_locked(&mut st, vid);
                     continue;
                 }
@@ -238,13 +269,7 @@ impl Pool {
                     if let Err(err) = self.journal.write(&rec.key(), &rec) {
                         break Err(err.into());
                     }
-                    st.files.insert(
-                        id,
-                        Entry {
-                            rec,
-                            busy: Some(Work::Leasing),
-                        },
-                    );
+                    st.files.insert(id, Entry::new(rec, Some(Work::Leasing)));
                     (id, source, 0)
                 }
             };
@@ -401,6 +426,8 @@ impl Pool {
                 tracing::error!(%err, "cannot journal an aborted lease as dirty");
             }
             e.busy = None;
+            // Its lease path is gone; `take_back` runs again before the scrub scans.
+            e.out_of_reach = None;
         }
         self.changed.notify_all();
     }
@@ -472,6 +499,7 @@ impl Pool {
         let mut st = self.lock();
         if let Some(e) = st.files.get_mut(&id) {
             e.busy = None;
+            e.out_of_reach = Some(Instant::now());
         }
         st.lessee_grace = self.lessee_grace_until();
         self.changed.notify_all();

@@ -148,6 +148,20 @@ enum Work {
 struct Entry {
     rec: FileRecord,
     busy: Option<Work>,
+    /// A dirty file: since when no other process could open it anew (its lease path gone,
+    /// owned by the daemon again). A holders [`holders::Snapshot`] begun after this speaks
+    /// for it. `None`: not known, the scrub scans afresh.
+    out_of_reach: Option<Instant>,
+}
+
+impl Entry {
+    fn new(rec: FileRecord, busy: Option<Work>) -> Entry {
+        Entry {
+            rec,
+            busy,
+            out_of_reach: None,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -233,6 +247,20 @@ impl State {
             .sum()
     }
 
+    /// A released file waiting for the worker to give back for `short` bytes: the smallest
+    /// that covers them, else the largest.
+    fn dirty_victim(&self, node: u32, ps: PageSize, short: u64) -> Option<u64> {
+        let dirty = || {
+            self.of_kind(node, ps)
+                .filter(|e| e.busy.is_none() && e.rec.state == FileState::Dirty)
+        };
+        dirty()
+            .filter(|e| e.rec.size >= short)
+            .min_by_key(|e| e.rec.size)
+            .or_else(|| dirty().max_by_key(|e| e.rec.size))
+            .map(|e| e.rec.id)
+    }
+
     /// Bytes that a waiting lease could get once the worker has caught up.
     fn pending_clean_bytes(&self, node: u32, ps: PageSize) -> u64 {
         self.of_kind(node, ps)
@@ -266,12 +294,16 @@ pub struct Pool {
     reserve_gate: Mutex<()>,
     /// Bytes faulted since start.
     counters: counters::Counters,
+    /// The kernel's free pages, read from counters kept open.
+    supply: kernel::Supply,
     /// Long-term pins of pinned leases, by file id; dropped at release or shutdown.
     pins: Mutex<BTreeMap<u64, crate::sys::pin::LongTermPin>>,
     /// The lessee grace in force, ms ([`LESSEE_GRACE`] unless set).
     grace_ms: std::sync::atomic::AtomicU64,
     /// Warm targets set over the API, persisted; they win over the configuration's.
     api_targets: targets::ApiTargets,
+    /// The worker's last scan for other holders of pool files (see [`holders`]).
+    holders: Mutex<Option<holders::Snapshot>>,
 }
 
 fn now_unix() -> u64 {
@@ -314,7 +346,7 @@ impl Pool {
                 })?;
             mounts.insert(ps, PoolMount::new(root, ps)?);
         }
-        let journal = Journal::open(&config.state_dir)?;
+        let journal = Journal::open_boot(&config.state_dir)?;
         let reservations = reserve::Reservations::open(&config.state_dir)?;
         let page_sizes = mounts.keys().copied().collect();
         let api_targets = targets::ApiTargets::open(&config.state_dir, &page_sizes, &topology)?;
@@ -336,7 +368,7 @@ impl Pool {
         let state = State {
             files: files
                 .into_iter()
-                .map(|rec| (rec.id, Entry { rec, busy: None }))
+                .map(|rec| (rec.id, Entry::new(rec, None)))
                 .collect(),
             next_id,
             ..State::default()
@@ -363,9 +395,11 @@ impl Pool {
             reservations,
             reserve_gate: Mutex::new(()),
             counters: counters::Counters::default(),
+            supply: kernel::Supply::default(),
             pins: Mutex::new(BTreeMap::new()),
             grace_ms: std::sync::atomic::AtomicU64::new(grace_ms),
             api_targets,
+            holders: Mutex::new(None),
         }))
     }
 

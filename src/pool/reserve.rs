@@ -164,7 +164,7 @@ impl Reservations {
     /// operator lowered it by hand) is cut to the pool: hugeprep never lowers a pool by more
     /// than it holds.
     pub fn open(state_dir: &Path) -> Result<Reservations, ReserveError> {
-        let journal = Journal::open(&state_dir.join(LEDGER_DIR))?;
+        let journal = Journal::open_boot(&state_dir.join(LEDGER_DIR))?;
         let mut added = BTreeMap::new();
         for (k, rec) in journal.load::<Reserved>()? {
             if k != key(rec.node, rec.page_size) {

@@ -1,6 +1,7 @@
 //! The background worker: scrubs released files (or deletes them above target), trims the
 //! pool to its target and refills it, at idle priority.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering;
@@ -8,9 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::shape::Reshape;
-use super::{
-    fault, file_key, holders, holes, kernel, Entry, FileRecord, FileState, Pool, State, Work,
-};
+use super::{fault, file_key, holders, holes, Entry, FileRecord, FileState, Pool, State, Work};
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;
 use crate::policy::pool::Shape;
@@ -213,7 +212,9 @@ impl Pool {
                 if size == 0 {
                     continue;
                 }
-                let free = kernel::available_bytes(node, *ps, &mount.root)
+                let free = self
+                    .supply
+                    .available_bytes(node, *ps, &mount.root)
                     .saturating_sub(st.faulting(node, *ps));
                 if free < size {
                     if let Some(pages) = self.shortfall(st, node, *ps, mount, deficit, size) {
@@ -251,13 +252,7 @@ impl Pool {
             return None;
         }
         st.start_faulting(id, node, ps, size);
-        st.files.insert(
-            id,
-            Entry {
-                rec,
-                busy: Some(Work::Refill),
-            },
-        );
+        st.files.insert(id, Entry::new(rec, Some(Work::Refill)));
         Some(Job::Fill(id))
     }
 
@@ -304,6 +299,29 @@ impl Pool {
         Some(id)
     }
 
+    /// Other processes holding the pool file `(dev, ino)`. The last scan answers for a file
+    /// that was out of reach before it began; otherwise one new scan answers for it and for
+    /// every file released before it.
+    fn other_holders(&self, dev: u64, ino: u64, out_of_reach: Option<Instant>) -> Vec<u32> {
+        let mut last = self.holders.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = match (&*last, out_of_reach) {
+            (Some(snap), Some(since)) => snap.covers(dev) && since < snap.began(),
+            _ => false,
+        };
+        if !fresh {
+            let mut devs: BTreeSet<u64> = self
+                .mounts
+                .values()
+                .filter_map(|m| fs::metadata(&m.pool_dir).ok().map(|m| m.dev()))
+                .collect();
+            devs.insert(dev);
+            *last = Some(holders::Snapshot::take(&devs));
+        }
+        last.as_ref()
+            .map(|snap| snap.holders(dev, ino).to_vec())
+            .unwrap_or_default()
+    }
+
     fn record(&self, id: u64) -> Option<FileRecord> {
         self.lock().files.get(&id).map(|e| e.rec.clone())
     }
@@ -319,8 +337,13 @@ impl Pool {
         };
         let path = mount.file_path(id);
         self.take_back(&path);
+        let out_of_reach = self
+            .lock()
+            .files
+            .get_mut(&id)
+            .and_then(|e| e.out_of_reach.take());
         if let Ok(m) = fs::metadata(&path) {
-            let holders = holders::other_holders(m.dev(), m.ino());
+            let holders = self.other_holders(m.dev(), m.ino(), out_of_reach);
             if !holders.is_empty() {
                 tracing::warn!(
                     file = %path.display(), ?holders,
