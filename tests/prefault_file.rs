@@ -152,6 +152,55 @@ fn the_mlock_fallback_faults_every_page() {
 }
 
 #[test]
+fn fallocate_faults_every_page_on_the_node_without_a_mapping() {
+    let Some(env) = HugeEnv::new(PageSize::Size2M, 8) else {
+        return;
+    };
+    let free0 = env.free();
+    // One worker (the calling thread when it runs on the node), bound to node 0, extents of
+    // one page: every page allocated and zeroed by the kernel.
+    let file = BackingFile::memfd("fallocate", 8 * MIB, PageSize::Size2M).unwrap();
+    let progress = std::sync::Mutex::new(Vec::new());
+    let opts = PrefaultOptions {
+        populate: Populate::Fallocate,
+        extent: 2 * MIB,
+        lock: false,
+        node: Some(0),
+        ..PrefaultOptions::default()
+    };
+    let report = prefault(
+        &file,
+        0..8 * MIB,
+        &opts,
+        Some(&|done| progress.lock().unwrap().push(done)),
+    )
+    .unwrap();
+    assert_eq!(report.method, Populate::Fallocate);
+    assert_eq!((report.threads, report.locked), (1, false));
+    assert_eq!(progress.lock().unwrap().last(), Some(&(8 * MIB)));
+    assert_eq!(env.free(), free0 - 4);
+    assert_eq!(file.file().metadata().unwrap().blocks() * 512, 8 * MIB);
+    // Zeroed by the kernel, on the node.
+    let region = file.map().unwrap();
+    assert_eq!(numa::node_of(&region, 0).unwrap(), 0);
+    assert!(region.as_slice().iter().all(|&b| b == 0));
+    drop(region);
+
+    // With `lock`, the range is mapped afterwards, proven present and locked.
+    let locked = BackingFile::memfd("fallocate-locked", 4 * MIB, PageSize::Size2M).unwrap();
+    let opts = PrefaultOptions { lock: true, ..opts };
+    let done = prefault_mapped(&locked, 0..4 * MIB, &opts, None).unwrap();
+    assert_eq!(
+        (done.report.method, done.report.locked),
+        (Populate::Fallocate, true)
+    );
+    assert_eq!(env.free(), free0 - 6);
+    drop(done);
+    drop((file, locked));
+    assert_eq!(env.free_after_close(free0), free0);
+}
+
+#[test]
 fn a_request_larger_than_the_free_pool_fails_before_touching_memory() {
     let Some(env) = HugeEnv::new(PageSize::Size2M, 4) else {
         return;

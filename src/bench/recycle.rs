@@ -211,7 +211,7 @@ fn delete_refault_once(
     let t = Instant::now();
     old.remove()?; // unlink + close: the pages go back to the kernel
     let fresh = BackingFile::create(&path, cfg.size, cfg.page_size, None)?;
-    fault::fault_range(&fresh, 0..cfg.size, 0, cfg.threads)?;
+    fault::fault_range(&fresh, 0..cfg.size, 0, &cpus(cfg.threads))?;
     let s = t.elapsed().as_secs_f64();
     let _ = dir;
     Ok((s, fresh))
@@ -244,7 +244,7 @@ fn throughput(
     let scrubber = Scrubber::new(cfg.plan)?;
     let cpus = cpus(cfg.threads);
     let a = BackingFile::create(&dir.join("scrub"), cfg.size, cfg.page_size, None)?;
-    fault::fault_range(&a, 0..cfg.size, 0, cfg.threads)?;
+    fault::fault_range(&a, 0..cfg.size, 0, &cpus)?;
     // The same file, mapped once, for the raw clears: what the methods can do on this memory
     // without the scrub's mapping, thread starts and verification.
     let clearers = cfg
@@ -258,7 +258,7 @@ fn throughput(
     }
     let mut raw: Vec<Vec<f64>> = vec![Vec::with_capacity(cfg.reps); clearers.len()];
     let mut b = BackingFile::create(&dir.join("refault"), cfg.size, cfg.page_size, None)?;
-    fault::fault_range(&b, 0..cfg.size, 0, cfg.threads)?;
+    fault::fault_range(&b, 0..cfg.size, 0, &cpus)?;
     let w1 = scrub_once(&scrubber, &a, &cpus)?;
     let (w2, nb) = delete_refault_once(dir, b, cfg)?;
     b = nb;

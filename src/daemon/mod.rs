@@ -145,8 +145,20 @@ pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     // The API and the lease path (runtime workers, their blocking threads and this thread,
     // which runs the accept loops) run above ordinary processes; the pool worker lowers
     // itself to SCHED_IDLE.
-    if let Err(err) = crate::sys::priority::set_current_thread_api() {
-        tracing::warn!(%err, nice = crate::sys::priority::API_NICE, "cannot raise the API's priority (CAP_SYS_NICE): leases slow down when every CPU is busy");
+    use crate::sys::priority;
+    match priority::set_current_thread_api() {
+        Ok(()) if priority::current_thread_is_realtime() => {
+            tracing::info!(
+                priority = priority::API_RT_PRIORITY,
+                "API threads run SCHED_FIFO"
+            );
+        }
+        Ok(()) => {
+            tracing::info!(nice = priority::API_NICE, "real-time refused (RestrictRealtime=, a cgroup without real-time budget): API threads run at nice {}", priority::API_NICE);
+        }
+        Err(err) => {
+            tracing::warn!(%err, nice = priority::API_NICE, "cannot raise the API's priority (CAP_SYS_NICE): leases slow down when every CPU is busy");
+        }
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

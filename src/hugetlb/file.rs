@@ -4,7 +4,7 @@
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -322,6 +322,24 @@ impl BackingFile {
             .map_err(io_err("ftruncate", &self.path))?;
         self.size = size;
         Ok(())
+    }
+
+    /// Allocates (and the kernel zeroes) the pages of `len` bytes from `offset`, both whole
+    /// pages, without mapping them (`fallocate`, mode 0). The allocation follows the calling
+    /// thread's memory policy. Takes the file's inode lock, not the process's `mmap_lock`.
+    pub fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(io::Error::from_raw_os_error(libc::EFBIG));
+        };
+        // The kernel holds the hugetlb fault mutexes while it zeroes each page.
+        let _lock_holder = crate::sys::priority::OutOfIdle::enter();
+        nix::fcntl::fallocate(
+            self.file.as_raw_fd(),
+            nix::fcntl::FallocateFlags::empty(),
+            off,
+            n,
+        )
+        .map_err(io::Error::from)
     }
 
     /// Makes a hard link to the file at `to` (hugetlbfs supports them), so that whoever

@@ -1,17 +1,20 @@
 //! Faulting new pages of a pool file: the prefault engine's parallel, NUMA-bound workers
-//! (each a disjoint range, pinned to one of the node's CPUs, memory bound to the node).
+//! (each a disjoint range, pinned to one of the node's CPUs, memory bound to the node); a
+//! range one worker does is allocated with `fallocate`, which keeps the lease path's faults
+//! and the worker's refills off the process's `mmap_lock` (see [`Populate::Fallocate`]).
 
 use std::ops::Range;
 
 use crate::hugetlb::BackingFile;
-use crate::prefault::{prefault, PrefaultError, PrefaultOptions};
+use crate::prefault::{default_threads, prefault, Populate, PrefaultError, PrefaultOptions};
 
 /// Faulting failed.
 #[derive(Debug, thiserror::Error)]
 #[error("faulting: {0}")]
 pub struct FaultError(#[from] pub PrefaultError);
 
-/// Faults `range` of `file` (whole pages) on `node` with `threads` workers. The workers
+/// Faults `range` of `file` (whole pages) on `node` with up to one worker per CPU of `cpus`
+/// (the node's; [`default_threads`] caps them by size). The workers
 /// inherit the calling thread's scheduling class, so the background worker's refills run at
 /// idle priority. A shared hugetlb mapping reserves its pages up front: a pool that cannot
 /// supply them fails here with `ENOMEM`, never with `SIGBUS` later.
@@ -19,15 +22,22 @@ pub fn fault_range(
     file: &BackingFile,
     range: Range<u64>,
     node: u32,
-    threads: usize,
+    cpus: &[usize],
 ) -> Result<(), FaultError> {
     if range.is_empty() {
         return Ok(());
     }
+    let threads = default_threads(range.end - range.start, cpus.len().max(1), None);
     let opts = PrefaultOptions {
-        threads: Some(threads.max(1)),
+        threads: Some(threads),
         node: Some(node),
         lock: false,
+        populate: if threads == 1 {
+            Populate::Fallocate
+        } else {
+            Populate::Auto
+        },
+        cpus: Some(cpus.to_vec()),
         ..PrefaultOptions::default()
     };
     prefault(file, range, &opts, None)?;

@@ -75,10 +75,10 @@ pub fn present_pages(file: &BackingFile) -> Result<u64, HoleError> {
     Ok(meta.blocks() * 512 / file.page_size().bytes())
 }
 
-/// Fills every hole of `file` with kernel-zeroed pages on `node` (`threads` workers when the
+/// Fills every hole of `file` with kernel-zeroed pages on `node` (workers on `cpus` when the
 /// whole file is a hole) and returns the ranges that were present. On error some holes may
 /// be filled: the caller deletes the file.
-pub fn refill(file: &BackingFile, node: u32, threads: usize) -> Result<Refill, HoleError> {
+pub fn refill(file: &BackingFile, node: u32, cpus: &[usize]) -> Result<Refill, HoleError> {
     let page = file.page_size().bytes();
     let size = file.size();
     let pages = size / page;
@@ -90,7 +90,7 @@ pub fn refill(file: &BackingFile, node: u32, threads: usize) -> Result<Refill, H
         });
     }
     if present == 0 {
-        fault::fault_range(file, 0..size, node, threads)?;
+        fault::fault_range(file, 0..size, node, cpus)?;
         return Ok(Refill {
             present: vec![],
             filled: size,

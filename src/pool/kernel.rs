@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use crate::hugetlb::free::FreePages;
 use crate::hugetlb::pool::{self, Scope};
@@ -47,33 +46,37 @@ pub fn available_bytes(node: u32, page_size: PageSize, mount: &Path) -> u64 {
 }
 
 /// [`available_bytes`] for the pool's hot paths (every lease decision, every worker turn):
-/// the kernel's counters stay open, so a reading walks no path through sysfs.
+/// the kernel's counters of every node and page size the pool serves stay open, so a
+/// reading walks no path through sysfs. Read-only after [`Supply::open`]: no lock that a
+/// preempted low-priority worker could hold while a lease waits.
 #[derive(Debug, Default)]
 pub struct Supply {
-    counters: Mutex<BTreeMap<(u32, PageSize), Arc<FreePages>>>,
+    counters: BTreeMap<(u32, PageSize), FreePages>,
 }
 
 impl Supply {
+    /// Opens the counters of `nodes` x `page_sizes`; a pool the kernel does not have is read
+    /// the slow way when asked (and reads as empty, as [`available_bytes`] does).
+    pub fn open(nodes: &[u32], page_sizes: impl IntoIterator<Item = PageSize> + Clone) -> Supply {
+        let mut counters = BTreeMap::new();
+        for &node in nodes {
+            for ps in page_sizes.clone() {
+                if let Ok(c) = FreePages::open(Some(node), ps) {
+                    counters.insert((node, ps), c);
+                }
+            }
+        }
+        Supply { counters }
+    }
+
     /// Bytes of new pages a file on `mount` can get on `node` now (see [`available_bytes`]).
     pub fn available_bytes(&self, node: u32, page_size: PageSize, mount: &Path) -> u64 {
-        let counter = {
-            let mut open = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-            match open.get(&(node, page_size)) {
-                Some(c) => Some(Arc::clone(c)),
-                None => FreePages::open(Some(node), page_size).ok().map(|c| {
-                    let c = Arc::new(c);
-                    open.insert((node, page_size), Arc::clone(&c));
-                    c
-                }),
-            }
-        };
-        let Some(counter) = counter else {
+        let Some(counter) = self.counters.get(&(node, page_size)) else {
             return available_bytes(node, page_size, mount);
         };
         let mut pages = counter.pages().unwrap_or(0);
         // `statfs` by path: an open descriptor on the mount would keep it from unmounting.
-        let limit = mount_free_pages(mount);
-        if let Some(m) = limit {
+        if let Some(m) = mount_free_pages(mount) {
             pages = pages.min(m);
         }
         pages * page_size.bytes()

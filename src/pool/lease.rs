@@ -6,6 +6,7 @@ use super::fault::FaultError;
 use super::placement::{self, NodeSupply};
 use super::*;
 use crate::prefault::PrefaultError;
+use crate::sys::priority::{OutOfRealtime, RT_WORK_BYTES};
 
 /// How many times a lease chooses again when the kernel's free pages ran out under its
 /// fault.
@@ -299,7 +300,7 @@ impl Pool {
     ) -> std::result::Result<bool, (PoolError, Option<bool>)> {
         let mount = self.mount(v.page_size).map_err(|e| (e, None))?;
         let path = mount.file_path(id);
-        let threads = self.cpus(v.node).len();
+        let cpus = self.cpus(v.node);
         let file = (|| -> Result<BackingFile> {
             match source {
                 LeaseSource::WarmExact => Ok(BackingFile::open(&path, v.page_size)?),
@@ -312,7 +313,8 @@ impl Pool {
                     let mut f = BackingFile::open(&path, v.page_size)?;
                     f.set_len(v.size)?;
                     let t = Instant::now();
-                    let grown = fault::fault_range(&f, old_size..v.size, v.node, threads);
+                    let _long = long_work(v.size - old_size);
+                    let grown = fault::fault_range(&f, old_size..v.size, v.node, &cpus);
                     if let Err(e) = grown {
                         let _ = f.set_len(old_size);
                         return Err(e.into());
@@ -323,7 +325,8 @@ impl Pool {
                 LeaseSource::Cold => {
                     let f = BackingFile::create(&path, v.size, v.page_size, None)?;
                     let t = Instant::now();
-                    if let Err(e) = fault::fault_range(&f, 0..v.size, v.node, threads) {
+                    let _long = long_work(v.size);
+                    if let Err(e) = fault::fault_range(&f, 0..v.size, v.node, &cpus) {
                         let _ = fs::remove_file(&path);
                         return Err(e.into());
                     }
@@ -514,4 +517,10 @@ impl Pool {
         let _ = std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid));
         let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o600));
     }
+}
+
+/// Work of `bytes` on an API thread: above [`RT_WORK_BYTES`] it runs outside the real-time
+/// class (see `sys::priority`), so a large cold lease cannot hold a CPU from the host's VMs.
+pub(super) fn long_work(bytes: u64) -> Option<OutOfRealtime> {
+    (bytes > RT_WORK_BYTES).then(OutOfRealtime::enter)
 }

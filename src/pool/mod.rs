@@ -374,6 +374,7 @@ impl Pool {
             ..State::default()
         };
         let grace_ms = u64::try_from(policy.lessee_grace.as_millis()).unwrap_or(u64::MAX);
+        let supply = kernel::Supply::open(&topology.node_ids(), mounts.keys().copied());
         Ok(Arc::new(Pool {
             mounts,
             topology,
@@ -395,7 +396,7 @@ impl Pool {
             reservations,
             reserve_gate: Mutex::new(()),
             counters: counters::Counters::default(),
-            supply: kernel::Supply::default(),
+            supply,
             pins: Mutex::new(BTreeMap::new()),
             grace_ms: std::sync::atomic::AtomicU64::new(grace_ms),
             api_targets,

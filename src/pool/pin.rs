@@ -17,6 +17,7 @@ impl Pool {
             field: "size",
             message: format!("{} bytes do not fit this machine's address space", v.size),
         })?;
+        let _long = super::lease::long_work(file.size());
         let pin = LongTermPin::pin_file(std::os::fd::AsFd::as_fd(file.file()), len)?;
         tracing::info!(
             name = %v.name,

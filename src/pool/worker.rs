@@ -67,7 +67,8 @@ impl Pool {
             tracing::debug!(?job, pressing, "pool worker");
             // Work that faults nothing and restores a wanted file (a scrub of a released file,
             // a cut, a give-back) runs at normal priority while the shape lacks a file; the
-            // rest (refills, raising the kernel's pool) at idle priority.
+            // rest (refills, raising the kernel's pool) at idle priority; their calls into the
+            // kernel that hold locks a lease needs leave it for their length (`OutOfIdle`).
             let quick = matches!(job, Job::Scrub(_) | Job::Shrink(..) | Job::Delete(_));
             if !(pressing && quick) {
                 let _ = set_current_thread_idle();
@@ -265,6 +266,7 @@ impl Pool {
             return;
         };
         let cut = BackingFile::open(&mount.file_path(id), rec.page_size).and_then(|mut f| {
+            let _lock_holder = crate::sys::priority::OutOfIdle::enter();
             f.set_len(size)?;
             Ok(())
         });
@@ -378,7 +380,7 @@ impl Pool {
         }
         // Pages punched out (discard-data, a balloon) come back from the kernel zeroed:
         // only the pages still present are scrubbed.
-        let refill = match holes::refill(&file, rec.node, opts.cpus.len()) {
+        let refill = match holes::refill(&file, rec.node, &opts.cpus) {
             Ok(r) => r,
             Err(err) => {
                 tracing::warn!(%err, "cannot refill a released file's holes: deleting it");
@@ -449,7 +451,12 @@ impl Pool {
             return;
         };
         let path = mount.file_path(id);
-        match fs::remove_file(&path) {
+        // Freeing hugepages takes the hugetlb fault mutexes (see `OutOfIdle`).
+        let removed = {
+            let _lock_holder = crate::sys::priority::OutOfIdle::enter();
+            fs::remove_file(&path)
+        };
+        match removed {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => {
@@ -483,12 +490,12 @@ impl Pool {
             return;
         };
         let path = mount.file_path(id);
-        let threads = self.cpus(rec.node).len();
+        let cpus = self.cpus(rec.node);
         let t = Instant::now();
         let made = BackingFile::create(&path, rec.size, rec.page_size, None)
             .map_err(|e| e.to_string())
             .and_then(|f| {
-                fault::fault_range(&f, 0..rec.size, rec.node, threads).map_err(|e| e.to_string())
+                fault::fault_range(&f, 0..rec.size, rec.node, &cpus).map_err(|e| e.to_string())
             });
         if made.is_ok() {
             self.counters.refill_faulted(rec.size, t.elapsed());

@@ -3,13 +3,13 @@
 
 use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::{default_threads, Populate, PrefaultError, PrefaultOptions, PrefaultReport};
 use crate::hugetlb::{pool, BackingFile, Scope};
-use crate::sys::affinity::{allowed_cpus, pin_current_thread};
+use crate::sys::affinity::{allowed_cpus, current_cpu, pin_current_thread};
 use crate::sys::mmap::MmapRegion;
 use crate::sys::numa;
 use crate::topology::Topology;
@@ -51,6 +51,9 @@ pub fn prefault(
     opts: &PrefaultOptions,
     progress: Option<&dyn Fn(u64)>,
 ) -> Result<PrefaultReport, PrefaultError> {
+    if opts.populate == Populate::Fallocate && !opts.lock {
+        return allocate(file, range, opts, progress);
+    }
     prefault_mapped(file, range, opts, progress).map(|p| p.report)
 }
 
@@ -63,14 +66,11 @@ fn plan(
     let allowed = allowed_cpus();
     let cpus = match opts.node {
         Some(n) => {
-            let topology = Topology::detect()?;
-            let node_cpus: Vec<usize> = topology
-                .node(n)?
-                .cpus
-                .iter()
-                .copied()
-                .filter(|c| allowed.contains(c))
-                .collect();
+            let known = match &opts.cpus {
+                Some(cpus) => cpus.clone(),
+                None => Topology::detect()?.node(n)?.cpus.clone(),
+            };
+            let node_cpus: Vec<usize> = known.into_iter().filter(|c| allowed.contains(c)).collect();
             // A memory-only node (CXL, HBM) has no CPUs: run where we may, bound to it.
             if node_cpus.is_empty() {
                 allowed
@@ -90,25 +90,32 @@ fn plan(
     Ok((cpus, threads.min(pages).max(1)))
 }
 
-/// Pages of `range` that may still need a free page: the range's pages minus every page the
-/// file already holds anywhere, so the check never refuses a request that fits.
-fn pages_needed(file: &BackingFile, range: &Range<u64>) -> u64 {
+/// Pages the file holds anywhere (hugetlbfs counts them in `st_blocks`). The range may still
+/// need its pages minus these, so the check never refuses a request that fits.
+fn pages_held(file: &BackingFile) -> u64 {
     let page = file.page_size().bytes();
-    let held = file
-        .file()
+    file.file()
         .metadata()
         .map(|m| m.blocks() * 512 / page)
-        .unwrap_or(0);
-    ((range.end - range.start) / page).saturating_sub(held)
+        .unwrap_or(0)
 }
 
-/// Like [`prefault`], and returns the mapping, locked when `opts.lock` is set.
-pub fn prefault_mapped(
+/// What [`start`] found: the work and where it runs.
+struct Plan {
+    bytes: u64,
+    cpus: Vec<usize>,
+    threads: usize,
+    scope: Scope,
+    /// Pages the file held before.
+    held: u64,
+}
+
+/// Checks the range and the pool and plans the workers.
+fn start(
     file: &BackingFile,
-    range: Range<u64>,
+    range: &Range<u64>,
     opts: &PrefaultOptions,
-    progress: Option<&dyn Fn(u64)>,
-) -> Result<Prefaulted, PrefaultError> {
+) -> Result<Plan, PrefaultError> {
     let page_size = file.page_size();
     let page = page_size.bytes();
     if range.start >= range.end
@@ -127,8 +134,8 @@ pub fn prefault_mapped(
     let bytes = range.end - range.start;
     let (cpus, threads) = plan(bytes, page, opts)?;
     let scope = Scope::from_node(opts.node);
-
-    let needed = pages_needed(file, &range);
+    let held = pages_held(file);
+    let needed = ((range.end - range.start) / page).saturating_sub(held);
     let free = pool::available(opts.node, page_size)?;
     if needed > free {
         return Err(PrefaultError::Insufficient {
@@ -139,8 +146,25 @@ pub fn prefault_mapped(
             path: file.path().to_path_buf(),
         });
     }
+    Ok(Plan {
+        bytes,
+        cpus,
+        threads,
+        scope,
+        held,
+    })
+}
 
-    let start = Instant::now();
+/// Like [`prefault`], and returns the mapping, locked when `opts.lock` is set.
+pub fn prefault_mapped(
+    file: &BackingFile,
+    range: Range<u64>,
+    opts: &PrefaultOptions,
+    progress: Option<&dyn Fn(u64)>,
+) -> Result<Prefaulted, PrefaultError> {
+    let plan = start(file, &range, opts)?;
+    let (bytes, page_size) = (plan.bytes, file.page_size());
+    let begun = Instant::now();
     let region = file
         .map_range(range.start, bytes)
         .map_err(|source| PrefaultError::Reserve {
@@ -151,40 +175,161 @@ pub fn prefault_mapped(
     if let Some(node) = opts.node {
         numa::bind_region(&region, 0, region.len(), node)?;
     }
+    let ran = run_workers(file, Some(&region), range.start, &plan, opts, progress)?;
+    let faulted = begun.elapsed();
+    if opts.populate == Populate::Fallocate {
+        // `mincore` sees page tables, and `fallocate` fills none.
+        verify_allocated(file, &plan, range.start)?;
+    } else {
+        verify_present(file, &region, range.start)?;
+    }
+    let verified = begun.elapsed();
+    if opts.lock {
+        region
+            .lock(0, region.len())
+            .map_err(|source| PrefaultError::Verify {
+                path: file.path().to_path_buf(),
+                source,
+            })?;
+    }
+    let seconds = begun.elapsed().as_secs_f64();
+    tracing::debug!(
+        path = %file.path().display(),
+        bytes,
+        threads = plan.threads,
+        fault_ms = faulted.as_secs_f64() * 1e3,
+        verify_ms = (verified - faulted).as_secs_f64() * 1e3,
+        lock_ms = (seconds - verified.as_secs_f64()) * 1e3,
+        "prefault phases"
+    );
+    Ok(Prefaulted {
+        report: report(file, &plan, opts, ran, seconds, opts.lock),
+        region,
+    })
+}
 
+/// [`prefault`] by `fallocate` alone: no mapping, so nothing to lock; the file's page
+/// count proves the range present.
+fn allocate(
+    file: &BackingFile,
+    range: Range<u64>,
+    opts: &PrefaultOptions,
+    progress: Option<&dyn Fn(u64)>,
+) -> Result<PrefaultReport, PrefaultError> {
+    let plan = start(file, &range, opts)?;
+    let begun = Instant::now();
+    let ran = run_workers(file, None, range.start, &plan, opts, progress)?;
+    verify_allocated(file, &plan, range.start)?;
+    let seconds = begun.elapsed().as_secs_f64();
+    Ok(report(file, &plan, opts, ran, seconds, false))
+}
+
+/// Checks the file's page count after `fallocate`, which succeeds only once every page of
+/// the range is in the file: at least the range's pages, and no fewer than before.
+fn verify_allocated(file: &BackingFile, plan: &Plan, start: u64) -> Result<(), PrefaultError> {
+    let range_pages = plan.bytes / file.page_size().bytes();
+    if pages_held(file) < range_pages.max(plan.held) {
+        return Err(PrefaultError::Missing {
+            path: file.path().to_path_buf(),
+            offset: start,
+        });
+    }
+    Ok(())
+}
+
+/// What the workers did: the CPU each started on, the affinity each saw, and the method.
+struct Ran {
+    cpus: Vec<usize>,
+    affinity: Vec<Vec<usize>>,
+    method: Populate,
+}
+
+fn report(
+    file: &BackingFile,
+    plan: &Plan,
+    opts: &PrefaultOptions,
+    ran: Ran,
+    seconds: f64,
+    locked: bool,
+) -> PrefaultReport {
+    PrefaultReport {
+        bytes: plan.bytes,
+        page_size: file.page_size(),
+        threads: plan.threads,
+        cpus: ran.cpus,
+        affinity: ran.affinity,
+        node: opts.node,
+        seconds,
+        gbps: gbps(plan.bytes, seconds),
+        method: ran.method,
+        locked,
+    }
+}
+
+/// Runs the plan's workers over the range (offsets from `range_start`; through `region`
+/// where there is one) until all are done or one fails.
+fn run_workers(
+    file: &BackingFile,
+    region: Option<&MmapRegion>,
+    range_start: u64,
+    plan: &Plan,
+    opts: &PrefaultOptions,
+    progress: Option<&dyn Fn(u64)>,
+) -> Result<Ran, PrefaultError> {
+    let page = file.page_size().bytes();
+    let (bytes, threads) = (plan.bytes, plan.threads);
     let extent = (opts.extent / page).max(1) * page;
     let pages = bytes / page;
     let done = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let no_populate_write = AtomicBool::new(opts.populate == Populate::Mlock);
-    let worker_cpus: Vec<usize> = (0..threads).map(|i| cpus[i % cpus.len()]).collect();
+    let pins = worker_pins(&plan.cpus, threads);
+    // One `fallocate` worker on a CPU of the node already: the calling thread is the worker.
+    // No thread to start (its stack is an `mmap`, which waits for the process's
+    // `mmap_lock`), and the work keeps the caller's scheduling class: a lease's fault stays
+    // on the lease thread at the API's priority.
+    let inline_cpu = current_cpu().filter(|c| threads == 1 && plan.cpus.contains(c));
 
     let ctx = Worker {
         file,
-        region: &region,
-        range_start: range.start,
+        region,
+        range_start,
+        bytes,
         extent,
-        scope,
+        scope: plan.scope,
         opts,
         done: &done,
         stop: &stop,
         no_populate_write: &no_populate_write,
     };
-    let results: Vec<Result<Vec<usize>, PrefaultError>> = std::thread::scope(|s| {
+    if let (Some(cpu), Populate::Fallocate) = (inline_cpu, opts.populate) {
+        let ctx = Worker {
+            region: None,
+            ..ctx
+        };
+        let _bound = opts.node.map(numa::ThreadBinding::bind).transpose()?;
+        ctx.fault_extents(0..bytes, progress)?;
+        return Ok(Ran {
+            cpus: vec![cpu],
+            affinity: vec![allowed_cpus()],
+            method: Populate::Fallocate,
+        });
+    }
+    let results: Vec<Result<(usize, Vec<usize>), PrefaultError>> = std::thread::scope(|s| {
         // Each worker says when it is done, so the caller learns of the end at once rather
         // than at the next progress tick (a tick is a sizeable share of a 100 ms fill).
         let (finished_tx, finished_rx) = mpsc::channel::<()>();
-        let handles: Vec<_> = worker_cpus
+        let handles: Vec<_> = pins
             .iter()
             .enumerate()
-            .map(|(i, &cpu)| {
+            .map(|(i, pin)| {
                 // Whole pages, as even as they divide: no worker is left without work.
                 let lo = pages * i as u64 / threads as u64 * page;
                 let hi = pages * (i as u64 + 1) / threads as u64 * page;
                 let ctx = &ctx;
                 let finished = finished_tx.clone();
                 s.spawn(move || {
-                    let result = ctx.run(cpu, lo..hi);
+                    let result = ctx.run(pin, lo..hi);
                     let _ = finished.send(());
                     result
                 })
@@ -210,8 +355,7 @@ pub fn prefault_mapped(
             .collect()
     });
     // A real failure explains the others, which only stopped because of it.
-    let (affinity, errors): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
-    let affinity: Vec<Vec<usize>> = affinity.into_iter().filter_map(Result::ok).collect();
+    let (ran, errors): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
     let mut errors: Vec<PrefaultError> = errors.into_iter().filter_map(Result::err).collect();
     if !errors.is_empty() {
         let first_real = errors
@@ -223,54 +367,41 @@ pub fn prefault_mapped(
     if let Some(report) = progress {
         report(bytes);
     }
-
-    let faulted = start.elapsed();
-    verify_present(file, &region, range.start)?;
-    let verified = start.elapsed();
-    let verify_err = |source| PrefaultError::Verify {
-        path: file.path().to_path_buf(),
-        source,
+    let (cpus, affinity) = ran.into_iter().filter_map(Result::ok).unzip();
+    let method = match opts.populate {
+        Populate::Fallocate => Populate::Fallocate,
+        _ if no_populate_write.load(Ordering::Relaxed) => Populate::Mlock,
+        _ => Populate::PopulateWrite,
     };
-    if opts.lock {
-        region.lock(0, region.len()).map_err(verify_err)?;
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    tracing::debug!(
-        path = %file.path().display(),
-        bytes,
-        threads,
-        fault_ms = faulted.as_secs_f64() * 1e3,
-        verify_ms = (verified - faulted).as_secs_f64() * 1e3,
-        lock_ms = (seconds - verified.as_secs_f64()) * 1e3,
-        "prefault phases"
-    );
-    let method = if no_populate_write.load(Ordering::Relaxed) {
-        Populate::Mlock
-    } else {
-        Populate::PopulateWrite
-    };
-    Ok(Prefaulted {
-        report: super::PrefaultReport {
-            bytes,
-            page_size,
-            threads,
-            cpus: worker_cpus,
-            affinity,
-            node: opts.node,
-            seconds,
-            gbps: gbps(bytes, seconds),
-            method,
-            locked: opts.lock,
-        },
-        region,
+    Ok(Ran {
+        cpus,
+        affinity,
+        method,
     })
+}
+
+/// Where each of `threads` workers may run. Several workers get one CPU each, starting at a
+/// rotating offset so that concurrent small prefaults (leases) do not all queue on the
+/// node's first CPU. A lone worker may run on any of the node's CPUs: the scheduler puts it
+/// on the least busy one, where a pin would put every lease's fault on the same CPU.
+fn worker_pins(cpus: &[usize], threads: usize) -> Vec<Vec<usize>> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    if threads == 1 {
+        return vec![cpus.to_vec()];
+    }
+    let start = NEXT.fetch_add(threads, Ordering::Relaxed);
+    (0..threads)
+        .map(|i| vec![cpus[(start + i) % cpus.len()]])
+        .collect()
 }
 
 /// What every worker shares.
 struct Worker<'a> {
     file: &'a BackingFile,
-    region: &'a MmapRegion,
+    /// The range's mapping; `None` with [`Populate::Fallocate`] alone.
+    region: Option<&'a MmapRegion>,
     range_start: u64,
+    bytes: u64,
     extent: u64,
     scope: Scope,
     opts: &'a PrefaultOptions,
@@ -280,10 +411,11 @@ struct Worker<'a> {
 }
 
 impl Worker<'_> {
-    /// Faults `chunk` (offsets in the mapping), pinned to `cpu`; returns the affinity the
-    /// kernel reports for the worker; on failure tells the other workers to stop.
-    fn run(&self, cpu: usize, chunk: Range<u64>) -> Result<Vec<usize>, PrefaultError> {
-        let result = self.fault_chunk(cpu, chunk);
+    /// Faults `chunk` (offsets in the mapping), pinned to `pin`; returns the CPU the worker
+    /// started on and the affinity the kernel reports for it; on failure tells the other
+    /// workers to stop.
+    fn run(&self, pin: &[usize], chunk: Range<u64>) -> Result<(usize, Vec<usize>), PrefaultError> {
+        let result = self.fault_chunk(pin, chunk);
         if result.is_err() {
             self.stop.store(true, Ordering::Relaxed);
         }
@@ -299,37 +431,64 @@ impl Worker<'_> {
                 .is_some_and(|c| c.load(Ordering::Relaxed))
     }
 
-    fn fault_chunk(&self, cpu: usize, chunk: Range<u64>) -> Result<Vec<usize>, PrefaultError> {
-        pin_current_thread(&[cpu])?;
+    fn fault_chunk(
+        &self,
+        pin: &[usize],
+        chunk: Range<u64>,
+    ) -> Result<(usize, Vec<usize>), PrefaultError> {
+        pin_current_thread(pin)?;
+        if let (Some(node), Populate::Fallocate) = (self.opts.node, self.opts.populate) {
+            // No mapping to bind: the worker's own allocations go to the node (the thread
+            // ends with the prefault, and its policy with it).
+            numa::bind_current_thread(node)?;
+        }
         let affinity = allowed_cpus();
+        let cpu = current_cpu().unwrap_or(pin[0]);
         tracing::debug!(cpu, ?affinity, "prefault worker pinned");
+        self.fault_extents(chunk, None)?;
+        Ok((cpu, affinity))
+    }
+
+    /// Faults `chunk` extent by extent, stopping when cancelled.
+    fn fault_extents(
+        &self,
+        chunk: Range<u64>,
+        progress: Option<&dyn Fn(u64)>,
+    ) -> Result<(), PrefaultError> {
         let mut offset = chunk.start;
         while offset < chunk.end {
             if self.cancelled() {
                 return Err(PrefaultError::Cancelled {
                     path: self.file.path().to_path_buf(),
                     done: self.done.load(Ordering::Relaxed),
-                    bytes: self.region.len() as u64,
+                    bytes: self.bytes,
                 });
             }
             let len = self.extent.min(chunk.end - offset);
             self.fault_extent(offset, len)?;
-            self.done.fetch_add(len, Ordering::Relaxed);
+            let done = self.done.fetch_add(len, Ordering::Relaxed) + len;
+            if let Some(report) = progress {
+                report(done);
+            }
             offset += len;
         }
-        Ok(affinity)
+        Ok(())
     }
 
     fn fault_extent(&self, offset: u64, len: u64) -> Result<(), PrefaultError> {
+        let region = match self.region {
+            Some(r) if self.opts.populate != Populate::Fallocate => r,
+            _ => return self.allocate_extent(offset, len),
+        };
         let (off, n) = (offset as usize, len as usize);
         let result = if self.no_populate_write.load(Ordering::Relaxed) {
-            self.region.lock(off, n)
+            region.lock(off, n)
         } else {
-            match self.region.populate_write(off, n) {
+            match region.populate_write(off, n) {
                 Err(e) if self.opts.populate == Populate::Auto && is_einval(&e) => {
                     tracing::debug!("MADV_POPULATE_WRITE unsupported ({e}); faulting with mlock");
                     self.no_populate_write.store(true, Ordering::Relaxed);
-                    self.region.lock(off, n)
+                    region.lock(off, n)
                 }
                 other => other,
             }
@@ -340,6 +499,34 @@ impl Worker<'_> {
             end: self.range_start + offset + len,
             scope: self.scope,
             source,
+        })
+    }
+}
+
+impl Worker<'_> {
+    /// `fallocate` of an extent; `ENOSPC`/`ENOMEM`: the pool ran dry meanwhile.
+    fn allocate_extent(&self, offset: u64, len: u64) -> Result<(), PrefaultError> {
+        let start = self.range_start + offset;
+        let page_size = self.file.page_size();
+        self.file.allocate(start, len).map_err(|source| {
+            if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::ENOMEM)) {
+                let free = pool::available(self.opts.node, page_size).unwrap_or(0);
+                PrefaultError::Insufficient {
+                    scope: self.scope,
+                    page_size,
+                    needed: len / page_size.bytes(),
+                    free,
+                    path: self.file.path().to_path_buf(),
+                }
+            } else {
+                PrefaultError::Allocate {
+                    path: self.file.path().to_path_buf(),
+                    offset: start,
+                    end: start + len,
+                    scope: self.scope,
+                    source,
+                }
+            }
         })
     }
 }

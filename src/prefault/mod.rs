@@ -6,7 +6,8 @@
 //! pool too small fails at `mmap` with `ENOMEM` before any page is touched), binds the mapping
 //! to the node (`mbind`), splits the range into one disjoint contiguous chunk per worker (two
 //! threads on one file's `fallocate` serialise on the inode lock), and has each worker, pinned
-//! to one of the node's CPUs, fault its chunk with `MADV_POPULATE_WRITE` in large extents.
+//! to one of the node's CPUs (a lone worker: to all of them), fault its chunk with
+//! `MADV_POPULATE_WRITE` in large extents.
 //! Kernels without `MADV_POPULATE_WRITE` (before 5.14, `EINVAL`) fall back to `mlock`, which
 //! faults through the same get-user-pages path. Both report failure as an error, so a pool
 //! that runs dry never sends `SIGBUS`. Then `mincore` proves every page present and the
@@ -55,6 +56,13 @@ pub enum Populate {
     PopulateWrite,
     /// `mlock`, which faults every page through get-user-pages (any kernel); the fallback.
     Mlock,
+    /// `fallocate` on the file, by one worker bound to the node (`set_mempolicy`), without a
+    /// mapping: it takes the file's inode lock only, never the process's `mmap_lock`, which
+    /// a populate holds for its whole length and every `mmap`/`munmap` of another thread
+    /// waits behind. For the daemon's many small concurrent faults (leases, refills); one
+    /// worker because two threads on one file serialise on its inode lock. With
+    /// [`PrefaultOptions::lock`] the range is mapped afterwards to prove and lock it.
+    Fallocate,
 }
 
 /// How to prefault.
@@ -74,6 +82,9 @@ pub struct PrefaultOptions {
     pub lock: bool,
     /// How to fault pages.
     pub populate: Populate,
+    /// The CPUs of `node` the workers may run on, where the caller knows them (the daemon's
+    /// topology); `None` reads them from sysfs.
+    pub cpus: Option<Vec<usize>>,
     /// Set to `true` (e.g. by [`crate::sys::signals::cancel_on_signals`]) to stop the workers between extents.
     pub cancel: Option<Arc<AtomicBool>>,
 }
@@ -87,6 +98,7 @@ impl Default for PrefaultOptions {
             extent: DEFAULT_EXTENT,
             lock: true,
             populate: Populate::Auto,
+            cpus: None,
             cancel: None,
         }
     }
@@ -101,7 +113,8 @@ pub struct PrefaultReport {
     pub page_size: PageSize,
     /// Worker threads used.
     pub threads: usize,
-    /// The CPU each worker was pinned to, by worker.
+    /// The CPU each worker started on, by worker: pinned there when there are several; a
+    /// lone worker may move among the node's CPUs (see `affinity`).
     pub cpus: Vec<usize>,
     /// The CPUs each worker's `sched_getaffinity` reported after pinning, by worker: the
     /// kernel's word for where the workers ran (a cpuset can refuse a pin silently).
@@ -193,6 +206,20 @@ pub enum PrefaultError {
         scope: crate::hugetlb::Scope,
         /// The kernel's answer.
         source: MmapError,
+    },
+    /// `fallocate` of an extent failed.
+    #[error("{path}: allocating bytes {offset}..{end} on {scope}: {source}")]
+    Allocate {
+        /// The file.
+        path: std::path::PathBuf,
+        /// File offset of the extent.
+        offset: u64,
+        /// End of the extent.
+        end: u64,
+        /// Node or system.
+        scope: crate::hugetlb::Scope,
+        /// The kernel's answer.
+        source: std::io::Error,
     },
     /// A page was still missing after populating.
     #[error("{path}: the page at file offset {offset} is not present after populating")]

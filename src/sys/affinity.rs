@@ -26,6 +26,13 @@ pub fn pin_current_thread(cpus: &[usize]) -> Result<(), AffinityError> {
     sched_setaffinity(Pid::from_raw(0), &set).map_err(err)
 }
 
+/// The CPU the calling thread runs on now (`sched_getcpu`); it may move right after.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes no arguments and touches no memory of ours.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
 /// The CPUs the calling thread may run on now (honours cgroup cpusets and `taskset`).
 pub fn allowed_cpus() -> Vec<usize> {
     process_cpus(0).unwrap_or_else(|| {

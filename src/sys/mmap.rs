@@ -126,6 +126,7 @@ impl MmapRegion {
         if len == 0 {
             return Err(MmapError::Empty { what });
         }
+        let _lock_holder = crate::sys::priority::OutOfIdle::enter();
         // SAFETY: a fresh mapping at an address of the kernel's choosing aliases nothing; the
         // result is checked before use.
         let ptr = unsafe {
@@ -221,6 +222,7 @@ impl MmapRegion {
     /// the kernel allocates and zeroes every missing page. Fails with `EINVAL` on kernels
     /// before 5.14 and `ENOMEM`/`EFAULT` when the pool runs out (never `SIGBUS`).
     pub fn populate_write(&self, offset: usize, len: usize) -> Result<(), MmapError> {
+        let _lock_holder = crate::sys::priority::OutOfIdle::enter();
         // SAFETY: madvise on a checked range of our own mapping changes no Rust-visible state
         // beyond faulting pages in.
         self.range_call("madvise(MADV_POPULATE_WRITE)", offset, len, |a, l| unsafe {
@@ -250,6 +252,7 @@ impl MmapRegion {
 
 impl Drop for MmapRegion {
     fn drop(&mut self) {
+        let _lock_holder = crate::sys::priority::OutOfIdle::enter();
         // SAFETY: unmapping exactly the region this value owns; no borrow outlives `self`.
         unsafe {
             libc::munmap(self.ptr.as_ptr().cast(), self.len);

@@ -122,6 +122,59 @@ pub fn reset_current_thread() -> Result<(), NumaError> {
     check("set_mempolicy(MPOL_DEFAULT)", 0, ret)
 }
 
+/// The calling thread's allocations bound to one node until dropped, when the thread's
+/// earlier policy (as `get_mempolicy` reported it) comes back: for `fallocate` on a thread
+/// that lives on (a daemon's request thread), where [`bind_current_thread`] alone would leave
+/// the binding behind.
+#[derive(Debug)]
+pub struct ThreadBinding {
+    mode: libc::c_int,
+    mask: [libc::c_ulong; MASK_WORDS],
+}
+
+impl ThreadBinding {
+    /// Saves the calling thread's policy and binds it to `node`.
+    pub fn bind(node: u32) -> Result<ThreadBinding, NumaError> {
+        let mut saved = ThreadBinding {
+            mode: 0,
+            mask: [0; MASK_WORDS],
+        };
+        // SAFETY: `mode` and `mask` are valid out-pointers, the mask `MASK_BITS` long; no
+        // address (NULL, flags 0): the call reports the thread's own policy.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_get_mempolicy,
+                &mut saved.mode as *mut libc::c_int,
+                saved.mask.as_mut_ptr(),
+                MASK_BITS,
+                std::ptr::null_mut::<libc::c_void>(),
+                0 as libc::c_ulong,
+            )
+        };
+        check("get_mempolicy", node, ret)?;
+        bind_current_thread(node)?;
+        Ok(saved)
+    }
+}
+
+impl Drop for ThreadBinding {
+    fn drop(&mut self) {
+        // SAFETY: set_mempolicy reads `MASK_BITS` bits from the saved mask, which is that
+        // long; only the calling thread's policy changes.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_set_mempolicy,
+                self.mode,
+                self.mask.as_ptr(),
+                MASK_BITS + 1,
+            )
+        };
+        if ret != 0 {
+            let _ = reset_current_thread();
+        }
+    }
+}
+
 /// The node holding the page at `offset` in `region` (`get_mempolicy(MPOL_F_NODE |
 /// MPOL_F_ADDR)`). The page must be present, or the kernel faults it in.
 pub fn node_of(region: &MmapRegion, offset: usize) -> Result<u32, NumaError> {
@@ -169,6 +222,36 @@ mod tests {
         let err = bind_region(&r, 0, 4096, 1000).unwrap_err();
         assert!(err.to_string().contains("node 1000"), "{err}");
         assert!(bind_region(&r, 0, 8192, 0).is_err());
+    }
+
+    #[test]
+    fn a_thread_binding_gives_the_earlier_policy_back() {
+        std::thread::spawn(|| {
+            let policy = || {
+                let mut mode: libc::c_int = -1;
+                // SAFETY: a valid out-pointer, no mask, no address.
+                let ret = unsafe {
+                    libc::syscall(
+                        libc::SYS_get_mempolicy,
+                        &mut mode as *mut libc::c_int,
+                        std::ptr::null_mut::<libc::c_ulong>(),
+                        0usize,
+                        std::ptr::null_mut::<libc::c_void>(),
+                        0 as libc::c_ulong,
+                    )
+                };
+                assert_eq!(ret, 0);
+                mode
+            };
+            assert_eq!(policy(), libc::MPOL_DEFAULT);
+            {
+                let _bound = ThreadBinding::bind(0).unwrap();
+                assert_eq!(policy() & 0xff, libc::MPOL_BIND);
+            }
+            assert_eq!(policy(), libc::MPOL_DEFAULT);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Scheduling class of the calling thread: background work (refill, scrubbing) runs as
 //! `SCHED_IDLE` so that it only uses CPU time nothing else wants, and returns to
 //! `SCHED_OTHER` when a VM is waiting for it. The threads that serve the API and the lease
-//! path run at [`API_NICE`], above ordinary processes, so that a lease keeps its latency on a
-//! host whose CPUs are all busy (a VM start is what is waiting).
+//! path run above ordinary processes (`SCHED_FIFO` 1, else nice [`API_NICE`]), so that a
+//! lease keeps its latency on a host whose CPUs are all busy (a VM start is what is waiting).
 
 use std::io;
 
@@ -29,10 +29,10 @@ pub fn set_current_thread_normal() -> io::Result<()> {
     set_policy(libc::SCHED_OTHER)
 }
 
-/// Nice value of the API and lease threads: their CFS weight is about ten times that of an
-/// ordinary (nice 0) process, so a runnable hog on every CPU delays them by a fraction of a
-/// slice rather than a share of it. Not a real-time class: a cold lease faulting memory for
-/// seconds must not starve the host's VMs.
+/// Nice value of the API and lease threads where real-time is refused, and of their work
+/// that grows with a request ([`OutOfRealtime`]): their CFS weight is about ten times that
+/// of an ordinary (nice 0) process, so a runnable hog on every CPU takes a tenth of their
+/// time rather than half, though a wakeup may wait for the running hog's tick.
 pub const API_NICE: i32 = -10;
 
 /// Sets the nice value of the calling thread only (Linux: `setpriority` on the thread id).
@@ -79,28 +79,102 @@ struct SchedAttr {
     sched_period: u64,
 }
 
-/// Puts the calling thread in `SCHED_OTHER` at [`API_NICE`] with a slice of
-/// [`API_SLICE_NS`] (leaving `SCHED_IDLE` if it was there); for `on_thread_start` of the API
-/// runtime. Falls back to the nice value alone where `sched_setattr` refuses.
-pub fn set_current_thread_api() -> io::Result<()> {
+/// Real-time priority of the API and lease threads: `SCHED_FIFO` at 1, the lowest. Measured
+/// on a 6.18 guest with every CPU running a busy loop: a woken nice -10 thread waited up to a
+/// scheduler tick (4 ms at HZ=250) before the loop was preempted, on each of the several
+/// wakeups a request crosses (lease p99 8-13 ms); a `SCHED_FIFO` thread preempts at once. It
+/// stays safe for the host's VMs because the work on these threads is short: what grows with
+/// a request (faulting more than [`RT_WORK_BYTES`], pinning a guest) leaves the class
+/// ([`OutOfRealtime`]), threads they spawn start outside it (`SCHED_RESET_ON_FORK`), and the
+/// kernel's real-time throttling bounds the rest. vCPU threads at a real-time priority above
+/// 1 still come first.
+pub const API_RT_PRIORITY: u32 = 1;
+
+/// Bytes an API thread may fault (or pin) inside the real-time class: a few milliseconds of
+/// the kernel's zeroing. Larger requests take seconds at worst and run at [`API_NICE`].
+pub const RT_WORK_BYTES: u64 = 64 << 20;
+
+/// `sched_setattr` flag: threads this one creates start in `SCHED_OTHER` at nice 0.
+const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
+
+fn set_attr(policy: libc::c_int, flags: u64, nice: i32, priority: u32, slice_ns: u64) -> bool {
     let attr = SchedAttr {
         size: std::mem::size_of::<SchedAttr>() as u32,
-        sched_policy: libc::SCHED_OTHER as u32,
-        sched_flags: 0,
-        sched_nice: API_NICE,
-        sched_priority: 0,
-        sched_runtime: API_SLICE_NS,
+        sched_policy: policy as u32,
+        sched_flags: flags,
+        sched_nice: nice,
+        sched_priority: priority,
+        sched_runtime: slice_ns,
         sched_deadline: 0,
         sched_period: 0,
     };
     // SAFETY: `attr` is a valid, fully initialised sched_attr whose `size` field says how
     // much the kernel may read; pid 0 is the calling thread; flags 0.
     let rc = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0u32) };
-    if rc == 0 {
+    rc == 0
+}
+
+/// Puts the calling thread in the API's class: `SCHED_FIFO` at [`API_RT_PRIORITY`] with
+/// `SCHED_RESET_ON_FORK`, or where real-time is refused (no `CAP_SYS_NICE`, systemd's
+/// `RestrictRealtime=`, a cgroup without real-time budget) [`set_current_thread_api_nice`].
+/// For `on_thread_start` of the API runtime. Leaves `SCHED_IDLE` if the thread was there.
+pub fn set_current_thread_api() -> io::Result<()> {
+    if set_attr(
+        libc::SCHED_FIFO,
+        SCHED_FLAG_RESET_ON_FORK,
+        0,
+        API_RT_PRIORITY,
+        0,
+    ) {
+        return Ok(());
+    }
+    set_current_thread_api_nice()
+}
+
+/// Puts the calling thread in `SCHED_OTHER` at [`API_NICE`] with a slice of
+/// [`API_SLICE_NS`]; falls back to the nice value alone where `sched_setattr` refuses the
+/// slice.
+pub fn set_current_thread_api_nice() -> io::Result<()> {
+    if set_attr(libc::SCHED_OTHER, 0, API_NICE, 0, API_SLICE_NS) {
         return Ok(());
     }
     set_policy(libc::SCHED_OTHER)?;
     set_current_thread_nice(API_NICE)
+}
+
+/// Whether the calling thread runs in a real-time class.
+pub fn current_thread_is_realtime() -> bool {
+    // SAFETY: sched_getscheduler takes a pid only.
+    let policy = unsafe { libc::sched_getscheduler(0) } & !libc::SCHED_RESET_ON_FORK;
+    policy == libc::SCHED_FIFO || policy == libc::SCHED_RR
+}
+
+/// Takes the calling thread out of the real-time class (to [`set_current_thread_api_nice`])
+/// until dropped, around work on an API thread that grows with the request: faulting more
+/// than [`RT_WORK_BYTES`], pinning a guest. The threads it spawns meanwhile inherit the nice
+/// value, not the real-time class.
+#[derive(Debug)]
+pub struct OutOfRealtime {
+    was_realtime: bool,
+}
+
+impl OutOfRealtime {
+    /// Leaves the real-time class if the calling thread is in it.
+    pub fn enter() -> OutOfRealtime {
+        let was_realtime = current_thread_is_realtime();
+        if was_realtime {
+            let _ = set_current_thread_api_nice();
+        }
+        OutOfRealtime { was_realtime }
+    }
+}
+
+impl Drop for OutOfRealtime {
+    fn drop(&mut self) {
+        if self.was_realtime {
+            let _ = set_current_thread_api();
+        }
+    }
 }
 
 /// Whether the calling thread is `SCHED_IDLE`.
@@ -109,9 +183,59 @@ pub fn current_thread_is_idle() -> bool {
     unsafe { libc::sched_getscheduler(0) == libc::SCHED_IDLE }
 }
 
+/// Takes the calling thread out of `SCHED_IDLE` (into `SCHED_OTHER`, nice unchanged) until
+/// dropped, around a call that holds kernel locks other threads wait for: `mmap`/`munmap`
+/// (the process's `mmap_lock`), faulting or freeing hugepages (the hugetlb fault mutexes,
+/// hashed over a few per CPU). A `SCHED_IDLE` thread preempted inside such a call keeps the
+/// lock for as long as every CPU stays busy, and a lease waits behind it (measured: a paced
+/// lease p99 of 16-71 ms with a busy loop per CPU). The work itself stays background: only
+/// the call runs at normal priority.
+#[derive(Debug)]
+pub struct OutOfIdle {
+    was_idle: bool,
+}
+
+impl OutOfIdle {
+    /// Leaves `SCHED_IDLE` if the calling thread is in it.
+    pub fn enter() -> OutOfIdle {
+        let was_idle = current_thread_is_idle();
+        if was_idle {
+            let _ = set_current_thread_normal();
+        }
+        OutOfIdle { was_idle }
+    }
+}
+
+impl Drop for OutOfIdle {
+    fn drop(&mut self) {
+        if self.was_idle {
+            let _ = set_current_thread_idle();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn out_of_idle_restores_idle() {
+        std::thread::spawn(|| {
+            set_current_thread_idle().unwrap();
+            {
+                let _g = OutOfIdle::enter();
+                assert!(!current_thread_is_idle());
+            }
+            assert!(current_thread_is_idle());
+            set_current_thread_normal().unwrap();
+            {
+                let _g = OutOfIdle::enter();
+            }
+            assert!(!current_thread_is_idle());
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn a_thread_goes_idle_and_back() {
@@ -131,13 +255,26 @@ mod tests {
         std::thread::spawn(|| {
             set_current_thread_idle().unwrap();
             if set_current_thread_api().is_ok() {
-                assert_eq!(current_thread_nice(), API_NICE);
                 assert!(!current_thread_is_idle());
+                if current_thread_is_realtime() {
+                    // Its threads start as ordinary ones (SCHED_RESET_ON_FORK).
+                    let child = std::thread::spawn(current_thread_is_realtime);
+                    assert!(!child.join().unwrap());
+                    {
+                        let _long = OutOfRealtime::enter();
+                        assert!(!current_thread_is_realtime());
+                        assert_eq!(current_thread_nice(), API_NICE);
+                    }
+                    assert!(current_thread_is_realtime());
+                } else {
+                    assert_eq!(current_thread_nice(), API_NICE);
+                }
             }
             // Only this thread changed.
         })
         .join()
         .unwrap();
+        assert!(!current_thread_is_realtime());
         assert_eq!(current_thread_nice(), 0);
     }
 }

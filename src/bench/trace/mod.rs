@@ -354,8 +354,8 @@ fn replay(
 fn warm_up(mount: &Path, ps: PageSize, bytes: u64) {
     let path = mount.join("warm-up");
     if let Ok(f) = BackingFile::create(&path, bytes, ps, None) {
-        let threads = crate::sys::affinity::allowed_cpus().len();
-        let _ = crate::pool::fault::fault_range(&f, 0..bytes, 0, threads);
+        let cpus = crate::sys::affinity::allowed_cpus();
+        let _ = crate::pool::fault::fault_range(&f, 0..bytes, 0, &cpus);
     }
     let _ = std::fs::remove_file(&path);
 }
