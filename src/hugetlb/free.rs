@@ -89,9 +89,7 @@ impl FreePages {
             .system_free
             .read(ps)?
             .saturating_sub(self.system_reserved.read(ps)?);
-        match &self.node_free {
-            None => Ok(system),
-            Some(node) => Ok(node.read(ps)?.min(system)),
-        }
+        let node_free = self.node_free.as_ref().map(|c| c.read(ps)).transpose()?;
+        Ok(pool::node_capped(system, node_free))
     }
 }

@@ -299,10 +299,16 @@ pub fn read_all() -> Result<Vec<PoolCounts>> {
 /// capped by the machine's unreserved count.
 pub fn available(node: Option<u32>, page_size: PageSize) -> Result<u64> {
     let system = read(Scope::System, page_size)?.available();
-    match node {
-        None => Ok(system),
-        Some(n) => Ok(read(Scope::Node(n), page_size)?.free.min(system)),
-    }
+    let node_free = node
+        .map(|n| read(Scope::Node(n), page_size).map(|c| c.free))
+        .transpose()?;
+    Ok(node_capped(system, node_free))
+}
+
+/// The rule of [`available`]: a node's free pages, capped by the machine's unreserved ones
+/// (reservations are system-wide); the machine's alone for no node.
+pub(super) fn node_capped(system_unreserved: u64, node_free: Option<u64>) -> u64 {
+    node_free.map_or(system_unreserved, |n| n.min(system_unreserved))
 }
 
 /// The lowest size the pool may be set to: pages in use plus, for a node, as many of the

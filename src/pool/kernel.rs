@@ -38,10 +38,17 @@ pub fn mount_used_pages(mount: &Path) -> Option<u64> {
 /// Bytes of new pages a file on `mount` can get on `node` now. Reserved pages count as taken:
 /// they are promised to mappings that have not faulted yet.
 pub fn available_bytes(node: u32, page_size: PageSize, mount: &Path) -> u64 {
-    let mut pages = pool::available(Some(node), page_size).unwrap_or(0);
-    if let Some(m) = mount_free_pages(mount) {
-        pages = pages.min(m);
-    }
+    within_mount(
+        pool::available(Some(node), page_size).unwrap_or(0),
+        page_size,
+        mount,
+    )
+}
+
+/// Bytes of `pages` free kernel pages that a file on `mount` can get: no more than the
+/// mount's size limit leaves.
+fn within_mount(pages: u64, page_size: PageSize, mount: &Path) -> u64 {
+    let pages = mount_free_pages(mount).map_or(pages, |m| pages.min(m));
     pages * page_size.bytes()
 }
 
@@ -71,14 +78,10 @@ impl Supply {
 
     /// Bytes of new pages a file on `mount` can get on `node` now (see [`available_bytes`]).
     pub fn available_bytes(&self, node: u32, page_size: PageSize, mount: &Path) -> u64 {
-        let Some(counter) = self.counters.get(&(node, page_size)) else {
-            return available_bytes(node, page_size, mount);
-        };
-        let mut pages = counter.pages().unwrap_or(0);
-        // `statfs` by path: an open descriptor on the mount would keep it from unmounting.
-        if let Some(m) = mount_free_pages(mount) {
-            pages = pages.min(m);
+        match self.counters.get(&(node, page_size)) {
+            // `statfs` by path: an open descriptor on the mount would keep it from unmounting.
+            Some(counter) => within_mount(counter.pages().unwrap_or(0), page_size, mount),
+            None => available_bytes(node, page_size, mount),
         }
-        pages * page_size.bytes()
     }
 }

@@ -10,22 +10,20 @@ use std::time::Duration;
 use super::State;
 use crate::sys::priority;
 
-/// The held pool lock; the caller's scheduling class is restored when it is dropped.
+/// The held pool lock; the caller's scheduling class is restored when it is dropped, after
+/// the lock is released (fields drop in order).
 pub(super) struct Locked<'a> {
     guard: Option<MutexGuard<'a, State>>,
-    was_idle: bool,
+    _ceiling: priority::OutOfIdle,
 }
 
 impl<'a> Locked<'a> {
     /// Takes `mutex`, first leaving `SCHED_IDLE` if the calling thread is in it.
     pub(super) fn take(mutex: &'a Mutex<State>) -> Locked<'a> {
-        let was_idle = priority::current_thread_is_idle();
-        if was_idle {
-            let _ = priority::set_current_thread_api();
-        }
+        let ceiling = priority::OutOfIdle::enter_api();
         Locked {
             guard: Some(mutex.lock().unwrap_or_else(|e| e.into_inner())),
-            was_idle,
+            _ceiling: ceiling,
         }
     }
 
@@ -54,14 +52,5 @@ impl Deref for Locked<'_> {
 impl DerefMut for Locked<'_> {
     fn deref_mut(&mut self) -> &mut State {
         self.guard.as_deref_mut().unwrap_or_else(|| unreachable!())
-    }
-}
-
-impl Drop for Locked<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        if self.was_idle {
-            let _ = priority::set_current_thread_idle();
-        }
     }
 }

@@ -203,7 +203,7 @@ pub fn prefault_mapped(
         "prefault phases"
     );
     Ok(Prefaulted {
-        report: report(file, &plan, opts, ran, seconds, opts.lock),
+        report: report(file, &plan, opts, ran, seconds),
         region,
     })
 }
@@ -221,7 +221,7 @@ fn allocate(
     let ran = run_workers(file, None, range.start, &plan, opts, progress)?;
     verify_allocated(file, &plan, range.start)?;
     let seconds = begun.elapsed().as_secs_f64();
-    Ok(report(file, &plan, opts, ran, seconds, false))
+    Ok(report(file, &plan, opts, ran, seconds))
 }
 
 /// Checks the file's page count after `fallocate`, which succeeds only once every page of
@@ -250,7 +250,6 @@ fn report(
     opts: &PrefaultOptions,
     ran: Ran,
     seconds: f64,
-    locked: bool,
 ) -> PrefaultReport {
     PrefaultReport {
         bytes: plan.bytes,
@@ -262,7 +261,7 @@ fn report(
         seconds,
         gbps: gbps(plan.bytes, seconds),
         method: ran.method,
-        locked,
+        locked: opts.lock,
     }
 }
 
@@ -283,13 +282,6 @@ fn run_workers(
     let done = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let no_populate_write = AtomicBool::new(opts.populate == Populate::Mlock);
-    let pins = worker_pins(&plan.cpus, threads);
-    // One `fallocate` worker on a CPU of the node already: the calling thread is the worker.
-    // No thread to start (its stack is an `mmap`, which waits for the process's
-    // `mmap_lock`), and the work keeps the caller's scheduling class: a lease's fault stays
-    // on the lease thread at the API's priority.
-    let inline_cpu = current_cpu().filter(|c| threads == 1 && plan.cpus.contains(c));
-
     let ctx = Worker {
         file,
         region,
@@ -302,19 +294,21 @@ fn run_workers(
         stop: &stop,
         no_populate_write: &no_populate_write,
     };
-    if let (Some(cpu), Populate::Fallocate) = (inline_cpu, opts.populate) {
-        let ctx = Worker {
-            region: None,
-            ..ctx
-        };
-        let _bound = opts.node.map(numa::ThreadBinding::bind).transpose()?;
-        ctx.fault_extents(0..bytes, progress)?;
-        return Ok(Ran {
-            cpus: vec![cpu],
-            affinity: vec![allowed_cpus()],
-            method: Populate::Fallocate,
-        });
+    // One `fallocate` worker on a CPU of the node already: the calling thread is the worker.
+    // No thread to start (its stack is an `mmap`, which waits for the process's
+    // `mmap_lock`), and the work keeps the caller's scheduling class: a lease's fault stays
+    // on the lease thread at the API's priority.
+    if opts.populate == Populate::Fallocate && threads == 1 {
+        if let Some(cpu) = current_cpu().filter(|c| plan.cpus.contains(c)) {
+            ctx.fault_extents(0..bytes, progress)?;
+            return Ok(Ran {
+                cpus: vec![cpu],
+                affinity: vec![allowed_cpus()],
+                method: Populate::Fallocate,
+            });
+        }
     }
+    let pins = worker_pins(&plan.cpus, threads);
     let results: Vec<Result<(usize, Vec<usize>), PrefaultError>> = std::thread::scope(|s| {
         // Each worker says when it is done, so the caller learns of the end at once rather
         // than at the next progress tick (a tick is a sizeable share of a 100 ms fill).
@@ -437,11 +431,6 @@ impl Worker<'_> {
         chunk: Range<u64>,
     ) -> Result<(usize, Vec<usize>), PrefaultError> {
         pin_current_thread(pin)?;
-        if let (Some(node), Populate::Fallocate) = (self.opts.node, self.opts.populate) {
-            // No mapping to bind: the worker's own allocations go to the node (the thread
-            // ends with the prefault, and its policy with it).
-            numa::bind_current_thread(node)?;
-        }
         let affinity = allowed_cpus();
         let cpu = current_cpu().unwrap_or(pin[0]);
         tracing::debug!(cpu, ?affinity, "prefault worker pinned");
@@ -455,6 +444,12 @@ impl Worker<'_> {
         chunk: Range<u64>,
         progress: Option<&dyn Fn(u64)>,
     ) -> Result<(), PrefaultError> {
+        // `fallocate` has no mapping to bind: the thread's own allocations go to the node
+        // meanwhile (a request thread lives on, so its earlier policy comes back after).
+        let _bound = match (self.opts.node, self.opts.populate) {
+            (Some(node), Populate::Fallocate) => Some(numa::ThreadBinding::bind(node)?),
+            _ => None,
+        };
         let mut offset = chunk.start;
         while offset < chunk.end {
             if self.cancelled() {

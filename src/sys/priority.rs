@@ -149,30 +149,51 @@ pub fn current_thread_is_realtime() -> bool {
     policy == libc::SCHED_FIFO || policy == libc::SCHED_RR
 }
 
+/// A scheduling class left until dropped: `back` puts the thread where it was (`None`: it was
+/// not in the class, nothing changed). What the guards below share.
+#[derive(Debug)]
+struct Leave {
+    back: Option<fn() -> io::Result<()>>,
+}
+
+impl Leave {
+    /// Calls `to` if the thread is `inside` the class, and `back` when dropped.
+    fn when(inside: bool, to: fn() -> io::Result<()>, back: fn() -> io::Result<()>) -> Leave {
+        if inside {
+            let _ = to();
+        }
+        Leave {
+            back: inside.then_some(back),
+        }
+    }
+}
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        if let Some(back) = self.back {
+            let _ = back();
+        }
+    }
+}
+
 /// Takes the calling thread out of the real-time class (to [`set_current_thread_api_nice`])
 /// until dropped, around work on an API thread that grows with the request: faulting more
 /// than [`RT_WORK_BYTES`], pinning a guest. The threads it spawns meanwhile inherit the nice
 /// value, not the real-time class.
 #[derive(Debug)]
 pub struct OutOfRealtime {
-    was_realtime: bool,
+    _leave: Leave,
 }
 
 impl OutOfRealtime {
     /// Leaves the real-time class if the calling thread is in it.
     pub fn enter() -> OutOfRealtime {
-        let was_realtime = current_thread_is_realtime();
-        if was_realtime {
-            let _ = set_current_thread_api_nice();
-        }
-        OutOfRealtime { was_realtime }
-    }
-}
-
-impl Drop for OutOfRealtime {
-    fn drop(&mut self) {
-        if self.was_realtime {
-            let _ = set_current_thread_api();
+        OutOfRealtime {
+            _leave: Leave::when(
+                current_thread_is_realtime(),
+                set_current_thread_api_nice,
+                set_current_thread_api,
+            ),
         }
     }
 }
@@ -192,24 +213,30 @@ pub fn current_thread_is_idle() -> bool {
 /// the call runs at normal priority.
 #[derive(Debug)]
 pub struct OutOfIdle {
-    was_idle: bool,
+    _leave: Leave,
 }
 
 impl OutOfIdle {
     /// Leaves `SCHED_IDLE` if the calling thread is in it.
     pub fn enter() -> OutOfIdle {
-        let was_idle = current_thread_is_idle();
-        if was_idle {
-            let _ = set_current_thread_normal();
+        OutOfIdle {
+            _leave: Leave::when(
+                current_thread_is_idle(),
+                set_current_thread_normal,
+                set_current_thread_idle,
+            ),
         }
-        OutOfIdle { was_idle }
     }
-}
 
-impl Drop for OutOfIdle {
-    fn drop(&mut self) {
-        if self.was_idle {
-            let _ = set_current_thread_idle();
+    /// Leaves `SCHED_IDLE` for the API's class ([`set_current_thread_api`]) if the calling
+    /// thread is in it: a priority ceiling while it holds a lock the API's threads wait on.
+    pub fn enter_api() -> OutOfIdle {
+        OutOfIdle {
+            _leave: Leave::when(
+                current_thread_is_idle(),
+                set_current_thread_api,
+                set_current_thread_idle,
+            ),
         }
     }
 }
@@ -224,6 +251,11 @@ mod tests {
             set_current_thread_idle().unwrap();
             {
                 let _g = OutOfIdle::enter();
+                assert!(!current_thread_is_idle());
+            }
+            assert!(current_thread_is_idle());
+            {
+                let _g = OutOfIdle::enter_api();
                 assert!(!current_thread_is_idle());
             }
             assert!(current_thread_is_idle());
