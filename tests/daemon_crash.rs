@@ -95,6 +95,7 @@ fn churn(
                 owner: None,
                 pid: None,
                 pin: false,
+                recycle: None,
             };
             let Ok(lease) = d_client.blocking(d_client.lease(&req)) else {
                 return;

@@ -70,6 +70,7 @@ fn deleting_the_lease_path_frees_nothing_and_owner_gets_the_file() {
             owner: Some("nobody".into()),
             pid: None,
             pin: false,
+            recycle: None,
         })
         .unwrap();
     let meta = std::fs::metadata(&lease.path).unwrap();
@@ -98,6 +99,7 @@ fn lease_is_released_when_its_process_exits() {
             owner: None,
             pid: Some(child.id()),
             pin: false,
+            recycle: None,
         })
         .unwrap();
     assert_eq!(lease.pid, Some(child.id()));

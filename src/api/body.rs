@@ -4,10 +4,20 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use crate::page_size::PageSize;
+use crate::policy::pool::Recycle;
 use crate::pool::LeaseRequest;
 
 /// The fields of `POST /v1/leases`.
-pub const LEASE_FIELDS: [&str; 7] = ["name", "size", "page_size", "node", "owner", "pid", "pin"];
+pub const LEASE_FIELDS: [&str; 8] = [
+    "name",
+    "size",
+    "page_size",
+    "node",
+    "owner",
+    "pid",
+    "pin",
+    "recycle",
+];
 
 fn u32_field(obj: &Map<String, Value>, field: &str) -> Result<Option<u32>, ApiError> {
     match obj.get(field) {
@@ -134,6 +144,17 @@ pub fn parse_lease_body(body: &[u8]) -> Result<(LeaseRequest, Option<String>), A
             ))
         }
     };
+    let recycle = match obj.get("recycle") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s == "proven" => Some(Recycle::Proven),
+        Some(Value::String(s)) if s == "kernel" => Some(Recycle::Kernel),
+        Some(v) => {
+            return Err(ApiError::field(
+                "recycle",
+                format!("expected \"proven\" or \"kernel\", got {v}"),
+            ))
+        }
+    };
     let req = LeaseRequest {
         name,
         size,
@@ -142,6 +163,7 @@ pub fn parse_lease_body(body: &[u8]) -> Result<(LeaseRequest, Option<String>), A
         owner,
         pid: u32_field(&obj, "pid")?,
         pin,
+        recycle,
     };
     Ok((req, key))
 }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use hugeprep::client::Client;
+use hugeprep::policy::pool::Recycle;
 use hugeprep::pool::{LeaseInfo, LeaseRequest};
 use hugeprep::units::{format_bytes, parse_bytes};
 use hugeprep::PageSize;
@@ -30,6 +31,10 @@ pub struct LeaseArgs {
     /// Long-term pin every page (as VFIO does) before the lease is returned, until release.
     #[arg(long)]
     pub pin: bool,
+    /// How the memory comes back when released: `proven` (scrubbed in place once the daemon
+    /// proves nobody else can reach it) or `kernel` (always truncated and faulted anew).
+    #[arg(long, value_enum)]
+    pub recycle: Option<Recycle>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -70,6 +75,7 @@ pub fn run(args: LeaseArgs) -> anyhow::Result<()> {
         owner: args.owner,
         pid: args.pid,
         pin: args.pin,
+        recycle: args.recycle,
     };
     let lease = client.blocking(client.lease(&req))?;
     if args.json {

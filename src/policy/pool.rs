@@ -92,6 +92,31 @@ pub enum Shape {
     Fixed,
 }
 
+/// How a released lease's memory comes back to the pool (see `docs/security.md`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Recycle {
+    /// Scrubbed in place when the daemon proves that nobody else can reach the file's pages
+    /// any more; otherwise the kernel's path.
+    #[default]
+    Proven,
+    /// Always the kernel's path: the file is truncated (pages nobody holds go back to the
+    /// kernel's free list) and deleted, and the refill faults new pages, zeroed by the kernel.
+    Kernel,
+}
+
+impl Recycle {
+    /// The name used in TOML, JSON and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recycle::Proven => "proven",
+            Recycle::Kernel => "kernel",
+        }
+    }
+}
+
 /// The policy as written in TOML.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -130,6 +155,13 @@ pub struct PoolPolicySpec {
     /// background scrub, leaving the host to the VMM that starts on the lease (0: none).
     #[serde(default = "default_grace")]
     pub lessee_grace_ms: u64,
+    /// How released memory comes back: `proven` (scrub in place once proven unreachable,
+    /// the default) or `kernel` (always the kernel's path).
+    #[serde(default)]
+    pub recycle: Recycle,
+    /// Per lease owner (user name): how that owner's released memory comes back.
+    #[serde(default)]
+    pub recycle_owners: std::collections::BTreeMap<String, Recycle>,
 }
 
 /// The longest lessee grace a policy may ask for, ms.
@@ -208,6 +240,23 @@ pub struct PoolPolicy {
     /// After a lease or a release, the worker waits this long before refilling or scrubbing
     /// in the background (docs/pinning.md).
     pub lessee_grace: std::time::Duration,
+    /// How released memory comes back, unless the owner or the lease says otherwise.
+    pub recycle: Recycle,
+    /// Per lease owner (user name).
+    pub recycle_owners: std::collections::BTreeMap<String, Recycle>,
+}
+
+impl PoolPolicy {
+    /// How a lease's memory comes back: the lease's own choice, else its owner's, else the
+    /// policy's. `kernel` anywhere wins: a lease cannot ask for less than its owner's rule.
+    pub fn recycle_for(&self, owner: Option<&str>, lease: Option<Recycle>) -> Recycle {
+        let by_owner = owner.and_then(|o| self.recycle_owners.get(o)).copied();
+        [lease, by_owner, Some(self.recycle)]
+            .into_iter()
+            .flatten()
+            .max_by_key(|r| *r == Recycle::Kernel)
+            .unwrap_or_default()
+    }
 }
 
 fn field_bytes(field: String, text: &str) -> Result<u64, PoolPolicyError> {
@@ -264,6 +313,8 @@ impl PoolPolicySpec {
                 }
                 std::time::Duration::from_millis(self.lessee_grace_ms)
             },
+            recycle: self.recycle,
+            recycle_owners: self.recycle_owners.clone(),
         })
     }
 }
@@ -380,6 +431,8 @@ impl PoolPolicy {
             reserve: ReservePolicy::default(),
             shape: Shape::Demand,
             lessee_grace: std::time::Duration::from_millis(default_grace()),
+            recycle: Recycle::default(),
+            recycle_owners: Default::default(),
         })
     }
 

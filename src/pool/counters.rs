@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::reach::Unproven;
+
 /// Totals since the pool opened.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -16,10 +18,14 @@ pub struct Counters {
     refill_fault_ns: AtomicU64,
     scrubbed: AtomicU64,
     scrub_ns: AtomicU64,
+    proven: AtomicU64,
+    proof_ns: AtomicU64,
+    kernel_path: [AtomicU64; Unproven::LABELS.len()],
+    unreturned: AtomicU64,
 }
 
 /// A copy of [`Counters`] at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct CounterSnapshot {
     /// Bytes faulted cold inside leases (cold and grown leases): a VM waited for them.
     pub lease_faulted_bytes: u64,
@@ -37,6 +43,19 @@ pub struct CounterSnapshot {
     /// Seconds of scrubbing and verifying.
     #[serde(default)]
     pub scrub_seconds: f64,
+    /// Released files proven out of everyone else's reach (then scrubbed in place).
+    #[serde(default)]
+    pub proven_releases: u64,
+    /// Seconds spent on those proofs.
+    #[serde(default)]
+    pub proof_seconds: f64,
+    /// Released files that took the kernel's path (truncated and deleted).
+    #[serde(default)]
+    pub kernel_path_releases: u64,
+    /// Pages of those files that did not come back to the kernel's free list when truncated:
+    /// someone still held them (measured from the node's free count across the truncate).
+    #[serde(default)]
+    pub unreturned_pages: u64,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -62,6 +81,32 @@ impl Counters {
         self.scrub_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
+    pub(super) fn proven(&self, took: Duration) {
+        self.proven.fetch_add(1, Ordering::Relaxed);
+        self.proof_ns.fetch_add(nanos(took), Ordering::Relaxed);
+    }
+
+    pub(super) fn kernel_path(&self, reason: &Unproven) {
+        let at = Unproven::LABELS
+            .iter()
+            .position(|l| *l == reason.label())
+            .unwrap_or(Unproven::LABELS.len() - 1);
+        self.kernel_path[at].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn unreturned(&self, pages: u64) {
+        self.unreturned.fetch_add(pages, Ordering::Relaxed);
+    }
+
+    /// Releases that took the kernel's path, by reason ([`Unproven::label`]).
+    pub fn kernel_path_by_reason(&self) -> Vec<(&'static str, u64)> {
+        Unproven::LABELS
+            .iter()
+            .zip(&self.kernel_path)
+            .map(|(l, n)| (*l, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
     /// The totals now.
     pub fn snapshot(&self) -> CounterSnapshot {
         CounterSnapshot {
@@ -71,6 +116,14 @@ impl Counters {
             refill_fault_seconds: self.refill_fault_ns.load(Ordering::Relaxed) as f64 / 1e9,
             scrubbed_bytes: self.scrubbed.load(Ordering::Relaxed),
             scrub_seconds: self.scrub_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            proven_releases: self.proven.load(Ordering::Relaxed),
+            proof_seconds: self.proof_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            kernel_path_releases: self
+                .kernel_path
+                .iter()
+                .map(|n| n.load(Ordering::Relaxed))
+                .sum(),
+            unreturned_pages: self.unreturned.load(Ordering::Relaxed),
         }
     }
 }

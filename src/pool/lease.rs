@@ -48,6 +48,7 @@ impl Pool {
                 Some((pid, start))
             }
         };
+        let recycle = self.policy().recycle_for(req.owner.as_deref(), req.recycle);
         Ok(ValidRequest {
             name: req.name.clone(),
             size: req.size,
@@ -56,6 +57,7 @@ impl Pool {
             owner,
             pid,
             pin: req.pin,
+            recycle,
         })
     }
 
@@ -336,6 +338,8 @@ impl Pool {
             }
         })()
         .map_err(|e| (e, None))?;
+        // From before anyone else can open it until its release: who opens it.
+        self.reach.watch(id, file.file());
         if let Some(owner) = v.owner {
             file.chown(owner).map_err(|e| (e.into(), Some(false)))?;
         }
@@ -376,6 +380,7 @@ impl Pool {
             ready_ms: started.elapsed().as_secs_f64() * 1e3,
             created_unix: now_unix(),
             idempotency: tag.cloned().map(Box::new),
+            recycle: v.recycle,
         };
         let Some(entry) = st.files.get(&id) else {
             return Err(PoolError::NotFound { id });
@@ -429,8 +434,13 @@ impl Pool {
                 tracing::error!(%err, "cannot journal an aborted lease as dirty");
             }
             e.busy = None;
-            // Its lease path is gone; `take_back` runs again before the scrub scans.
-            e.out_of_reach = None;
+            // It may have been linked and handed to the owner: proven like any release
+            // (`take_back` runs again before the proof).
+            e.released = Some(Released {
+                lease: 0,
+                name: v.name.clone(),
+                recycle: v.recycle,
+            });
         }
         self.changed.notify_all();
     }
@@ -441,13 +451,12 @@ impl Pool {
         let Ok(mount) = self.mount(e.rec.page_size) else {
             return;
         };
-        match fs::remove_file(mount.file_path(id)) {
-            Ok(()) => {}
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(err) => {
-                tracing::warn!(id, %err, "cannot delete pool file");
-                return;
-            }
+        let path = mount.file_path(id);
+        let rec = e.rec.clone();
+        let released = e.released.clone();
+        if let Err(err) = self.remove_file(&path, &rec, released.as_ref()) {
+            tracing::warn!(id, %err, "cannot delete pool file");
+            return;
         }
         if let Err(err) = self.journal.remove(&file_key(id)) {
             tracing::error!(id, %err, "cannot remove journal record of deleted file");
@@ -475,6 +484,11 @@ impl Pool {
                 state: FileState::Dirty,
                 ..entry.rec.clone()
             };
+            entry.released = Some(Released {
+                lease: lease.id,
+                name: lease.name.clone(),
+                recycle: lease.recycle,
+            });
             // Busy from here: a second release of the same lease finds nothing.
             entry.busy = Some(Work::Releasing);
             (entry.rec.id, info, mount, dirty)
@@ -502,7 +516,6 @@ impl Pool {
         let mut st = self.lock();
         if let Some(e) = st.files.get_mut(&id) {
             e.busy = None;
-            e.out_of_reach = Some(Instant::now());
         }
         st.lessee_grace = self.lessee_grace_until();
         self.changed.notify_all();

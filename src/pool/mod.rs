@@ -22,14 +22,15 @@ mod counters;
 mod drain;
 mod error;
 pub mod fault;
-mod holders;
 pub mod holes;
 pub mod idempotency;
 mod kernel;
+mod kernel_path;
 mod lease;
 mod locked;
 mod pin;
 pub mod placement;
+pub mod reach;
 mod record;
 mod recover;
 mod request;
@@ -148,10 +149,17 @@ enum Work {
 struct Entry {
     rec: FileRecord,
     busy: Option<Work>,
-    /// A dirty file: since when no other process could open it anew (its lease path gone,
-    /// owned by the daemon again). A holders [`holders::Snapshot`] begun after this speaks
-    /// for it. `None`: not known, the scrub scans afresh.
-    out_of_reach: Option<Instant>,
+    /// A dirty file's last lease, while its proof is pending (see [`reach`]); `None` for a
+    /// file whose history is not known (recovered after a restart), which is never proven.
+    released: Option<Released>,
+}
+
+/// What the proof and the kernel's path need of a released lease.
+#[derive(Debug, Clone)]
+struct Released {
+    lease: u64,
+    name: String,
+    recycle: policy::Recycle,
 }
 
 impl Entry {
@@ -159,7 +167,7 @@ impl Entry {
         Entry {
             rec,
             busy,
-            out_of_reach: None,
+            released: None,
         }
     }
 }
@@ -302,8 +310,8 @@ pub struct Pool {
     grace_ms: std::sync::atomic::AtomicU64,
     /// Warm targets set over the API, persisted; they win over the configuration's.
     api_targets: targets::ApiTargets,
-    /// The worker's last scan for other holders of pool files (see [`holders`]).
-    holders: Mutex<Option<holders::Snapshot>>,
+    /// Who opened leased files, and the proofs that released ones are out of reach.
+    reach: Arc<reach::Reach>,
 }
 
 fn now_unix() -> u64 {
@@ -400,7 +408,7 @@ impl Pool {
             pins: Mutex::new(BTreeMap::new()),
             grace_ms: std::sync::atomic::AtomicU64::new(grace_ms),
             api_targets,
-            holders: Mutex::new(None),
+            reach: Arc::new(reach::Reach::new()),
         }))
     }
 
@@ -442,6 +450,11 @@ impl Pool {
     /// Bytes faulted since start, on the lease path and by the refill worker.
     pub fn counters(&self) -> CounterSnapshot {
         self.counters.snapshot()
+    }
+
+    /// Released files that took the kernel's path since start, by reason.
+    pub fn kernel_path_by_reason(&self) -> Vec<(&'static str, u64)> {
+        self.counters.kernel_path_by_reason()
     }
 
     /// The scrubber (clearing method).
@@ -541,6 +554,7 @@ impl Pool {
     /// Stops the worker and running scrubs; requests fail with `ShuttingDown`.
     pub fn shutdown(&self) {
         self.shutdown.store(true, Ordering::SeqCst);
+        self.reach.stop();
         self.control.cancel();
         self.unpin_all();
         self.changed.notify_all();

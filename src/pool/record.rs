@@ -59,6 +59,9 @@ pub struct LeaseRecord {
     /// The idempotency key it was made with, and the request (see `pool::idempotency`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<Box<crate::pool::Idempotency>>,
+    /// How its memory comes back when released.
+    #[serde(default)]
+    pub recycle: crate::policy::pool::Recycle,
 }
 
 /// The life cycle of a pool file. Every transition is journaled before it takes effect.
@@ -191,6 +194,7 @@ mod tests {
                 ready_ms: 0.5,
                 created_unix: 1,
                 idempotency: None,
+                recycle: crate::policy::pool::Recycle::Kernel,
             }),
         };
         let json = serde_json::to_string(&rec).unwrap();

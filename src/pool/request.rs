@@ -34,6 +34,10 @@ pub struct LeaseRequest {
     /// held until the lease is released.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pin: bool,
+    /// How the memory comes back when released (`kernel` always takes the kernel's path);
+    /// the policy's rule for the owner wins when it is stricter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recycle: Option<crate::policy::pool::Recycle>,
 }
 
 /// Checks a lease name: 1 to 64 bytes, no `/`, no NUL, not `.` or `..`, no leading `.`
@@ -89,6 +93,8 @@ pub struct ValidRequest {
     pub pid: Option<(u32, u64)>,
     /// Long-term pin the file while leased.
     pub pin: bool,
+    /// How the memory comes back when released (see [`crate::policy::pool::Recycle`]).
+    pub recycle: crate::policy::pool::Recycle,
 }
 
 #[cfg(test)]

@@ -61,6 +61,11 @@ pub struct PoolStatus {
     pub clean_start: bool,
     /// The most recent scrub.
     pub last_scrub: Option<ScrubReport>,
+    /// Running totals since start: faults, scrubs, and how released memory came back
+    /// (proven and scrubbed in place, or the kernel's path, with the pages it did not get
+    /// back).
+    #[serde(default)]
+    pub counters: super::CounterSnapshot,
 }
 
 impl Pool {
@@ -111,6 +116,7 @@ impl Pool {
             scrub_bandwidth: self.policy().scrub_bandwidth,
             clean_start: self.clean_start,
             last_scrub: st.last_scrub.clone(),
+            counters: self.counters.snapshot(),
         }
     }
 }

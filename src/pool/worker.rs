@@ -1,17 +1,17 @@
 //! The background worker: scrubs released files (or deletes them above target), trims the
 //! pool to its target and refills it, at idle priority.
 
-use std::collections::BTreeSet;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::reach::Unproven;
 use super::shape::Reshape;
-use super::{fault, file_key, holders, holes, Entry, FileRecord, FileState, Pool, State, Work};
+use super::{fault, file_key, holes, Entry, FileRecord, FileState, Pool, State, Work};
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;
+use crate::policy::pool::Recycle;
 use crate::policy::pool::Shape;
 use crate::scrub::{ScrubError, ScrubOptions};
 use crate::units::format_bytes;
@@ -36,6 +36,8 @@ enum Job {
 impl Pool {
     /// Starts the background worker thread; it runs until [`Pool::shutdown`].
     pub fn spawn_worker(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
+        // Openers' cgroups are read as their opens come, while they run.
+        self.reach.spawn_reader()?;
         let pool = Arc::clone(self);
         std::thread::Builder::new()
             .name("hugeprep-pool".into())
@@ -301,29 +303,6 @@ impl Pool {
         Some(id)
     }
 
-    /// Other processes holding the pool file `(dev, ino)`. The last scan answers for a file
-    /// that was out of reach before it began; otherwise one new scan answers for it and for
-    /// every file released before it.
-    fn other_holders(&self, dev: u64, ino: u64, out_of_reach: Option<Instant>) -> Vec<u32> {
-        let mut last = self.holders.lock().unwrap_or_else(|e| e.into_inner());
-        let fresh = match (&*last, out_of_reach) {
-            (Some(snap), Some(since)) => snap.covers(dev) && since < snap.began(),
-            _ => false,
-        };
-        if !fresh {
-            let mut devs: BTreeSet<u64> = self
-                .mounts
-                .values()
-                .filter_map(|m| fs::metadata(&m.pool_dir).ok().map(|m| m.dev()))
-                .collect();
-            devs.insert(dev);
-            *last = Some(holders::Snapshot::take(&devs));
-        }
-        last.as_ref()
-            .map(|snap| snap.holders(dev, ino).to_vec())
-            .unwrap_or_default()
-    }
-
     fn record(&self, id: u64) -> Option<FileRecord> {
         self.lock().files.get(&id).map(|e| e.rec.clone())
     }
@@ -339,21 +318,7 @@ impl Pool {
         };
         let path = mount.file_path(id);
         self.take_back(&path);
-        let out_of_reach = self
-            .lock()
-            .files
-            .get_mut(&id)
-            .and_then(|e| e.out_of_reach.take());
-        if let Ok(m) = fs::metadata(&path) {
-            let holders = self.other_holders(m.dev(), m.ino(), out_of_reach);
-            if !holders.is_empty() {
-                tracing::warn!(
-                    file = %path.display(), ?holders,
-                    "released file still open or mapped elsewhere: deleting instead of recycling"
-                );
-                return self.delete_job(id);
-            }
-        }
+        let released = self.lock().files.get(&id).and_then(|e| e.released.clone());
         let opts = ScrubOptions {
             cpus: self.cpus(rec.node),
             bandwidth: self.policy().scrub_bandwidth,
@@ -367,6 +332,34 @@ impl Pool {
                 return self.delete_job(id);
             }
         };
+        // Recycled in place only when nobody else can reach these pages (see `reach`).
+        let proof = match &released {
+            None => Err(Unproven::NotWatched),
+            Some(r) if r.recycle == Recycle::Kernel => Err(Unproven::Trust),
+            Some(_) => self.reach.prove(id, file.file()),
+        };
+        match proof {
+            Ok(p) => {
+                self.counters.proven(p.took);
+                tracing::debug!(
+                    id,
+                    openers = p.openers,
+                    took_us = p.took.as_micros() as u64,
+                    "released file proven out of reach"
+                );
+            }
+            Err(reason) => {
+                drop(file);
+                let name = released.as_ref().map_or("", |r| r.name.as_str());
+                let lease = released.as_ref().map_or(0, |r| r.lease);
+                tracing::warn!(
+                    id, lease, name, reason = reason.label(), detail = %reason,
+                    "released memory takes the kernel's path: truncated and deleted, the refill faults new pages"
+                );
+                self.counters.kernel_path(&reason);
+                return self.delete_job(id);
+            }
+        }
         if file.size() > rec.size {
             // Kept at a smaller size in demand: cut first, scrub only what stays.
             if let Err(err) = file.set_len(rec.size) {
@@ -421,6 +414,7 @@ impl Pool {
                         if let Some(e) = st.files.get_mut(&id) {
                             e.rec = warm;
                             e.busy = None;
+                            e.released = None;
                         }
                     }
                     Err(err) => {
@@ -451,14 +445,14 @@ impl Pool {
             return;
         };
         let path = mount.file_path(id);
+        let released = self.lock().files.get(&id).and_then(|e| e.released.clone());
         // Freeing hugepages takes the hugetlb fault mutexes (see `OutOfIdle`).
         let removed = {
             let _lock_holder = crate::sys::priority::OutOfIdle::enter();
-            fs::remove_file(&path)
+            self.remove_file(&path, &rec, released.as_ref())
         };
         match removed {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => {
                 tracing::error!(file = %path.display(), %err, "cannot delete pool file");
                 let mut st = self.lock();

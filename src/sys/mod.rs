@@ -3,8 +3,10 @@
 
 pub mod activation;
 pub mod affinity;
+pub mod fanotify;
 #[cfg(feature = "kvm")]
 pub mod kvm;
+pub mod lease;
 pub mod mmap;
 pub mod numa;
 pub mod pidfd;

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod lessee;
+
 use std::fs;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
@@ -259,6 +261,7 @@ impl Daemon {
             owner: None,
             pid: None,
             pin: false,
+            recycle: None,
         })
     }
 
@@ -272,6 +275,11 @@ impl Daemon {
 
     pub fn leases(&self) -> Vec<LeaseInfo> {
         self.client.blocking(self.client.leases()).unwrap()
+    }
+
+    /// The pool's running totals (faults, scrubs, proofs, the kernel's path).
+    pub fn counters(&self) -> hugeprep::pool::CounterSnapshot {
+        self.pool().counters
     }
 
     pub fn pool(&self) -> PoolStatus {

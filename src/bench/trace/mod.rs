@@ -261,6 +261,7 @@ fn replay(
             }
             let e = &cfg.events[i];
             let req = LeaseRequest {
+                recycle: None,
                 name: format!("trace{i}"),
                 size: e.size,
                 page_size: Some(cfg.page_size),

@@ -59,6 +59,7 @@ impl QemuStarter {
         let client = Client::new(world.daemon.socket());
         let start = Instant::now();
         let lease = client.blocking(client.lease(&LeaseRequest {
+            recycle: None,
             name: format!("qemu-{tag}"),
             size: world.size,
             page_size: Some(world.page_size),

@@ -155,6 +155,7 @@ impl Hook {
     fn take(&self, d: &Domain, plan: &Plan, dir: &Path, taken: &mut Taken) -> Result<()> {
         for b in &plan.backends {
             let req = LeaseRequest {
+                recycle: None,
                 name: plan::lease_name(&d.uuid, &b.alias),
                 size: b.size,
                 page_size: Some(plan.page_size),

@@ -1,0 +1,73 @@
+//! The kernel's path for a pool file: what happens to released memory that is not proven
+//! out of everyone else's reach, and to any file the pool gives back.
+//!
+//! A released file is truncated before it is unlinked: the kernel then detaches every page
+//! from the inode, frees those nobody else references and leaves the others with whoever
+//! holds them (a pin, a pipe), exactly as when a VM's own file is deleted. Truncating first
+//! also frees the pages of an inode that another name still links to, which a plain unlink
+//! would leave behind. The refill then faults new pages, which the kernel zeroes.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use super::{FileRecord, FileState, Pool, Released};
+use crate::pool::kernel::node_free_pages;
+
+impl Pool {
+    /// Deletes the pool file `rec` at `path` (a missing file is fine). A released file
+    /// (dirty, or scrubbing when the scrub gave up) is truncated first and the pages that did
+    /// not return to the node's free list are counted and logged with its lease.
+    pub(super) fn remove_file(
+        &self,
+        path: &Path,
+        rec: &FileRecord,
+        released: Option<&Released>,
+    ) -> io::Result<()> {
+        if matches!(rec.state, FileState::Dirty | FileState::Scrubbing) {
+            match self.truncate_counting(path, rec) {
+                Ok(0) => {}
+                Ok(unreturned) => {
+                    self.counters.unreturned(unreturned);
+                    tracing::warn!(
+                        id = rec.id,
+                        lease = released.map_or(0, |r| r.lease),
+                        name = released.map_or("", |r| r.name.as_str()),
+                        unreturned_pages = unreturned,
+                        page_size = %rec.page_size,
+                        node = rec.node,
+                        "pages of a released lease did not return to the kernel: another process still holds them (they return when it lets go)"
+                    );
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        self.reach.forget(rec.id);
+        Ok(())
+    }
+
+    /// Truncates the file to nothing; how many of its pages did not come back to the node's
+    /// free list. Measured from the node's free count across the truncate, so another
+    /// process faulting or freeing pages of the node at that moment blurs it.
+    fn truncate_counting(&self, path: &Path, rec: &FileRecord) -> io::Result<u64> {
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
+        let pages = file.metadata()?.len() / rec.page_size.bytes();
+        let before = node_free_pages(rec.node, rec.page_size);
+        file.set_len(0)?;
+        let after = node_free_pages(rec.node, rec.page_size);
+        Ok(match (before, after) {
+            (Some(b), Some(a)) => pages.saturating_sub(a.saturating_sub(b)),
+            _ => 0,
+        })
+    }
+}

@@ -1,0 +1,411 @@
+//! Proof that a released pool file can be reached by nobody but the daemon, so that its
+//! pages may be scrubbed in place and leased again (see `docs/security.md`).
+//!
+//! The kernel never gives a hugetlb page to a new owner while anyone references it. The
+//! daemon's fast path reuses the same pages, so it recycles a released file in place only
+//! when each of these holds; otherwise the file takes the kernel's path (`Pool::give_back`):
+//!
+//! 1. the file was watched from before its lease path existed until now (fanotify open
+//!    events, [`crate::sys::fanotify`]), with no event lost;
+//! 2. it has one name, the daemon's own (`st_nlink == 1`): no hard link elsewhere;
+//! 3. it has no open file but the daemon's anywhere (a write lease is granted,
+//!    [`crate::sys::lease`]): no descriptor in any process or in flight, no mapping, no
+//!    io_uring registered file;
+//! 4. every process that opened it has exited, and with it everything it started: one of
+//!    the non-root cgroups it was in when it opened is empty ([`cgroup`]);
+//! 5. when anyone but the daemon opened it: no process but the daemon holds an io_uring
+//!    with registered buffers ([`uring`]), the one page reference that can outlive all of
+//!    the above in a process outside the openers' cgroups.
+//!
+//! Page references (a long-term pin, pages `vmsplice`d into a pipe, a DMA mapping) can only
+//! be taken through a mapping, and a mapping only through an open file: 1-4 bound who can
+//! hold them. What no check sees is a page reference other than an io_uring buffer (a pipe,
+//! a DMA mapping) that an opener handed over a unix socket to a live process outside its
+//! cgroups; `recycle = "kernel"` closes that too.
+
+pub mod cgroup;
+pub mod uring;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::sys::fanotify::{self, Event, OpenWatch};
+
+/// Openers recorded per file before the record stops proving anything (each keeps a pidfd).
+const MAX_OPENERS: usize = 64;
+
+/// Why a released file takes the kernel's path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unproven {
+    /// The lease's owner, or the lease, asked for the kernel's path.
+    #[error("recycle = \"kernel\" for this lease")]
+    Trust,
+    /// The file was not watched for the whole lease (a daemon restart, no fanotify, or the
+    /// mark failed).
+    #[error("the file's opens were not watched for the whole lease")]
+    NotWatched,
+    /// The kernel dropped open events, or more processes opened it than are recorded.
+    #[error("open events were lost or too many processes opened the file")]
+    Lost,
+    /// Another name links to the file.
+    #[error("the file has {nlink} names, the daemon's only 1")]
+    Links {
+        /// `st_nlink`.
+        nlink: u64,
+    },
+    /// Some process, somewhere, still has it open or mapped, or in flight.
+    #[error("another open file or mapping of it exists")]
+    OpenElsewhere,
+    /// An opener is still running.
+    #[error("process {pid}, which opened it, is still running")]
+    OpenerAlive {
+        /// The opener.
+        pid: u32,
+    },
+    /// An opener's cgroups are not known (it exited before its event was read).
+    #[error("the cgroups of process {pid}, which opened it, are not known")]
+    OpenerUnknown {
+        /// The opener.
+        pid: u32,
+    },
+    /// None of an exited opener's cgroups has emptied (or it was in none but the roots).
+    #[error(
+        "process {pid}, which opened it, has exited, but none of its cgroups is empty ({cgroups})"
+    )]
+    OpenerCgroup {
+        /// The opener.
+        pid: u32,
+        /// Its cgroup directories.
+        cgroups: String,
+    },
+    /// A process other than the daemon holds an io_uring with registered buffers.
+    #[error("process {pid} holds an io_uring with registered buffers")]
+    IoUring {
+        /// The process.
+        pid: u32,
+    },
+    /// A step could not be carried out; the proof fails closed.
+    #[error("{step}: {message}")]
+    Error {
+        /// The step.
+        step: &'static str,
+        /// What failed.
+        message: String,
+    },
+}
+
+impl Unproven {
+    /// A short label for metrics and logs (a small fixed set).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Unproven::Trust => "trust",
+            Unproven::NotWatched => "not-watched",
+            Unproven::Lost => "lost-events",
+            Unproven::Links { .. } => "links",
+            Unproven::OpenElsewhere => "open-elsewhere",
+            Unproven::OpenerAlive { .. } => "opener-alive",
+            Unproven::OpenerUnknown { .. } => "opener-unknown",
+            Unproven::OpenerCgroup { .. } => "opener-cgroup",
+            Unproven::IoUring { .. } => "io-uring",
+            Unproven::Error { .. } => "error",
+        }
+    }
+
+    /// Every label, for metrics that list them all.
+    pub const LABELS: [&'static str; 10] = [
+        "trust",
+        "not-watched",
+        "lost-events",
+        "links",
+        "open-elsewhere",
+        "opener-alive",
+        "opener-unknown",
+        "opener-cgroup",
+        "io-uring",
+        "error",
+    ];
+}
+
+/// A process that opened a watched file.
+#[derive(Debug)]
+struct Opener {
+    pid: u32,
+    pidfd: Option<OwnedFd>,
+    /// Its non-root cgroups when it opened; `None` when they could not be read while it ran.
+    cgroups: Option<Vec<cgroup::Cgroup>>,
+}
+
+#[derive(Debug, Default)]
+struct Record {
+    /// No event was lost and no mark failed since the watch began.
+    complete: bool,
+    openers: Vec<Opener>,
+}
+
+#[derive(Debug, Default)]
+struct Watched {
+    by_inode: HashMap<(u64, u64), u64>,
+    files: HashMap<u64, Record>,
+}
+
+/// What a successful proof looked at.
+#[derive(Debug, Clone, Copy)]
+pub struct Proof {
+    /// Processes other than the daemon that opened the file during the lease.
+    pub openers: usize,
+    /// How long the proof took.
+    pub took: Duration,
+}
+
+/// The open watch over leased files and the proofs made from it.
+#[derive(Debug)]
+pub struct Reach {
+    watch: Option<OpenWatch>,
+    hierarchies: cgroup::Hierarchies,
+    watched: Mutex<Watched>,
+    stop: AtomicBool,
+}
+
+impl Reach {
+    /// Starts the watch. Without fanotify (no CAP_SYS_ADMIN, an old kernel) every proof
+    /// fails and released memory takes the kernel's path; the log says so once.
+    pub fn new() -> Reach {
+        let watch = match OpenWatch::new() {
+            Ok(w) => Some(w),
+            Err(err) => {
+                tracing::warn!(%err, "no fanotify open watch: released leases take the kernel's path (truncate and refault)");
+                None
+            }
+        };
+        let hierarchies = cgroup::Hierarchies::detect().unwrap_or_else(|err| {
+            tracing::warn!(%err, "cannot read the cgroup mounts: no opener can be proven gone");
+            cgroup::Hierarchies::default()
+        });
+        Reach {
+            watch,
+            hierarchies,
+            watched: Mutex::new(Watched::default()),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Watched> {
+        self.watched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts the thread that reads open events as they come, so that each opener's
+    /// cgroups are read while it runs.
+    pub fn spawn_reader(self: &Arc<Self>) -> std::io::Result<()> {
+        if self.watch.is_none() {
+            return Ok(());
+        }
+        let reach = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("hugeprep-reach".into())
+            .spawn(move || {
+                while !reach.stop.load(Ordering::SeqCst) {
+                    let ready = reach
+                        .watch
+                        .as_ref()
+                        .map_or(Ok(false), |w| w.wait(Duration::from_millis(250)));
+                    match ready {
+                        Ok(true) => reach.drain(),
+                        Ok(false) => {}
+                        Err(err) => {
+                            tracing::error!(%err, "open watch failed: every watched file loses its proof");
+                            reach.lose_all();
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                    }
+                }
+            })?;
+        Ok(())
+    }
+
+    /// Stops the reader thread.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    fn lose_all(&self) {
+        for r in self.lock().files.values_mut() {
+            r.complete = false;
+        }
+    }
+
+    /// Begins a lease's watch of file `id` (call before anyone else can open it): opens
+    /// from now on are recorded; earlier records of the file are dropped.
+    pub fn watch(&self, id: u64, file: &File) {
+        let Some(w) = &self.watch else { return };
+        let inode = match (w.watch(file.as_fd()), file.metadata()) {
+            (Ok(()), Ok(m)) => Some((m.dev(), m.ino())),
+            (Err(err), _) | (_, Err(err)) => {
+                tracing::warn!(id, %err, "cannot watch a leased file's opens: it will take the kernel's path");
+                None
+            }
+        };
+        // Opens queued before this point are of the file's earlier life.
+        self.drain();
+        let mut st = self.lock();
+        if let Some(inode) = inode {
+            st.by_inode.insert(inode, id);
+        }
+        st.files.insert(
+            id,
+            Record {
+                complete: inode.is_some(),
+                openers: Vec::new(),
+            },
+        );
+    }
+
+    /// Drops what is known of file `id` (deleted).
+    pub fn forget(&self, id: u64) {
+        let mut st = self.lock();
+        st.files.remove(&id);
+        st.by_inode.retain(|_, v| *v != id);
+    }
+
+    /// Reads every queued event and records the openers of watched files.
+    fn drain(&self) {
+        let Some(w) = &self.watch else { return };
+        let events = match w.read() {
+            Ok(e) => e,
+            Err(err) => {
+                tracing::error!(%err, "cannot read open events: every watched file loses its proof");
+                self.lose_all();
+                return;
+            }
+        };
+        if events.is_empty() {
+            return;
+        }
+        let me = std::process::id();
+        let mut st = self.lock();
+        for event in events {
+            match event {
+                Event::Overflow => {
+                    tracing::error!("open events lost: every watched file loses its proof");
+                    for r in st.files.values_mut() {
+                        r.complete = false;
+                    }
+                }
+                Event::Open {
+                    dev,
+                    ino,
+                    pid,
+                    pidfd,
+                } => {
+                    if pid == me {
+                        continue;
+                    }
+                    let Some(&id) = st.by_inode.get(&(dev, ino)) else {
+                        continue;
+                    };
+                    // Read while the opener runs: only then does its pid name it.
+                    let cgroups = pidfd.as_ref().and_then(|fd| {
+                        let cg = self.hierarchies.of_process(pid).ok()?;
+                        (!fanotify::exited(fd.as_fd()).ok()?).then_some(cg)
+                    });
+                    let Some(record) = st.files.get_mut(&id) else {
+                        continue;
+                    };
+                    if record
+                        .openers
+                        .iter()
+                        .any(|o| o.pid == pid && o.cgroups == cgroups)
+                    {
+                        continue;
+                    }
+                    if record.openers.len() >= MAX_OPENERS {
+                        record.complete = false;
+                        continue;
+                    }
+                    tracing::debug!(id, pid, ?cgroups, "leased file opened");
+                    record.openers.push(Opener {
+                        pid,
+                        pidfd,
+                        cgroups,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Proves that file `id`, opened by the daemon as `file` and out of every lessee's
+    /// reach by name (lease path gone, owned by the daemon, mode 0600), can be reached by
+    /// nobody else. Any failure or doubt is an [`Unproven`].
+    pub fn prove(&self, id: u64, file: &File) -> Result<Proof, Unproven> {
+        let started = Instant::now();
+        if self.watch.is_none() {
+            return Err(Unproven::NotWatched);
+        }
+        // Every open made before the file went out of reach is queued by now.
+        self.drain();
+        let fail = |step: &'static str| {
+            move |e: std::io::Error| Unproven::Error {
+                step,
+                message: e.to_string(),
+            }
+        };
+        let nlink = file.metadata().map_err(fail("fstat"))?.nlink();
+        if nlink != 1 {
+            return Err(Unproven::Links { nlink });
+        }
+        if !crate::sys::lease::sole_open_file(file).map_err(fail("write lease"))? {
+            return Err(Unproven::OpenElsewhere);
+        }
+        let openers = {
+            let st = self.lock();
+            let record = st.files.get(&id).ok_or(Unproven::NotWatched)?;
+            if !record.complete {
+                return Err(Unproven::Lost);
+            }
+            for o in &record.openers {
+                let pidfd = o
+                    .pidfd
+                    .as_ref()
+                    .ok_or(Unproven::OpenerUnknown { pid: o.pid })?;
+                if !fanotify::exited(pidfd.as_fd()).map_err(fail("pidfd"))? {
+                    return Err(Unproven::OpenerAlive { pid: o.pid });
+                }
+                let cgroups = o
+                    .cgroups
+                    .as_ref()
+                    .ok_or(Unproven::OpenerUnknown { pid: o.pid })?;
+                let mut emptied = false;
+                for cg in cgroups {
+                    if cg.is_empty().map_err(fail("cgroup"))? {
+                        emptied = true;
+                        break;
+                    }
+                }
+                if !emptied {
+                    return Err(Unproven::OpenerCgroup {
+                        pid: o.pid,
+                        cgroups: cgroups
+                            .iter()
+                            .map(|c| c.dir.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    });
+                }
+            }
+            record.openers.len()
+        };
+        if openers > 0 {
+            if let Some(pid) = uring::foreign_buffers().map_err(fail("io_uring scan"))? {
+                return Err(Unproven::IoUring { pid });
+            }
+        }
+        Ok(Proof {
+            openers,
+            took: started.elapsed(),
+        })
+    }
+}

@@ -1,0 +1,253 @@
+//! Who opens a file (fanotify open events on single inodes, with a pidfd for each opener,
+//! Linux 5.15 or later).
+//!
+//! The daemon marks each pool file before its lease path exists and reads, for every open
+//! of it by any process through any name, the opener's pidfd: unlike a pid it never names
+//! another process later, so the opener's cgroups can be read without a pid-reuse race.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// `FANOTIFY_METADATA_VERSION` of the event layout this parser reads.
+const METADATA_VERSION: u8 = 3;
+/// Room for a few hundred events per `read`.
+const BUFFER: usize = 16 * 1024;
+
+/// One event read from an [`OpenWatch`].
+#[derive(Debug)]
+pub enum Event {
+    /// A marked inode `(dev, ino)` was opened by `pid`.
+    Open {
+        /// Device of the inode.
+        dev: u64,
+        /// Inode number.
+        ino: u64,
+        /// The opener's thread-group id when the event was made.
+        pid: u32,
+        /// A pidfd of the opener; `None` when it had exited before the event was read or
+        /// the kernel could not make one.
+        pidfd: Option<OwnedFd>,
+    },
+    /// The kernel dropped events: what was opened meanwhile is not known.
+    Overflow,
+}
+
+/// A fanotify group that reports opens of the inodes it marks.
+#[derive(Debug)]
+pub struct OpenWatch {
+    fd: OwnedFd,
+}
+
+impl OpenWatch {
+    /// Makes the group (needs CAP_SYS_ADMIN). Its queue is unlimited, so events are lost
+    /// only when the kernel cannot allocate them, which [`Event::Overflow`] reports.
+    pub fn new() -> io::Result<OpenWatch> {
+        let flags = libc::FAN_CLASS_NOTIF
+            | libc::FAN_CLOEXEC
+            | libc::FAN_NONBLOCK
+            | libc::FAN_UNLIMITED_QUEUE
+            | libc::FAN_REPORT_PIDFD;
+        let event_flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_LARGEFILE) as libc::c_uint;
+        // SAFETY: fanotify_init takes two flag words and returns a new descriptor or -1.
+        let fd = unsafe { libc::fanotify_init(flags, event_flags) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
+        Ok(OpenWatch {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Reports every later open of the inode behind `file` (through any of its names, or
+    /// through `/proc/PID/fd`). The mark lives as long as the inode.
+    pub fn watch(&self, file: BorrowedFd<'_>) -> io::Result<()> {
+        // SAFETY: with a null path fanotify_mark marks the object `file` refers to; no
+        // memory is passed.
+        let rc = unsafe {
+            libc::fanotify_mark(
+                self.fd.as_raw_fd(),
+                libc::FAN_MARK_ADD,
+                libc::FAN_OPEN,
+                file.as_raw_fd(),
+                std::ptr::null(),
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for events; whether some are ready.
+    pub fn wait(&self, timeout: Duration) -> io::Result<bool> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one pollfd that lives for the call.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        match rc {
+            rc if rc < 0 => {
+                let err = io::Error::last_os_error();
+                if err.kind() == io::ErrorKind::Interrupted {
+                    Ok(false)
+                } else {
+                    Err(err)
+                }
+            }
+            0 => Ok(false),
+            _ => Ok(true),
+        }
+    }
+
+    /// Reads every event queued now, without blocking.
+    pub fn read(&self) -> io::Result<Vec<Event>> {
+        let mut events = Vec::new();
+        let mut buf = vec![0u8; BUFFER];
+        loop {
+            // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                match err.kind() {
+                    io::ErrorKind::WouldBlock => return Ok(events),
+                    io::ErrorKind::Interrupted => continue,
+                    _ => return Err(err),
+                }
+            }
+            if n == 0 {
+                return Ok(events);
+            }
+            parse(&buf[..n as usize], &mut events)?;
+        }
+    }
+}
+
+impl AsFd for OpenWatch {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+fn read_u32(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_ne_bytes(w)
+}
+
+/// Takes ownership of a descriptor the kernel put in an event (`< 0`: none).
+fn owned(fd: i32) -> Option<OwnedFd> {
+    // SAFETY: a non-negative descriptor in an event is a new one the kernel opened for this
+    // reader, owned by nothing else.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Parses the events in `buf` (struct fanotify_event_metadata, then info records).
+fn parse(buf: &[u8], out: &mut Vec<Event>) -> io::Result<()> {
+    const META: usize = std::mem::size_of::<libc::fanotify_event_metadata>();
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed fanotify event");
+    let mut at = 0;
+    while at + META <= buf.len() {
+        let event_len = read_u32(buf, at) as usize;
+        let vers = buf[at + 4];
+        let metadata_len = u16::from_ne_bytes([buf[at + 6], buf[at + 7]]) as usize;
+        if vers != METADATA_VERSION || event_len < META || at + event_len > buf.len() {
+            return Err(bad());
+        }
+        let mut mask = [0u8; 8];
+        mask.copy_from_slice(&buf[at + 8..at + 16]);
+        let mask = u64::from_ne_bytes(mask);
+        let fd = read_u32(buf, at + 16) as i32;
+        let pid = read_u32(buf, at + 20);
+        let file = owned(fd);
+        // Info records: a pidfd record (header: type, pad, len; then the pidfd).
+        let mut pidfd = None;
+        let mut info = at + metadata_len;
+        while info + 4 <= at + event_len {
+            let kind = buf[info];
+            let len = u16::from_ne_bytes([buf[info + 2], buf[info + 3]]) as usize;
+            if len < 4 || info + len > at + event_len {
+                return Err(bad());
+            }
+            if kind == libc::FAN_EVENT_INFO_TYPE_PIDFD && len >= 8 {
+                pidfd = owned(read_u32(buf, info + 4) as i32);
+            }
+            info += len;
+        }
+        if mask & libc::FAN_Q_OVERFLOW != 0 {
+            out.push(Event::Overflow);
+        } else if let Some(file) = file {
+            let st = nix::sys::stat::fstat(file.as_raw_fd()).map_err(io::Error::from)?;
+            out.push(Event::Open {
+                dev: st.st_dev,
+                ino: st.st_ino,
+                pid,
+                pidfd,
+            });
+        }
+        at += event_len;
+    }
+    Ok(())
+}
+
+/// Whether the process behind `pidfd` has exited (its pidfd is readable then).
+pub fn exited(pidfd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd that lives for the call; a zero timeout never blocks.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_of_a_marked_file_names_the_opener() {
+        let Ok(watch) = OpenWatch::new() else {
+            // Not root, or no fanotify: nothing to check here (the daemon tests run as root).
+            return;
+        };
+        let path = std::env::temp_dir().join(format!("hugeprep-fanotify-{}", std::process::id()));
+        std::fs::write(&path, b"x").unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        watch.watch(f.as_fd()).unwrap();
+        assert!(watch.read().unwrap().is_empty());
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec 3<{}; read x", path.display()))
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        assert!(watch.wait(Duration::from_secs(10)).unwrap());
+        let events = watch.read().unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let seen = events.iter().find_map(|e| match e {
+            Event::Open {
+                dev,
+                ino,
+                pid,
+                pidfd,
+            } if *dev == meta.dev() && *ino == meta.ino() && *pid == child.id() => pidfd.as_ref(),
+            _ => None,
+        });
+        let pidfd = seen.expect("the child's open is reported with a pidfd");
+        assert!(!exited(pidfd.as_fd()).unwrap());
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        assert!(exited(pidfd.as_fd()).unwrap());
+        std::fs::remove_file(&path).unwrap();
+    }
+}

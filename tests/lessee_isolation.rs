@@ -1,0 +1,294 @@
+//! A lessee that misbehaves never sees the next lessee's memory (docs/security.md): each
+//! way a lessee (uid 65534, the lease's owner) can keep to its pages after unmapping and
+//! closing its lease, against a pool that keeps one 64 MiB file warm, so that the released
+//! file would be the one leased next if it were recycled in place. Each test ends with zero
+//! bytes of the next lessee readable by the attacker and the pool's and the kernel's counts
+//! exact. And the common path: a lessee that simply exits has its memory scrubbed in place.
+
+mod daemon_util;
+
+use std::os::unix::fs::MetadataExt;
+
+use daemon_util::lessee::{Lessee, PINNED, SECRET};
+use daemon_util::{map_lease, Daemon, Env, MIB};
+use hugeprep::pool::{LeaseInfo, LeaseRequest, LeaseSource};
+
+const SIZE: u64 = 64 * MIB;
+/// The 2 MiB pages an attacker's ring pins.
+const PAGES: u64 = PINNED / (2 * MIB);
+
+#[test]
+fn lessee_entry() {
+    daemon_util::lessee::entry();
+}
+
+fn ino(lease: &LeaseInfo) -> u64 {
+    std::fs::metadata(&lease.path).unwrap().ino()
+}
+
+/// Room beside the warm file: less than a second file, so that the released file is the one
+/// the next lease would get if it were recycled in place, and enough for what an attacker
+/// pins, so that the kernel's path can fault a new file meanwhile.
+const SPARE: u64 = 8 * MIB;
+
+/// A world with room for one warm file and [`SPARE`].
+fn world(name: &str, extra: &[&str]) -> (Env, Daemon) {
+    let env = Env::new(name, SIZE + SPARE);
+    let d = env.spawn(&[&["--warm", "64M"], extra].concat());
+    d.settle(SIZE);
+    (env, d)
+}
+
+fn lease_for_nobody(d: &Daemon, name: &str) -> LeaseInfo {
+    let l = d
+        .lease_req(&LeaseRequest {
+            name: name.into(),
+            size: SIZE,
+            owner: Some("nobody".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(l.source, LeaseSource::WarmExact);
+    l
+}
+
+/// Releases the attacker's lease, leases the next one (warm, 64 MiB), fills it with the
+/// secret and returns it with how many bytes of it the attacker reads.
+fn next_lessee(d: &Daemon, victim: &LeaseInfo, attacker: &mut Lessee) -> (LeaseInfo, u64) {
+    d.release(victim.id).unwrap();
+    d.settle(SIZE);
+    // Every QEMU of a libvirt host runs as the same user: so does the next lessee.
+    let next = lease_for_nobody(d, "next");
+    {
+        let (_f, mut r) = map_lease(&next);
+        r.as_mut_slice().fill(SECRET);
+    }
+    let seen = attacker.seen();
+    (next, seen)
+}
+
+/// The end of every attack: the file took the kernel's path (a new inode for the next
+/// lessee, `pages` pages held back by the attacker counted), and once the attacker lets go
+/// the kernel has every page back: the mount holds exactly the warm file.
+fn check_kernel_path(
+    env: &Env,
+    d: &Daemon,
+    first_ino: u64,
+    next: &LeaseInfo,
+    pages: u64,
+    attacker: Lessee,
+) {
+    assert_ne!(
+        ino(next),
+        first_ino,
+        "the released file was recycled in place"
+    );
+    let c = d.counters();
+    assert_eq!(c.kernel_path_releases, 1, "{c:?}\n{}", env.log());
+    assert_eq!(c.proven_releases, 0, "{c:?}");
+    assert_eq!(c.unreturned_pages, pages, "{c:?}");
+    d.release(next.id).unwrap();
+    attacker.exit();
+    let p = d.settle(SIZE);
+    assert_eq!(p.kinds[0].leased_bytes, 0);
+    // The pinned pages are freed by the kernel once the attacker's ring or pipe is gone
+    // (an io_uring's teardown runs a little after its process exits).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while env.mount_used() != SIZE {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "mount holds {} bytes, the warm file is {SIZE}",
+            env.mount_used()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_io_uring_fixed_buffer_kept_after_unmap_and_close_reaches_nothing() {
+    let (env, d) = world("reach-uring", &[]);
+    let victim = lease_for_nobody(&d, "victim");
+    let first = ino(&victim);
+    let mut attacker = Lessee::spawn("iouring", &victim.path, SIZE, true, &[]);
+    attacker.ready();
+    let (next, seen) = next_lessee(&d, &victim, &mut attacker);
+    assert_eq!(seen, 0, "the attacker read {seen} bytes of the next lessee");
+    assert!(
+        env.log().contains("reason=\"opener-alive\""),
+        "{}",
+        env.log()
+    );
+    check_kernel_path(&env, &d, first, &next, PAGES, attacker);
+}
+
+#[test]
+fn pages_vmspliced_into_a_kept_pipe_reach_nothing() {
+    let (env, d) = world("reach-vmsplice", &[]);
+    let victim = lease_for_nobody(&d, "victim");
+    let first = ino(&victim);
+    let mut attacker = Lessee::spawn("vmsplice", &victim.path, SIZE, true, &[]);
+    attacker.ready();
+    let (next, seen) = next_lessee(&d, &victim, &mut attacker);
+    assert_eq!(seen, 0, "the attacker read {seen} bytes of the next lessee");
+    // 64 KiB of one 2 MiB page sit in the pipe.
+    check_kernel_path(&env, &d, first, &next, 1, attacker);
+}
+
+#[test]
+fn an_extra_hard_link_reaches_nothing() {
+    let (env, d) = world("reach-link", &[]);
+    let drop_dir = env.mount.join("drop");
+    std::fs::create_dir(&drop_dir).unwrap();
+    std::fs::set_permissions(
+        &drop_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let victim = lease_for_nobody(&d, "victim");
+    let first = ino(&victim);
+    let link = drop_dir.join("kept");
+    let link_env = [("HUGEPREP_LESSEE_SOCKET", link.to_str().unwrap())];
+    let mut attacker = Lessee::spawn("link", &victim.path, SIZE, true, &link_env);
+    attacker.ready();
+    // The attacker exits (its cgroup empties): only the link is left, which a later process
+    // of the same user opens.
+    attacker.exit();
+    let mut reader = Lessee::spawn("link-read", &victim.path, SIZE, true, &link_env);
+    reader.ready();
+    let (next, seen) = next_lessee(&d, &victim, &mut reader);
+    assert_eq!(seen, 0, "the attacker read {seen} bytes of the next lessee");
+    assert!(env.log().contains("reason=\"links\""), "{}", env.log());
+    // Truncation gave the pages back although the link keeps the inode.
+    check_kernel_path(&env, &d, first, &next, 0, reader);
+    std::fs::remove_file(&link).unwrap();
+}
+
+#[test]
+fn a_lease_fd_passed_to_a_helper_that_keeps_an_io_uring_buffer_reaches_nothing() {
+    let (env, d) = world("reach-scm", &[]);
+    let victim = lease_for_nobody(&d, "victim");
+    let first = ino(&victim);
+    // The helper runs in a cgroup of its own, never opens the file and outlives the lessee.
+    let sock_dir = env.dir.join("scm");
+    std::fs::create_dir(&sock_dir).unwrap();
+    std::fs::set_permissions(
+        &sock_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let sock = sock_dir.join("s");
+    let sock_env = [("HUGEPREP_LESSEE_SOCKET", sock.to_str().unwrap())];
+    let mut helper = Lessee::spawn("recv-iouring", &victim.path, SIZE, true, &sock_env);
+    helper.listening();
+    let mut lessee = Lessee::spawn("send-fd", &victim.path, SIZE, true, &sock_env);
+    lessee.ready();
+    helper.ready();
+    lessee.exit();
+    let (next, seen) = next_lessee(&d, &victim, &mut helper);
+    assert_eq!(seen, 0, "the helper read {seen} bytes of the next lessee");
+    assert!(env.log().contains("reason=\"io-uring\""), "{}", env.log());
+    check_kernel_path(&env, &d, first, &next, PAGES, helper);
+}
+
+#[test]
+fn a_child_in_another_cgroup_that_keeps_a_mapping_reaches_nothing() {
+    let (env, d) = world("reach-child", &[]);
+    let victim = lease_for_nobody(&d, "victim");
+    let first = ino(&victim);
+    let mut lessee = Lessee::spawn("write", &victim.path, SIZE, true, &[]);
+    lessee.nonzero();
+    lessee.ready();
+    // Its child, moved to another cgroup, keeps a mapping; the lessee itself exits.
+    let mut child = Lessee::spawn("map", &victim.path, SIZE, true, &[]);
+    child.ready();
+    lessee.exit();
+    let (next, seen) = next_lessee(&d, &victim, &mut child);
+    assert_eq!(seen, 0, "the child read {seen} bytes of the next lessee");
+    assert!(
+        env.log().contains("reason=\"open-elsewhere\""),
+        "{}",
+        env.log()
+    );
+    check_kernel_path(&env, &d, first, &next, 0, child);
+}
+
+#[test]
+fn a_proof_step_that_fails_takes_the_kernels_path() {
+    // Without CAP_SYS_ADMIN the daemon has no fanotify watch: nothing can be proven, so even
+    // a lessee that keeps nothing gets its memory back by the kernel's path.
+    let env = Env::new("reach-nocap", SIZE + SPARE);
+    let d = env.spawn_wrapped(
+        &[
+            "setpriv",
+            "--inh-caps=-sys_admin",
+            "--bounding-set=-sys_admin",
+            "--",
+        ],
+        &["--warm", "64M"],
+    );
+    d.settle(SIZE);
+    let victim = lease_for_nobody(&d, "victim");
+    let first = ino(&victim);
+    let mut attacker = Lessee::spawn("iouring", &victim.path, SIZE, true, &[]);
+    attacker.ready();
+    let (next, seen) = next_lessee(&d, &victim, &mut attacker);
+    assert_eq!(seen, 0, "the attacker read {seen} bytes of the next lessee");
+    assert!(
+        env.log().contains("reason=\"not-watched\""),
+        "{}",
+        env.log()
+    );
+    check_kernel_path(&env, &d, first, &next, PAGES, attacker);
+}
+
+#[test]
+fn a_lessee_that_simply_exits_is_scrubbed_in_place() {
+    let (env, d) = world("reach-common", &[]);
+    let mut first = None;
+    for round in 0..3 {
+        let lease = lease_for_nobody(&d, "vm");
+        let ino = ino(&lease);
+        assert_eq!(
+            *first.get_or_insert(ino),
+            ino,
+            "round {round}: not recycled in place\n{}",
+            env.log()
+        );
+        let mut lessee = Lessee::spawn("write", &lease.path, SIZE, true, &[]);
+        assert_eq!(
+            lessee.nonzero(),
+            0,
+            "round {round}: the last lessee's bytes survived"
+        );
+        lessee.ready();
+        lessee.exit();
+        d.release(lease.id).unwrap();
+        d.settle(SIZE);
+    }
+    let c = d.counters();
+    assert_eq!(c.proven_releases, 3, "{c:?}\n{}", env.log());
+    assert_eq!(c.kernel_path_releases, 0, "{c:?}");
+    assert_eq!(c.unreturned_pages, 0, "{c:?}");
+    assert_eq!(env.mount_used(), SIZE);
+}
+
+#[test]
+fn a_lease_that_asks_for_the_kernels_path_gets_it() {
+    let (env, d) = world("reach-trust", &[]);
+    let lease = d
+        .lease_req(&LeaseRequest {
+            name: "vm".into(),
+            size: SIZE,
+            owner: Some("nobody".into()),
+            recycle: Some(hugeprep::policy::pool::Recycle::Kernel),
+            ..Default::default()
+        })
+        .unwrap();
+    let first = ino(&lease);
+    d.release(lease.id).unwrap();
+    d.settle(SIZE);
+    let again = lease_for_nobody(&d, "vm");
+    assert_ne!(ino(&again), first);
+    assert!(env.log().contains("reason=\"trust\""), "{}", env.log());
+    d.release(again.id).unwrap();
+}
