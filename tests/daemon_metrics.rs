@@ -71,11 +71,13 @@ fn python_families(text: &str) -> Option<HashMap<String, String>> {
 
 #[test]
 fn metrics_parse_and_count_bytes_leases_scrubs_faults_and_errors() {
-    let env = Env::new("metrics", 64 * MIB);
+    // Room for the warm file and the cold lease only: the released warm file is the pool's
+    // only way back to its target, so it is proven and scrubbed, never given back.
+    let env = Env::new("metrics", 24 * MIB);
     let mut d = env.spawn(&["--warm", "16M"]);
     d.settle(16 * MIB);
-    // After a crash the warm file is unproven: the next start scrubs it (a scrub to count
-    // whatever the worker does with released files).
+    // After a crash the warm file's history is unknown: the next start gives it back by the
+    // kernel's path (a recycle to count).
     d.kill();
     let d = env.spawn(&["--warm", "16M"]);
     d.settle(16 * MIB);
@@ -153,6 +155,24 @@ fn metrics_parse_and_count_bytes_leases_scrubs_faults_and_errors() {
     .unwrap();
     assert!(sum > 0.0);
     assert!(value(&s, "hugeprep_scrub_bytes_total", &[]).unwrap() >= (16 * MIB) as f64);
+    assert_eq!(
+        value(
+            &s,
+            "hugeprep_recycle_total",
+            &[("path", "scrub"), ("reason", "proven")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "hugeprep_recycle_total",
+            &[("path", "kernel"), ("reason", "not-watched")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(value(&s, "hugeprep_unreturned_pages_total", &[]), Some(0.0));
+    assert!(value(&s, "hugeprep_proof_seconds_total", &[]).unwrap() > 0.0);
     assert!(value(&s, "hugeprep_scrub_seconds_total", &[]).unwrap() > 0.0);
     assert_eq!(
         value(&s, "hugeprep_fault_bytes_total", &[("path", "lease")]),

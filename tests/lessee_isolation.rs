@@ -22,6 +22,23 @@ fn lessee_entry() {
     daemon_util::lessee::entry();
 }
 
+/// Waits until a line of the daemon's log has every one of `words` (a liveness bound).
+fn wait_for_log(env: &Env, words: &[&str]) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !env
+        .log()
+        .lines()
+        .any(|l| words.iter().all(|w| l.contains(w)))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {words:?} in the log:\n{}",
+            env.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 fn ino(lease: &LeaseInfo) -> u64 {
     std::fs::metadata(&lease.path).unwrap().ino()
 }
@@ -183,6 +200,10 @@ fn a_lease_fd_passed_to_a_helper_that_keeps_an_io_uring_buffer_reaches_nothing()
     let mut lessee = Lessee::spawn("send-fd", &victim.path, SIZE, true, &sock_env);
     lessee.ready();
     helper.ready();
+    // The daemon has read the lessee's open (and its cgroups) before the lessee exits, as it
+    // would for a VMM that runs longer than a few microseconds.
+    let pid = format!("pid={}", lessee.pid());
+    wait_for_log(&env, &["leased file opened", &pid]);
     lessee.exit();
     let (next, seen) = next_lessee(&d, &victim, &mut helper);
     assert_eq!(seen, 0, "the helper read {seen} bytes of the next lessee");

@@ -5,12 +5,12 @@
 
 mod daemon_util;
 
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
-use daemon_util::{lease_is_zero, map_lease, Daemon, Env, MIB};
+use daemon_util::lessee::{in_cgroup, nonzero_then_dirty, Lessee, TestCgroup};
+use daemon_util::{Daemon, Env, MIB};
 use hugeprep::bench::qemu::{self, QemuVm};
 use hugeprep::hugetlb::pool::{self as kpool, Scope};
 use hugeprep::pool::{LeaseInfo, LeaseSource};
@@ -18,6 +18,11 @@ use hugeprep::vmm::{qemu as vmm_qemu, GuestMemoryFile};
 use hugeprep::PageSize;
 
 const LEASE: u64 = 64 * MIB;
+
+#[test]
+fn lessee_entry() {
+    daemon_util::lessee::entry();
+}
 const PAGE: u64 = 2 * MIB;
 
 fn free_pages() -> u64 {
@@ -63,7 +68,11 @@ fn release_and_check(env: &Env, d: &Daemon, lease: &LeaseInfo, free: u64, filled
     let again = d.lease("again", LEASE).unwrap();
     assert_eq!(again.source, LeaseSource::WarmExact);
     assert_eq!(blocks(&again), LEASE / PAGE);
-    assert!(lease_is_zero(&again), "guest data survived the release");
+    assert_eq!(
+        nonzero_then_dirty(&again.path, LEASE),
+        0,
+        "guest data survived the release"
+    );
     d.release(again.id).unwrap();
     d.settle(LEASE);
 }
@@ -83,10 +92,7 @@ fn a_lease_qemu_discarded_on_exit_is_refilled_not_scrubbed() {
     let env = Env::new("pool-holes-qemu", 128 * MIB);
     let d = daemon(&env);
     let lease = d.lease("vm", LEASE).unwrap();
-    {
-        let (_f, mut r) = map_lease(&lease);
-        r.as_mut_slice().fill(0xa5);
-    }
+    nonzero_then_dirty(&lease.path, LEASE);
     let free = free_pages();
 
     let qmp = env.dir.join("qmp.sock");
@@ -99,7 +105,12 @@ fn a_lease_qemu_discarded_on_exit_is_refilled_not_scrubbed() {
     });
     memory[3].push_str(",discard-data=on");
     args.extend(memory);
-    let mut vm = QemuVm::spawn_args(&binary, &args, &qmp).unwrap();
+    // QEMU runs in a cgroup of its own, as libvirt starts it: once it has exited the
+    // release is proven and the file is kept (docs/security.md).
+    let cgroup = TestCgroup::new("pool-holes-qemu");
+    let argv = [vec![binary.display().to_string()], args].concat();
+    let mut vm =
+        QemuVm::spawn_args(Path::new("/bin/sh"), &in_cgroup(&cgroup, &argv), &qmp).unwrap();
     assert_eq!(vm.wait_ready(Duration::from_secs(60)).unwrap(), "prelaunch");
     assert_eq!(free_pages(), free, "QEMU took hugepages of its own");
     vm.quit(Duration::from_secs(30));
@@ -115,22 +126,18 @@ fn a_lease_with_some_pages_punched_out_is_scrubbed_only_where_present() {
     let env = Env::new("pool-holes-punch", 128 * MIB);
     let d = daemon(&env);
     let lease = d.lease("balloon", LEASE).unwrap();
-    let (f, mut r) = map_lease(&lease);
-    r.as_mut_slice().fill(0x5a);
-    drop(r);
     let free = free_pages();
     let punched = [3u64, 4, 5, 20, 31];
-    for p in punched {
-        nix::fcntl::fallocate(
-            f.as_raw_fd(),
-            nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
-                | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
-            (p * PAGE) as i64,
-            PAGE as i64,
-        )
-        .unwrap();
-    }
-    drop(f);
+    // The guest's balloon, in the VM's own cgroup: fills, punches, exits.
+    let mut balloon = Lessee::spawn(
+        "punch",
+        &lease.path,
+        LEASE,
+        true,
+        &[("HUGEPREP_LESSEE_PAGES", "3,4,5,20,31")],
+    );
+    balloon.ready();
+    balloon.exit();
     assert_eq!(blocks(&lease), LEASE / PAGE - punched.len() as u64);
     assert_eq!(free_pages(), free + punched.len() as u64);
     release_and_check(&env, &d, &lease, free, punched.len() as u64 * PAGE);

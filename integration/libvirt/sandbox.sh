@@ -11,7 +11,8 @@
 # /etc/libvirt, /run/libvirt, /var/lib/libvirt, /var/log/libvirt and /var/cache/libvirt are
 # bind mounts of DIR/{etc,run,lib,log,cache}: the host's files are never read or written, and
 # the namespace disappears with its last process. qemu.conf runs QEMU as root with no
-# security driver, cgroups or per-domain namespaces, sets `hugetlbfs_mount` to the hugetlbfs
+# security driver or per-domain namespaces, in a cgroup of its own (cpu and cpuacct only: the
+# machine cgroup that empties when QEMU exits, which hugeprep's release proof reads), sets `hugetlbfs_mount` to the hugetlbfs
 # mount holding MEMORY_BACKING_DIR (else libvirt claims every hugetlbfs mount) and
 # `memory_backing_dir` to MEMORY_BACKING_DIR. HOOK_COMMAND, when given, is installed as
 # /etc/libvirt/hooks/qemu.d/hugeprep before libvirtd starts (libvirt only looks for hooks at
@@ -112,7 +113,7 @@ group = "root"
 dynamic_ownership = 0
 remember_owner = 0
 security_driver = "none"
-cgroup_controllers = [ ]
+cgroup_controllers = [ "cpu", "cpuacct" ]
 namespaces = [ ]
 hugetlbfs_mount = "$mount"
 memory_backing_dir = "$backing"

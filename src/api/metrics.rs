@@ -53,6 +53,12 @@ struct PathLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RecycleLabels {
+    path: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClearingLabels {
     method: String,
     rule: String,
@@ -202,6 +208,41 @@ pub fn render(pool: &Pool, cpu: &CpuReport) -> String {
         "scrub_seconds",
         "Seconds spent scrubbing and verifying",
         scrub_seconds,
+    );
+
+    let recycled = Family::<RecycleLabels, Counter>::default();
+    recycled
+        .get_or_create(&RecycleLabels {
+            path: "scrub".into(),
+            reason: "proven".into(),
+        })
+        .inc_by(c.proven_releases);
+    for (reason, n) in pool.kernel_path_by_reason() {
+        recycled
+            .get_or_create(&RecycleLabels {
+                path: "kernel".into(),
+                reason: reason.into(),
+            })
+            .inc_by(n);
+    }
+    reg.register(
+        "recycle",
+        "Released leases by how their memory came back: scrubbed in place once proven out of everyone else's reach, or the kernel's path (truncated, faulted anew) and why (docs/security.md)",
+        recycled,
+    );
+    let proof_seconds = Counter::<f64>::default();
+    proof_seconds.inc_by(c.proof_seconds);
+    reg.register(
+        "proof_seconds",
+        "Seconds spent proving released leases out of reach",
+        proof_seconds,
+    );
+    let unreturned = Counter::<u64>::default();
+    unreturned.inc_by(c.unreturned_pages);
+    reg.register(
+        "unreturned_pages",
+        "Pages of released leases that did not return to the kernel when truncated: another process held them",
+        unreturned,
     );
 
     let word = |v: serde_json::Value| v.as_str().map(str::to_string).unwrap_or_default();

@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod hog;
 pub mod pin;
 pub mod prefault;
+pub mod proof;
 pub mod qemu;
 pub mod recycle;
 pub mod svg;

@@ -97,12 +97,15 @@ pub enum RecycleBenchError {
     /// The benchmark's daemon failed to start or to refill its pool.
     #[error("bench recycle: {0}")]
     Daemon(#[from] BenchDaemonError),
+    /// Timing the release proof failed (a lessee process or its cgroup).
+    #[error("bench recycle: proof: {0}")]
+    Proof(std::io::Error),
 }
 
 /// Throughput of one path.
 #[derive(Debug, Clone, Serialize)]
 pub struct PathResult {
-    /// `scrub` or `delete-refault`.
+    /// `scrub` or `kernel-path`.
     pub path: &'static str,
     /// GB/s per repetition.
     pub samples_gbps: Vec<f64>,
@@ -151,10 +154,16 @@ pub struct RecycleBenchReport {
     pub method: String,
     /// Scrub (release-to-warm) throughput.
     pub scrub: PathResult,
-    /// Delete-and-refault throughput.
-    pub delete_refault: PathResult,
-    /// (c) Median scrub / median delete-refault (the kernel's fault-in of fresh pages).
+    /// The kernel's path: truncate, delete and fault a new file (what an unproven release
+    /// costs, and what the kernel does without hugeprep).
+    pub kernel_path: PathResult,
+    /// (c) Median scrub / median kernel's path (the kernel's fault-in of fresh pages).
     pub ratio: f64,
+    /// The release proof's own cost (a lessee that opened the file and exited), ms.
+    pub proof: Option<crate::bench::proof::ProofTiming>,
+    /// The whole proven release: the scrub's throughput with the median proof added to
+    /// each repetition's time, GB/s.
+    pub proven_scrub: Option<Summary>,
     /// Every method clearing the same file, interleaved with the two paths.
     pub clear_methods: Vec<MethodClear>,
     /// The fastest of `clear_methods` by median.
@@ -201,7 +210,7 @@ fn scrub_once(s: &Scrubber, file: &BackingFile, cpus: &[usize]) -> Result<f64, R
     Ok(t.elapsed().as_secs_f64())
 }
 
-fn delete_refault_once(
+fn kernel_path_once(
     dir: &Path,
     old: BackingFile,
     cfg: &RecycleBenchConfig,
@@ -209,7 +218,15 @@ fn delete_refault_once(
     dirty(&old, 0x5a)?;
     let path = old.path().to_path_buf();
     let t = Instant::now();
-    old.remove()?; // unlink + close: the pages go back to the kernel
+    // As `Pool::remove_file`: truncate (the pages go back to the kernel), then unlink.
+    old.file().set_len(0).map_err(|source| {
+        RecycleBenchError::File(FileError::Io {
+            op: "truncate",
+            path: path.clone(),
+            source,
+        })
+    })?;
+    old.remove()?;
     let fresh = BackingFile::create(&path, cfg.size, cfg.page_size, None)?;
     fault::fault_range(&fresh, 0..cfg.size, 0, &cpus(cfg.threads))?;
     let s = t.elapsed().as_secs_f64();
@@ -228,7 +245,7 @@ fn clear_once(
     Ok(gbps(region.len() as u64, t.elapsed().as_secs_f64()))
 }
 
-/// Scrub, delete-refault and every method's raw clear, as measured by [`throughput`].
+/// Scrub, the kernel's path and every method's raw clear, as measured by [`throughput`].
 struct Throughput {
     scrub: PathResult,
     refault: PathResult,
@@ -260,10 +277,10 @@ fn throughput(
     let mut b = BackingFile::create(&dir.join("refault"), cfg.size, cfg.page_size, None)?;
     fault::fault_range(&b, 0..cfg.size, 0, &cpus)?;
     let w1 = scrub_once(&scrubber, &a, &cpus)?;
-    let (w2, nb) = delete_refault_once(dir, b, cfg)?;
+    let (w2, nb) = kernel_path_once(dir, b, cfg)?;
     b = nb;
     log(&format!(
-        "warm-up  scrub {:.1} GB/s  delete+refault {:.1} GB/s",
+        "warm-up  scrub {:.1} GB/s  kernel path {:.1} GB/s",
         gbps(cfg.size, w1),
         gbps(cfg.size, w2)
     ));
@@ -273,7 +290,7 @@ fn throughput(
         if scrub_first {
             s1.push(gbps(cfg.size, scrub_once(&scrubber, &a, &cpus)?));
         }
-        let (t, nb) = delete_refault_once(dir, b, cfg)?;
+        let (t, nb) = kernel_path_once(dir, b, cfg)?;
         b = nb;
         s2.push(gbps(cfg.size, t));
         if !scrub_first {
@@ -284,7 +301,7 @@ fn throughput(
             raw[i].push(clear_once(&clearers[i], &mut mapped, &cpus)?);
         }
         log(&format!(
-            "rep {}/{}  scrub {:.1} GB/s  delete+refault {:.1} GB/s",
+            "rep {}/{}  scrub {:.1} GB/s  kernel path {:.1} GB/s",
             rep + 1,
             cfg.reps,
             s1[rep],
@@ -315,7 +332,7 @@ fn throughput(
             samples_gbps: s1,
         },
         refault: PathResult {
-            path: "delete-refault",
+            path: "kernel-path",
             gbps: summary(&s2)?,
             samples_gbps: s2,
         },
@@ -442,6 +459,15 @@ pub fn run(
     for f in ["scrub", "refault"] {
         let _ = std::fs::remove_file(mount.path().join(f));
     }
+    let proof = crate::bench::proof::time_proofs(mount.path(), cfg.page_size, cfg.reps, log)?;
+    let proven_scrub = proof.as_ref().and_then(|p| {
+        let with_proof: Vec<f64> = scrub
+            .samples_gbps
+            .iter()
+            .map(|g| cfg.size as f64 / 1e9 / (cfg.size as f64 / 1e9 / g + p.ms.median / 1e3))
+            .collect();
+        Summary::of(&with_proof)
+    });
     let latency = if cfg.leases > 0 {
         Some(latency(cfg, mount.path(), log)?)
     } else {
@@ -478,7 +504,9 @@ pub fn run(
         best_clear,
         clear_methods,
         scrub,
-        delete_refault: refault,
+        kernel_path: refault,
+        proof,
+        proven_scrub,
         latency,
         hog,
     })
@@ -496,8 +524,11 @@ impl RecycleBenchReport {
             "path",
             "GB/s median (min-max)"
         );
-        for p in [&self.scrub, &self.delete_refault] {
+        for p in [&self.scrub, &self.kernel_path] {
             s += &format!("{:<16} {:>24}\n", p.path, p.gbps.to_string());
+        }
+        if let Some(g) = &self.proven_scrub {
+            s += &format!("{:<16} {:>24}\n", "proof + scrub", g.to_string());
         }
         for m in &self.clear_methods {
             s += &format!(
@@ -523,9 +554,18 @@ impl RecycleBenchReport {
             );
         }
         s += &format!(
-            "(c) scrub / delete-refault (the kernel's fault-in of fresh pages): {:.2}x\n",
+            "(c) scrub / kernel's path (truncate, delete, fault fresh pages): {:.2}x\n",
             self.ratio
         );
+        match &self.proof {
+            Some(p) => {
+                s += &format!(
+                    "release proof (a lessee that opened the file and exited): {} ms per release\n",
+                    p.ms
+                )
+            }
+            None => s += "release proof: not timed on this host (no fanotify or no cgroup v2)\n",
+        }
         if let Some(l) = &self.latency {
             s += &format!(
                 "warm lease over the API ({} x {}): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms, {} warm-exact\n",

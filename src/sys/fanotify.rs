@@ -55,9 +55,8 @@ impl OpenWatch {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
-        Ok(OpenWatch {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(OpenWatch { fd })
     }
 
     /// Reports every later open of the inode behind `file` (through any of its names, or

@@ -1,5 +1,5 @@
-//! A lessee process for isolation tests: the test binary run again as uid 65534 (as every
-//! QEMU of a libvirt host shares one user), in a cgroup of its own when asked, that uses a
+//! A lessee process for isolation tests: the test binary run again as the lease's owner
+//! (uid 65534 in the attacks, as every QEMU of a libvirt host shares one user), in a cgroup of its own when asked, that uses a
 //! lease file the way the test says and keeps a way to its pages afterwards. The test then
 //! asks it how many bytes of the next lessee's pattern it can read.
 //!
@@ -58,6 +58,47 @@ impl Drop for TestCgroup {
     }
 }
 
+/// Writes `text` at `offset` of the lease file at `path` from a short-lived process in a
+/// cgroup of its own, as a VM's own process would: the test process itself never opens the
+/// file, so the release can be proven (docs/security.md) once the writer has exited.
+pub fn write_at(path: &Path, size: u64, offset: usize, text: &str) {
+    let off = offset.to_string();
+    let mut w = Lessee::spawn(
+        "write-at",
+        path,
+        size,
+        true,
+        &[
+            ("HUGEPREP_LESSEE_SOCKET", text),
+            ("HUGEPREP_LESSEE_OFFSET", &off),
+        ],
+    );
+    w.ready();
+    w.exit();
+}
+
+/// The command line that runs `argv` in a cgroup of its own, as libvirt or a control plane
+/// starts a VMM: a shell puts itself into `cgroup`, then execs.
+pub fn in_cgroup(cgroup: &TestCgroup, argv: &[String]) -> Vec<String> {
+    let mut v = vec![
+        "-c".to_string(),
+        r#"echo $$ > "$0/cgroup.procs" && exec "$@""#.to_string(),
+        cgroup.dir.display().to_string(),
+    ];
+    v.extend_from_slice(argv);
+    v
+}
+
+/// Counts the bytes of the lease file at `path` that are not zero, from a process in a
+/// cgroup of its own that then dirties the whole file and exits (a VM that ran on it).
+pub fn nonzero_then_dirty(path: &Path, size: u64) -> u64 {
+    let mut w = Lessee::spawn("write", path, size, true, &[]);
+    let n = w.nonzero();
+    w.ready();
+    w.exit();
+    n
+}
+
 /// A running lessee.
 pub struct Lessee {
     child: Child,
@@ -67,7 +108,8 @@ pub struct Lessee {
 }
 
 impl Lessee {
-    /// Starts `mode` on `path` as uid 65534, in a cgroup of its own when `own_cgroup`.
+    /// Starts `mode` on `path` as the file's owner (uid 65534 for leases made for `nobody`),
+    /// in a cgroup of its own when `own_cgroup`.
     pub fn spawn(
         mode: &str,
         path: &Path,
@@ -76,8 +118,12 @@ impl Lessee {
         extra: &[(&str, &str)],
     ) -> Lessee {
         let exe = std::env::current_exe().unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let owner = fs::metadata(path).unwrap();
         let mut cmd = Command::new("setpriv");
-        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        cmd.arg(format!("--reuid={}", owner.uid()))
+            .arg(format!("--regid={}", owner.gid()))
+            .args(["--clear-groups", "--"])
             .arg(exe)
             .args([
                 "lessee_entry",
@@ -188,7 +234,7 @@ impl Drop for Lessee {
 enum Kept {
     Nothing,
     /// An io_uring with the mapping's pages registered, and the registered address.
-    Ring(io_uring::IoUring, u64, usize),
+    Ring(Box<io_uring::IoUring>, u64, usize),
     Pipe(OwnedFd),
     Link(PathBuf),
     Map(MmapRegion),
@@ -301,12 +347,43 @@ pub fn entry() {
             r.as_mut_slice().fill(0x5a);
             Kept::Nothing
         }
+        // Writes HUGEPREP_LESSEE_SOCKET's bytes at HUGEPREP_LESSEE_OFFSET, then exits: a
+        // process of the VM's that touches its memory (a test's write into a guest).
+        "write-at" => {
+            let offset: usize = std::env::var("HUGEPREP_LESSEE_OFFSET")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let bytes = std::env::var(SOCKET).unwrap().into_bytes();
+            let (_f, mut r) = map(&path, size);
+            r.as_mut_slice()[offset..offset + bytes.len()].copy_from_slice(&bytes);
+            Kept::Nothing
+        }
+        // A balloon: fills the lease, then punches out the 2 MiB pages HUGEPREP_LESSEE_PAGES
+        // lists (comma-separated indexes).
+        "punch" => {
+            let (f, mut r) = map(&path, size);
+            r.as_mut_slice().fill(0x5a);
+            drop(r);
+            for p in std::env::var("HUGEPREP_LESSEE_PAGES").unwrap().split(',') {
+                let p: i64 = p.parse().unwrap();
+                nix::fcntl::fallocate(
+                    f.as_raw_fd(),
+                    nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                        | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                    p << 21,
+                    1 << 21,
+                )
+                .unwrap();
+            }
+            Kept::Nothing
+        }
         "iouring" => {
             let (f, mut r) = map(&path, size);
             r.as_mut_slice().fill(0x5a);
             let ring = register(&r);
             drop((r, f));
-            Kept::Ring(ring.0, ring.1, ring.2)
+            Kept::Ring(Box::new(ring.0), ring.1, ring.2)
         }
         "vmsplice" => {
             let (f, r) = map(&path, size);
@@ -380,7 +457,7 @@ pub fn entry() {
             let r = MmapRegion::shared_file(f.as_fd(), 0, size).unwrap();
             let ring = register(&r);
             drop((r, f));
-            Kept::Ring(ring.0, ring.1, ring.2)
+            Kept::Ring(Box::new(ring.0), ring.1, ring.2)
         }
         other => panic!("unknown lessee mode {other}"),
     };

@@ -162,6 +162,12 @@ pub struct Proof {
     pub took: Duration,
 }
 
+impl Default for Reach {
+    fn default() -> Reach {
+        Reach::new()
+    }
+}
+
 /// The open watch over leased files and the proofs made from it.
 #[derive(Debug)]
 pub struct Reach {
