@@ -27,7 +27,7 @@ pub struct CaseResult {
     pub above_floor: Option<Summary>,
     /// Every measured start, in seconds, by repetition.
     pub samples: Vec<f64>,
-    /// For a lease handed to QEMU alone: seconds from the release (QEMU has exited) until
+    /// For a lease handed to QEMU alone or cloud-hypervisor: seconds from the release (QEMU has exited) until
     /// the pool was warm again (a scrub, or a refill of the pages `discard-data` punched
     /// out), with the pool worker at its idle priority.
     pub release_to_warm: Option<Summary>,
@@ -113,7 +113,7 @@ pub(super) fn size_result(
             samples: s.clone(),
             // libvirt releases inside `virsh destroy` (the hook's `release end`), before
             // the benchmark can start a clock.
-            release_to_warm: Summary::of(recycle).filter(|_| case.leased() && vmm == Vmm::Qemu),
+            release_to_warm: Summary::of(recycle).filter(|_| case.leased() && vmm != Vmm::Libvirt),
         });
         if case.leased() {
             let (Some(imm), Some(floor)) = (find(vmm, Case::Immediate), find(vmm, Case::Floor))
@@ -161,10 +161,7 @@ pub(super) fn report(
 }
 
 fn vmm_name(vmm: Vmm) -> &'static str {
-    match vmm {
-        Vmm::Qemu => "qemu",
-        Vmm::Libvirt => "libvirt",
-    }
+    vmm.name()
 }
 
 impl VmStartReport {
