@@ -378,7 +378,17 @@ pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport
             skipped.push(why);
             continue;
         }
-        sizes.push(run_size(cfg, &vmms, size, log)?);
+        match run_size(cfg, &vmms, size, log) {
+            Ok(result) => sizes.push(result),
+            // The kernel could not supply the pages (memory short or fragmented): the other
+            // sizes' results still stand.
+            Err(VmStartBenchError::KernelPool(e)) => {
+                let why = format!("{}: {e}", crate::units::format_bytes(size));
+                log(&format!("skipped {why}"));
+                skipped.push(why);
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(report::report(cfg, &vmms, not_measured, sizes, skipped))
 }

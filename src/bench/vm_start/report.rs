@@ -68,6 +68,8 @@ pub struct VmStartReport {
     pub reps: usize,
     /// QEMU's version line.
     pub qemu_version: Option<String>,
+    /// cloud-hypervisor's version line, when it was measured.
+    pub cloud_hypervisor_version: Option<String>,
     /// The VMMs measured.
     pub vmms: Vec<Vmm>,
     /// VMMs not measured, and why.
@@ -153,6 +155,11 @@ pub(super) fn report(
         threads: cfg.threads,
         reps: cfg.reps,
         qemu_version: crate::bench::qemu::version(&cfg.qemu),
+        cloud_hypervisor_version: cfg
+            .cloud_hypervisor
+            .as_deref()
+            .filter(|_| vmms.contains(&Vmm::CloudHypervisor))
+            .and_then(crate::bench::qemu::version),
         vmms: vmms.to_vec(),
         not_measured,
         sizes,
@@ -173,6 +180,9 @@ impl VmStartReport {
             self.page_size, self.threads, self.reps
         );
         if let Some(v) = &self.qemu_version {
+            out.push_str(&format!("{v}\n"));
+        }
+        if let Some(v) = &self.cloud_hypervisor_version {
             out.push_str(&format!("{v}\n"));
         }
         for size in &self.sizes {
