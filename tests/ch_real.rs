@@ -20,7 +20,6 @@ use std::process::Command;
 use ch_util::{ch_remote, inode, Cgroup, Vmm};
 use daemon_util::{Env, MIB};
 use hugeprep::pool::{LeaseInfo, LeaseRequest};
-use hugeprep::sys::mmap::MmapRegion;
 use hugeprep::vmm::pvh_guest;
 use hugeprep::PageSize;
 
@@ -173,19 +172,18 @@ fn run(name: &str, launch: Launch, ps: PageSize, zone_bytes: u64, zones: usize) 
         free_before,
         "the kernel's free {ps} pages moved"
     );
-    // The guest's pattern, through the files.
-    let maps: Vec<(std::fs::File, MmapRegion)> =
-        leases.iter().map(daemon_util::map_lease).collect();
+    // The guest's pattern, through the files (read from inside the VMM's cgroup).
+    let files: Vec<Vec<u8>> = leases.iter().map(|l| cgroup.read(&l.path)).collect();
     for &addr in &samples {
         let zone = (addr / zone_bytes) as usize;
         let at = (addr % zone_bytes) as usize;
-        let bytes = maps[zone].1.as_slice();
+        let bytes = &files[zone];
         let want = pvh_guest::pattern(addr, KEY).to_le_bytes();
         let end = at + pvh_guest::SAMPLE_BYTES as usize;
         assert_eq!(bytes[at..at + 4], want, "sample {addr:#x}");
         assert_eq!(bytes[end - 4..end], want, "sample {addr:#x}");
     }
-    drop(maps);
+    drop(files);
 
     // Gone: the leases go with the VMM's pid, and come back scrubbed in place.
     match launch {

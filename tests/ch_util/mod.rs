@@ -63,6 +63,21 @@ impl Cgroup {
         Cgroup { path }
     }
 
+    /// The bytes of `path`, read by a `cat` inside this cgroup: a lease file the test reads
+    /// itself would carry an opener (the test, in a cgroup that never goes) the daemon
+    /// cannot see leave, and would not be scrubbed back in place.
+    pub fn read(&self, path: &Path) -> Vec<u8> {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(r#"echo $$ > "$0/cgroup.procs" && exec cat "$1""#)
+            .arg(&self.path)
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "cat {}: {out:?}", path.display());
+        out.stdout
+    }
+
     /// Removes the directory (the cgroup must be empty: its processes reaped).
     pub fn remove(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
