@@ -270,3 +270,54 @@ fn ch_args_two_zones_two_guest_nodes_on_the_command_line() {
 fn ch_args_two_zones_two_guest_nodes_over_the_api() {
     run("ch-api-2z", Launch::Api, PageSize::Size2M, 32 * MIB, 2);
 }
+
+/// The guest's zero check is real: a lease with one dirty byte at a sample makes it report
+/// `NOT-ZERO` (a lease is never handed out dirty; this one is dirtied by the test).
+#[test]
+fn tiny_guest_reports_a_dirty_lease() {
+    let Some((ch, _remote)) = ch_util::binaries() else {
+        return;
+    };
+    let size = 16 * MIB;
+    let env = Env::new("ch-dirty", size);
+    let d = env.spawn(&["--warm", "16M", "--sizes", "16M"]);
+    d.settle(size);
+    let lease = d.lease("dirty", size).unwrap();
+    let samples = pvh_guest::spread(size, 2 * MIB);
+    let dirty_at = samples[2] + 100;
+    {
+        let (_f, mut map) = daemon_util::map_lease(&lease);
+        map.as_mut_slice()[dirty_at as usize] = 1;
+    }
+    let kernel = env.dir.join("guest.elf");
+    std::fs::write(&kernel, pvh_guest::image(&samples, KEY).unwrap()).unwrap();
+    let cgroup = Cgroup::new("ch-dirty");
+    let mut vmm = Vmm::spawn(&ch, &cgroup, &env.dir, &[]);
+    let mut rest: Vec<String> = ch_args(&env.socket, &["dirty"])
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    rest.extend(
+        [
+            "--cpus",
+            "boot=1",
+            "--kernel",
+            &kernel.display().to_string(),
+            "--serial",
+            &format!("file={}", vmm.serial.display()),
+            "--console",
+            "off",
+        ]
+        .map(String::from),
+    );
+    vmm.exec(&rest);
+    assert_eq!(
+        vmm.serial_line(),
+        pvh_guest::REPORT_NOT_ZERO,
+        "{}",
+        vmm.logs()
+    );
+    vmm.stop();
+    cgroup.remove();
+    d.release(lease.id).unwrap();
+}
