@@ -24,6 +24,8 @@ fn bench_vm_start_reports_every_qemu_case_and_rejects_bad_sizes() {
         .args([
             "bench", "vm-start", "--sizes", "64M", "--reps", "1", "--json",
         ])
+        // cloud-hypervisor's cases: tests/ch_vm_start_bench.rs.
+        .args(["--vmms", "qemu,libvirt"])
         .args(["--headroom", "0", "--svg"])
         .arg(&svg)
         .output()

@@ -32,10 +32,19 @@ pub struct BenchVmStartArgs {
     /// QEMU binary (default: qemu-system-x86_64 from PATH).
     #[arg(long)]
     pub qemu: Option<PathBuf>,
-    /// VMMs to measure, comma-separated: qemu (exec to QMP ready) and libvirt (`virsh
-    /// create` to started, in a private libvirtd with hugeprep's hook).
-    #[arg(long, value_delimiter = ',', default_value = "qemu,libvirt")]
+    /// VMMs to measure, comma-separated: qemu (exec to QMP ready), libvirt (`virsh
+    /// create` to started, in a private libvirtd with hugeprep's hook) and cloud-hypervisor
+    /// (exec to a tiny guest's first serial report).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "qemu,libvirt,cloud-hypervisor"
+    )]
     pub vmms: Vec<Vmm>,
+    /// cloud-hypervisor binary, v53 (default: cloud-hypervisor from PATH; without one its
+    /// cases are listed as not measured).
+    #[arg(long, env = "HUGEPREP_CLOUD_HYPERVISOR")]
+    pub cloud_hypervisor: Option<PathBuf>,
     /// Memory to leave to the rest of the machine; larger sizes are skipped.
     #[arg(long, default_value = "4G", value_parser = parse_bytes)]
     pub headroom: u64,
@@ -65,6 +74,13 @@ pub fn run(args: BenchVmStartArgs) -> anyhow::Result<()> {
         threads,
         reps: args.reps,
         qemu,
+        cloud_hypervisor: args.cloud_hypervisor.clone().or_else(|| {
+            std::env::var_os("PATH").and_then(|path| {
+                std::env::split_paths(&path)
+                    .map(|dir| dir.join("cloud-hypervisor"))
+                    .find(|p| p.is_file())
+            })
+        }),
         vmms: args.vmms.clone(),
         hook_binary: std::env::current_exe().context("finding this binary for libvirt's hook")?,
         plan: ClearingPolicy::embedded().resolve(CpuInfo::host()).plan,

@@ -7,15 +7,20 @@ use hugeprep::client::Client;
 use hugeprep::vmm::{cloud_hypervisor, GuestMemoryFile};
 
 /// Print cloud-hypervisor's `--memory size=0 --memory-zone ...` for leases (one zone per
-/// lease, bound to its NUMA node), or with `--json` the `memory` section of a `vm.create` body.
+/// lease, mapped shared; no `host_numa_node`: the pages are already on their node), or with
+/// `--json` the `memory` (and `numa`) members of a `vm.create` body.
 #[derive(Debug, clap::Args)]
 pub struct ChArgsArgs {
     /// Lease names or ids, in zone order (zone ids mem0, mem1, ...).
     #[arg(required = true)]
     pub leases: Vec<String>,
-    /// Print the `memory` section (`MemoryConfig` with `zones`) of a `vm.create` body.
+    /// Print the `memory` section (`MemoryConfig` with `zones`), and with `--numa` the `numa`
+    /// list, of a `vm.create` body, as one JSON object to merge into the body.
     #[arg(long)]
     pub json: bool,
+    /// One guest NUMA node per lease, in order (`--numa guest_numa_id=I,memory_zones=memI`).
+    #[arg(long)]
+    pub numa: bool,
     /// Daemon socket.
     #[arg(long, env = "HUGEPREP_SOCKET", default_value = hugeprep::client::DEFAULT_SOCKET)]
     pub socket: PathBuf,
@@ -42,10 +47,14 @@ pub fn run(args: ChArgsArgs) -> anyhow::Result<()> {
     let ids: Vec<String> = (0..leases.len()).map(|i| format!("mem{i}")).collect();
     let mems = GuestMemoryFile::for_leases(leases.iter().copied(), &ids);
     if args.json {
-        let memory = cloud_hypervisor::memory_config(&mems);
-        println!("{}", serde_json::to_string_pretty(&memory)?);
+        let members = cloud_hypervisor::vm_create_memory(&mems, args.numa);
+        println!("{}", serde_json::to_string_pretty(&members)?);
     } else {
-        println!("{}", cloud_hypervisor::memory_zones_args(&mems).join(" "));
+        let mut line = cloud_hypervisor::memory_zones_args(&mems);
+        if args.numa {
+            line.extend(cloud_hypervisor::numa_args(&mems));
+        }
+        println!("{}", line.join(" "));
     }
     Ok(())
 }

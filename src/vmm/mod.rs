@@ -9,6 +9,7 @@ pub mod cloud_hypervisor;
 #[cfg(feature = "kvm")]
 pub mod kvm_guest;
 pub mod libvirt;
+pub mod pvh_guest;
 pub mod qemu;
 #[cfg(feature = "vm-memory")]
 pub mod vm_memory;

@@ -46,6 +46,21 @@ impl Env {
         env
     }
 
+    /// As [`Env::new`] for `page_size` pages; `None` when the kernel cannot supply them (1 GiB
+    /// pages on a fragmented host), having given back what it got.
+    pub fn with_page_size(name: &str, page_size: PageSize, mount_bytes: u64) -> Option<Env> {
+        let pages = mount_bytes / page_size.bytes();
+        let reservation = HugepageReservation::ensure_free(page_size, pages)
+            .expect("reading/writing the hugepage pool (run as root)")?;
+        let mut env = Env::with_mount(
+            name,
+            &format!("pagesize={},size={mount_bytes}", page_size.bytes()),
+        );
+        env.mount_bytes = mount_bytes;
+        env._reservation = Some(reservation);
+        Some(env)
+    }
+
     /// A fresh host's view: the machine-wide hugepage lock held, no pages reserved for the
     /// test, and a hugetlbfs mount without a size limit, so the daemon itself must raise the
     /// kernel's pool.

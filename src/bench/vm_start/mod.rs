@@ -1,8 +1,9 @@
 //! `hugeprep bench vm-start`: how long a VM takes to start with its memory prepared four
 //! ways, side by side in one run, for several memory sizes.
 //!
-//! The cases, for QEMU alone (exec to QMP ready, VM paused) and through libvirt (`virsh
-//! start` to running):
+//! The cases, for QEMU alone (exec to QMP ready, VM paused), through libvirt (`virsh
+//! start` to running) and for cloud-hypervisor (exec to the tiny guest's first report; it
+//! runs the first three, `prefault=on` as its immediate):
 //! - **immediate**: the VMM preallocates (QEMU `prealloc=on,prealloc-threads=N` on a fresh
 //!   hugetlbfs file; libvirt `<hugepages/>` with `<allocation mode='immediate' threads='N'/>`):
 //!   the kernel faults and zeroes every page on the start path;
@@ -23,6 +24,7 @@
 //! file) and gives it back after; the daemon runs in-process on its own hugetlbfs, limited
 //! to the warm target so the pool does not refill behind a lease while a start is timed.
 
+mod cloud_hypervisor;
 mod libvirt;
 mod qemu;
 mod report;
@@ -63,6 +65,8 @@ pub struct VmStartBenchConfig {
     pub reps: usize,
     /// The QEMU binary.
     pub qemu: PathBuf,
+    /// The cloud-hypervisor binary (v53; `None`: its cases are not measured).
+    pub cloud_hypervisor: Option<PathBuf>,
     /// The VMMs to measure.
     pub vmms: Vec<Vmm>,
     /// The `hugeprep` binary libvirt runs as its hook (`libvirt-hook`).
@@ -83,6 +87,19 @@ pub enum Vmm {
     Qemu,
     /// libvirt: `virsh start` to running.
     Libvirt,
+    /// cloud-hypervisor: exec to the guest's first serial report.
+    CloudHypervisor,
+}
+
+impl Vmm {
+    /// Its short name in tables and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Vmm::Qemu => "qemu",
+            Vmm::Libvirt => "libvirt",
+            Vmm::CloudHypervisor => "ch",
+        }
+    }
 }
 
 /// How the memory is prepared.
@@ -135,6 +152,12 @@ impl Case {
             (Vmm::Libvirt, Case::Hugeprep) => "hugeprep hook, warm pool".into(),
             (Vmm::Libvirt, Case::ImmediateOnLease) => "file-backed immediate over a lease".into(),
             (Vmm::Libvirt, Case::HugeprepDiscard) => "hugeprep hook, <discard/>".into(),
+            (Vmm::CloudHypervisor, Case::Immediate) => "hugepages=on, prefault=on".into(),
+            (Vmm::CloudHypervisor, Case::Floor) => "hugepages=on, prefault=off (floor)".into(),
+            (Vmm::CloudHypervisor, Case::Hugeprep) => "hugeprep warm lease, ch-args".into(),
+            (Vmm::CloudHypervisor, Case::ImmediateOnLease | Case::HugeprepDiscard) => {
+                "(not run)".into()
+            }
         }
     }
 }
@@ -224,6 +247,10 @@ impl World {
 pub(crate) trait Starter {
     /// Which VMM.
     fn vmm(&self) -> Vmm;
+    /// The cases it runs.
+    fn cases(&self) -> &'static [Case] {
+        &Case::ALL
+    }
     /// Starts a VM of `case` and returns the seconds to ready; the VM is stopped and every
     /// lease and file of it given back before it returns.
     fn start(&mut self, world: &World, case: Case, tag: &str) -> Result<f64>;
@@ -330,6 +357,12 @@ pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport
             vmms.retain(|&v| v != Vmm::Libvirt);
         }
     }
+    if vmms.contains(&Vmm::CloudHypervisor) && cfg.cloud_hypervisor.is_none() {
+        let why = "cloud-hypervisor: no binary (--cloud-hypervisor)";
+        log(&format!("not measured: {why}"));
+        not_measured.push(why.to_string());
+        vmms.retain(|&v| v != Vmm::CloudHypervisor);
+    }
     let mut sizes = Vec::new();
     let mut skipped = Vec::new();
     for &size in &cfg.sizes {
@@ -345,7 +378,17 @@ pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport
             skipped.push(why);
             continue;
         }
-        sizes.push(run_size(cfg, &vmms, size, log)?);
+        match run_size(cfg, &vmms, size, log) {
+            Ok(result) => sizes.push(result),
+            // The kernel could not supply the pages (memory short or fragmented): the other
+            // sizes' results still stand.
+            Err(VmStartBenchError::KernelPool(e)) => {
+                let why = format!("{}: {e}", crate::units::format_bytes(size));
+                log(&format!("skipped {why}"));
+                skipped.push(why);
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(report::report(cfg, &vmms, not_measured, sizes, skipped))
 }
@@ -398,10 +441,16 @@ fn run_size(
                 log("starting a private libvirtd (about 10 s: it probes QEMU)");
                 Box::new(libvirt::LibvirtStarter::up(cfg, &world)?)
             }
+            Vmm::CloudHypervisor => match &cfg.cloud_hypervisor {
+                Some(binary) => Box::new(cloud_hypervisor::ChStarter::new(binary)),
+                None => continue,
+            },
         });
     }
-    let runs: Vec<(usize, Case)> = (0..starters.len())
-        .flat_map(|s| Case::ALL.map(|c| (s, c)))
+    let runs: Vec<(usize, Case)> = starters
+        .iter()
+        .enumerate()
+        .flat_map(|(s, starter)| starter.cases().iter().map(move |&c| (s, c)))
         .collect();
     let mut samples = vec![Vec::with_capacity(cfg.reps); runs.len()];
     let mut recycles = vec![Vec::with_capacity(cfg.reps); runs.len()];
@@ -433,7 +482,7 @@ fn run_size(
             let recycle = released.elapsed().as_secs_f64();
             drop(ballast);
             let label = case.label(starter.vmm(), cfg.threads);
-            let vmm = format!("{:?}", starter.vmm()).to_lowercase();
+            let vmm = starter.vmm().name();
             if timed {
                 samples[k].push(seconds);
                 recycles[k].push(recycle);

@@ -27,7 +27,7 @@ pub struct CaseResult {
     pub above_floor: Option<Summary>,
     /// Every measured start, in seconds, by repetition.
     pub samples: Vec<f64>,
-    /// For a lease handed to QEMU alone: seconds from the release (QEMU has exited) until
+    /// For a lease handed to QEMU alone or cloud-hypervisor: seconds from the release (QEMU has exited) until
     /// the pool was warm again (a scrub, or a refill of the pages `discard-data` punched
     /// out), with the pool worker at its idle priority.
     pub release_to_warm: Option<Summary>,
@@ -68,6 +68,8 @@ pub struct VmStartReport {
     pub reps: usize,
     /// QEMU's version line.
     pub qemu_version: Option<String>,
+    /// cloud-hypervisor's version line, when it was measured.
+    pub cloud_hypervisor_version: Option<String>,
     /// The VMMs measured.
     pub vmms: Vec<Vmm>,
     /// VMMs not measured, and why.
@@ -113,7 +115,7 @@ pub(super) fn size_result(
             samples: s.clone(),
             // libvirt releases inside `virsh destroy` (the hook's `release end`), before
             // the benchmark can start a clock.
-            release_to_warm: Summary::of(recycle).filter(|_| case.leased() && vmm == Vmm::Qemu),
+            release_to_warm: Summary::of(recycle).filter(|_| case.leased() && vmm != Vmm::Libvirt),
         });
         if case.leased() {
             let (Some(imm), Some(floor)) = (find(vmm, Case::Immediate), find(vmm, Case::Floor))
@@ -153,6 +155,11 @@ pub(super) fn report(
         threads: cfg.threads,
         reps: cfg.reps,
         qemu_version: crate::bench::qemu::version(&cfg.qemu),
+        cloud_hypervisor_version: cfg
+            .cloud_hypervisor
+            .as_deref()
+            .filter(|_| vmms.contains(&Vmm::CloudHypervisor))
+            .and_then(crate::bench::qemu::version),
         vmms: vmms.to_vec(),
         not_measured,
         sizes,
@@ -161,10 +168,7 @@ pub(super) fn report(
 }
 
 fn vmm_name(vmm: Vmm) -> &'static str {
-    match vmm {
-        Vmm::Qemu => "qemu",
-        Vmm::Libvirt => "libvirt",
-    }
+    vmm.name()
 }
 
 impl VmStartReport {
@@ -176,6 +180,9 @@ impl VmStartReport {
             self.page_size, self.threads, self.reps
         );
         if let Some(v) = &self.qemu_version {
+            out.push_str(&format!("{v}\n"));
+        }
+        if let Some(v) = &self.cloud_hypervisor_version {
             out.push_str(&format!("{v}\n"));
         }
         for size in &self.sizes {
