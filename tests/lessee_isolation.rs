@@ -234,6 +234,33 @@ fn a_child_in_another_cgroup_that_keeps_a_mapping_reaches_nothing() {
 }
 
 #[test]
+fn a_lessee_in_a_cgroup_delegated_to_its_user_is_not_proven_gone() {
+    // A user session's subtree is delegated to its user: a lessee there could move a child
+    // that keeps the pages into a sibling cgroup and let its own cgroup empty.
+    let (env, d) = world("reach-delegated", &[]);
+    let victim = lease_for_nobody(&d, "victim");
+    let first = ino(&victim);
+    let cgroup = daemon_util::lessee::TestCgroup::new("delegated");
+    cgroup.delegate(65534);
+    let mut lessee = Lessee::spawn_in("write", &victim.path, SIZE, Some(cgroup), &[]);
+    lessee.nonzero();
+    lessee.ready();
+    let pid = format!("pid={}", lessee.pid());
+    wait_for_log(&env, &["leased file opened", &pid]);
+    lessee.exit();
+    d.release(victim.id).unwrap();
+    d.settle(SIZE);
+    let next = lease_for_nobody(&d, "next");
+    assert_ne!(ino(&next), first, "recycled in place");
+    assert!(
+        env.log().contains("reason=\"opener-cgroup\""),
+        "{}",
+        env.log()
+    );
+    d.release(next.id).unwrap();
+}
+
+#[test]
 fn a_proof_step_that_fails_takes_the_kernels_path() {
     // Without CAP_SYS_ADMIN the daemon has no fanotify watch: nothing can be proven, so even
     // a lessee that keeps nothing gets its memory back by the kernel's path.

@@ -42,6 +42,14 @@ impl TestCgroup {
         TestCgroup { dir }
     }
 
+    /// Delegates the cgroup to `uid`, as systemd does for a user session: its processes may
+    /// move themselves between cgroups of the subtree.
+    pub fn delegate(&self, uid: u32) {
+        let procs = self.dir.join("cgroup.procs");
+        std::os::unix::fs::chown(&procs, Some(uid), None).unwrap();
+        std::os::unix::fs::chown(&self.dir, Some(uid), None).unwrap();
+    }
+
     pub fn add(&self, pid: u32) {
         fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
     }
@@ -117,6 +125,18 @@ impl Lessee {
         own_cgroup: bool,
         extra: &[(&str, &str)],
     ) -> Lessee {
+        let cgroup = own_cgroup.then(|| TestCgroup::new(mode));
+        Lessee::spawn_in(mode, path, size, cgroup, extra)
+    }
+
+    /// [`Lessee::spawn`] in `cgroup` (made by the caller), or in the test's own.
+    pub fn spawn_in(
+        mode: &str,
+        path: &Path,
+        size: u64,
+        cgroup: Option<TestCgroup>,
+        extra: &[(&str, &str)],
+    ) -> Lessee {
         let exe = std::env::current_exe().unwrap();
         use std::os::unix::fs::MetadataExt;
         let owner = fs::metadata(path).unwrap();
@@ -141,11 +161,9 @@ impl Lessee {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().unwrap();
-        let cgroup = own_cgroup.then(|| {
-            let cg = TestCgroup::new(mode);
+        if let Some(cg) = &cgroup {
             cg.add(child.id());
-            cg
-        });
+        }
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().unwrap());
         let mut l = Lessee {

@@ -4,7 +4,9 @@
 //! to the destination, and in cgroup v2 to the common ancestor), and its children start in
 //! them: so once an opener of a lease file has exited and one of the cgroups it was in is
 //! empty, nothing it started is left either. A cgroup at a hierarchy's root is shared by
-//! everything and proves nothing.
+//! everything and proves nothing, and so does a cgroup below a subtree delegated to the
+//! opener's user (a `cgroup.procs` it may write, as in a systemd user session): it could have
+//! moved its children out.
 
 use std::fs;
 use std::io;
@@ -60,6 +62,19 @@ impl Hierarchies {
         Ok(h)
     }
 
+    /// The cgroups `pid` is in that hold it: leaving out the root of each hierarchy and any
+    /// cgroup that the process's user may move processes out of ([`delegated`]).
+    pub fn containing(&self, pid: u32) -> io::Result<Vec<Cgroup>> {
+        let uids = uids(pid)?;
+        let mut out = Vec::new();
+        for cg in self.of_process(pid)? {
+            if !delegated(&cg, &uids)? {
+                out.push(cg);
+            }
+        }
+        Ok(out)
+    }
+
     /// The cgroups `pid` is in, leaving out the root of each hierarchy.
     pub fn of_process(&self, pid: u32) -> io::Result<Vec<Cgroup>> {
         let text = fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
@@ -101,6 +116,44 @@ fn below(point: &Path, root: &str, path: &str) -> Option<PathBuf> {
         return None;
     }
     Some(point.join(rel))
+}
+
+/// The real, effective, saved and filesystem uids of `pid`.
+fn uids(pid: u32) -> io::Result<Vec<u32>> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .ok_or_else(|| io::Error::other(format!("/proc/{pid}/status has no Uid line")))?;
+    line.split_whitespace()
+        .map(|u| {
+            u.parse()
+                .map_err(|_| io::Error::other(format!("/proc/{pid}/status: bad uid {u:?}")))
+        })
+        .collect()
+}
+
+/// Whether a process with `uids` may write `cgroup.procs` of `cg` or of an ancestor below
+/// the hierarchy's mount (a delegated subtree, or a world-writable one): it could then move
+/// processes between cgroups, and an empty cgroup would not prove them gone.
+fn delegated(cg: &Cgroup, uids: &[u32]) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let mut dir = Some(cg.dir.as_path());
+    while let Some(d) = dir {
+        let procs = d.join("cgroup.procs");
+        let meta = match fs::metadata(&procs) {
+            Ok(m) => m,
+            // Above the hierarchy's mount point: no cgroup.procs, the walk is over.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+            Err(e) => return Err(e),
+        };
+        let owned = meta.uid() != 0 && uids.contains(&meta.uid()) && meta.mode() & 0o200 != 0;
+        if owned || meta.mode() & 0o002 != 0 {
+            return Ok(true);
+        }
+        dir = d.parent();
+    }
+    Ok(false)
 }
 
 /// mountinfo escapes spaces and a few other bytes as `\ooo`.

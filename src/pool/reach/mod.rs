@@ -315,7 +315,7 @@ impl Reach {
                     };
                     // Read while the opener runs: only then does its pid name it.
                     let cgroups = pidfd.as_ref().and_then(|fd| {
-                        let cg = self.hierarchies.of_process(pid).ok()?;
+                        let cg = self.hierarchies.containing(pid).ok()?;
                         (!fanotify::exited(fd.as_fd()).ok()?).then_some(cg)
                     });
                     let Some(record) = st.files.get_mut(&id) else {
