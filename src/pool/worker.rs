@@ -16,6 +16,9 @@ use crate::policy::pool::Shape;
 use crate::scrub::{ScrubError, ScrubOptions};
 use crate::units::format_bytes;
 
+/// How long a release's proof waits for a lessee that has just exited to be torn down.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(2);
+
 /// How long refill waits after the kernel could not supply a file.
 const REFILL_BACKOFF: Duration = Duration::from_secs(2);
 
@@ -303,6 +306,29 @@ impl Pool {
         Some(id)
     }
 
+    /// [`Reach::prove`](super::reach::Reach::prove), given a moment for the teardown of a
+    /// lessee that has just exited: its mappings and files are released, and its io_uring
+    /// rings torn down, after its pidfd says it exited (from a kernel worker, or after a
+    /// `/proc` reader lets go of its memory). Only those two answers wait; every other one
+    /// is final at once.
+    fn prove_settled(
+        &self,
+        id: u64,
+        file: &std::fs::File,
+    ) -> Result<super::reach::Proof, Unproven> {
+        let deadline = Instant::now() + TEARDOWN_WAIT;
+        loop {
+            match self.reach.prove(id, file) {
+                Err(Unproven::OpenElsewhere | Unproven::IoUring { .. })
+                    if Instant::now() < deadline && !self.shutdown.load(Ordering::SeqCst) =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
     fn record(&self, id: u64) -> Option<FileRecord> {
         self.lock().files.get(&id).map(|e| e.rec.clone())
     }
@@ -336,7 +362,7 @@ impl Pool {
         let proof = match &released {
             None => Err(Unproven::NotWatched),
             Some(r) if r.recycle == Recycle::Kernel => Err(Unproven::Trust),
-            Some(_) => self.reach.prove(id, file.file()),
+            Some(_) => self.prove_settled(id, file.file()),
         };
         match proof {
             Ok(p) => {
