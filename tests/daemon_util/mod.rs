@@ -54,6 +54,20 @@ impl Env {
         env
     }
 
+    /// A second world on this machine (a second "host"), with a mount of `mount_bytes` whose
+    /// pages come out of `first`'s reservation (which must hold room for both): it takes no
+    /// lock or reservation of its own, and its daemon must run with `--no-reserve`.
+    #[allow(dead_code)]
+    pub fn beside(first: &Env, name: &str, mount_bytes: u64) -> Env {
+        assert!(
+            first._reservation.is_some(),
+            "{name}: the first world reserved nothing"
+        );
+        let mut env = Env::with_mount(name, &format!("pagesize=2M,size={mount_bytes}"));
+        env.mount_bytes = mount_bytes;
+        env
+    }
+
     fn with_mount(name: &str, options: &str) -> Env {
         let dir = std::env::temp_dir().join(format!("hugeprep-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
