@@ -26,6 +26,7 @@
 mod libvirt;
 mod qemu;
 mod report;
+pub mod storm;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
