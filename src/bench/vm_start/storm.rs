@@ -1,5 +1,8 @@
-//! `hugeprep bench vm-start --concurrent N`: a boot storm. N QEMUs (exec to QMP ready, VM
-//! paused) start at once, their memory prepared four ways, side by side in one run:
+//! `hugeprep bench vm-start --concurrent N`: a boot storm. N VMs start at once, QEMU alone
+//! (exec to QMP ready, VM paused) and through libvirt (`virsh create --paused` until it
+//! returns, in a private libvirtd with hugeprep's hook; libvirt's cases are those of the
+//! one-at-a-time run: `<hugepages/>` + immediate allocation, file-backed with the hook cold,
+//! and the hook on the warm pool), their memory prepared four ways, side by side in one run:
 //! - **immediate**: each QEMU preallocates a fresh file (`prealloc=on`);
 //! - **floor**: fresh files, no preallocation (the VMMs' own start cost);
 //! - **warm**: each takes a lease from hugeprep's pool, warm for all N (the lease is inside
@@ -18,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::{Result, VmStartBenchConfig, VmStartBenchError, SETTLE};
+use super::libvirt::LibvirtStarter;
+use super::{Case, Result, VmStartBenchConfig, VmStartBenchError, Vmm, SETTLE};
 use crate::bench::daemon::BenchDaemon;
 use crate::bench::qemu::{self as launcher, QemuConfig, QemuVm};
 use crate::bench::Summary;
@@ -56,13 +60,28 @@ impl StormCase {
         StormCase::HalfWarm,
     ];
 
-    /// The row label.
-    pub fn label(self, threads: usize) -> String {
+    /// The row label for `vmm`.
+    pub fn label(self, vmm: Vmm, threads: usize) -> String {
+        match (vmm, self) {
+            (Vmm::Qemu, StormCase::Immediate) => format!("prealloc=on, prealloc-threads={threads}"),
+            (Vmm::Qemu, StormCase::Floor) => "file, prealloc=off (floor)".into(),
+            (Vmm::Qemu, StormCase::Warm) => "hugeprep, pool warm for all".into(),
+            (Vmm::Qemu, StormCase::HalfWarm) => "hugeprep, pool warm for half".into(),
+            (Vmm::Libvirt, StormCase::Immediate) => {
+                format!("<hugepages/> + immediate, threads={threads}")
+            }
+            (Vmm::Libvirt, StormCase::Floor) => "file-backed, hook cold (floor)".into(),
+            (Vmm::Libvirt, StormCase::Warm) => "hugeprep hook, pool warm for all".into(),
+            (Vmm::Libvirt, StormCase::HalfWarm) => "hugeprep hook, pool warm for half".into(),
+        }
+    }
+
+    /// The one-at-a-time run's case with the same domain (libvirt storms reuse its XML).
+    fn domain_case(self) -> Case {
         match self {
-            StormCase::Immediate => format!("prealloc=on, prealloc-threads={threads}"),
-            StormCase::Floor => "file, prealloc=off (floor)".into(),
-            StormCase::Warm => "hugeprep, pool warm for all".into(),
-            StormCase::HalfWarm => "hugeprep, pool warm for half".into(),
+            StormCase::Immediate => Case::Immediate,
+            StormCase::Floor => Case::Floor,
+            StormCase::Warm | StormCase::HalfWarm => Case::Hugeprep,
         }
     }
 
@@ -99,6 +118,9 @@ pub struct StormCaseResult {
 /// One storm size.
 #[derive(Debug, Clone, Serialize)]
 pub struct StormResult {
+    /// How the VMs start: QEMU alone (exec to QMP ready) or libvirt (`virsh create --paused`
+    /// until it returns).
+    pub vmm: Vmm,
     /// VMs started at once.
     pub count: usize,
     /// Memory of each VM, bytes.
@@ -166,8 +188,9 @@ impl Drop for Holdback {
     }
 }
 
-/// One storm's world: scratch mount, pool mount, the daemon.
+/// One storm's world: scratch mount, pool mount, the daemon (and libvirtd, dropped first).
 struct StormWorld {
+    libvirt: Option<LibvirtStarter>,
     count: usize,
     size: u64,
     ps: PageSize,
@@ -206,9 +229,74 @@ impl StormWorld {
         Ok(())
     }
 
-    /// Starts the storm's N QEMUs at once; returns each VM's seconds to ready (from the
-    /// common start) with the VMs and leases given back.
-    fn storm(&self, case: StormCase, tag: usize) -> Result<Vec<f64>> {
+    /// Starts the storm's N VMs at once; returns each VM's seconds to ready (from the common
+    /// start) with the VMs and leases given back.
+    fn storm(&self, vmm: Vmm, case: StormCase, tag: usize) -> Result<Vec<f64>> {
+        match (vmm, &self.libvirt) {
+            (Vmm::Libvirt, Some(lv)) => self.storm_libvirt(lv, case, tag),
+            _ => self.storm_qemu(case, tag),
+        }
+    }
+
+    /// N `virsh create --paused` at once; each VM's time is until its virsh returned.
+    fn storm_libvirt(&self, lv: &LibvirtStarter, case: StormCase, tag: usize) -> Result<Vec<f64>> {
+        lv.set_cold(case == StormCase::Floor)?;
+        let uuids: Vec<String> = (0..self.count)
+            .map(|i| format!("57a0b007-0000-4000-8000-{:06x}{:06x}", tag % 0x100_0000, i))
+            .collect();
+        let mut files = Vec::with_capacity(self.count);
+        for uuid in &uuids {
+            let file = lv.xml_dir().join(format!("storm-{uuid}.xml"));
+            std::fs::write(
+                &file,
+                lv.domain_xml_of(self.size, self.threads, case.domain_case(), uuid),
+            )
+            .map_err(|source| VmStartBenchError::Io {
+                op: "write a storm domain's XML",
+                source,
+            })?;
+            files.push(file.to_string_lossy().into_owned());
+        }
+        let barrier = Arc::new(Barrier::new(self.count));
+        let started = Instant::now();
+        let outcomes: Vec<Result<f64>> = std::thread::scope(|s| {
+            let handles: Vec<_> = files
+                .iter()
+                .map(|file| {
+                    let barrier = Arc::clone(&barrier);
+                    s.spawn(move || {
+                        barrier.wait();
+                        lv.virsh_ok(&["create", "--paused", file])?;
+                        Ok(started.elapsed().as_secs_f64())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(VmStartBenchError::Invalid {
+                            field: "concurrent",
+                            reason: "a storm thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        // `release end` gives each hook lease back before destroy returns.
+        for (uuid, outcome) in uuids.iter().zip(&outcomes) {
+            if outcome.is_ok() {
+                lv.virsh_ok(&["destroy", uuid])?;
+            }
+        }
+        for file in &files {
+            let _ = std::fs::remove_file(file);
+        }
+        outcomes.into_iter().collect()
+    }
+
+    /// N QEMUs at once.
+    fn storm_qemu(&self, case: StormCase, tag: usize) -> Result<Vec<f64>> {
         let barrier = Arc::new(Barrier::new(self.count));
         let started = Instant::now();
         let outcomes: Vec<Result<(f64, QemuVm, Option<u64>)>> = std::thread::scope(|s| {
@@ -329,6 +417,15 @@ pub fn run(
             reason: "give VM counts of at least 1".into(),
         });
     }
+    let mut not_measured = Vec::new();
+    let mut vmms = cfg.vmms.clone();
+    if vmms.contains(&Vmm::Libvirt) {
+        if let Err(why) = super::libvirt::tools_present() {
+            log(&format!("not measured: libvirt: {why}"));
+            not_measured.push(format!("libvirt: {why}"));
+            vmms.retain(|&v| v != Vmm::Libvirt);
+        }
+    }
     let mut storms = Vec::new();
     let mut skipped = Vec::new();
     for &count in counts {
@@ -344,7 +441,7 @@ pub fn run(
             skipped.push(why);
             continue;
         }
-        storms.push(run_count(cfg, count, size, log)?);
+        storms.extend(run_count(cfg, &vmms, count, size, log)?);
     }
     Ok(StormReport {
         page_size: cfg.page_size,
@@ -352,18 +449,17 @@ pub fn run(
         reps: cfg.reps,
         storms,
         skipped,
-        not_measured: vec![
-            "libvirt: storms through libvirt are not built yet; QEMU alone only".to_string(),
-        ],
+        not_measured,
     })
 }
 
 fn run_count(
     cfg: &VmStartBenchConfig,
+    vmms: &[Vmm],
     count: usize,
     size: u64,
     log: &dyn Fn(&str),
-) -> Result<StormResult> {
+) -> Result<Vec<StormResult>> {
     let ps = cfg.page_size;
     let vm_pages = size / ps.bytes();
     let all_pages = count as u64 * vm_pages;
@@ -389,7 +485,19 @@ fn run_count(
         },
         &tmp.0.join("hugeprep.sock"),
     )?;
+    let libvirt = if vmms.contains(&Vmm::Libvirt) {
+        log("starting a private libvirtd (about 10 s: it probes QEMU)");
+        Some(LibvirtStarter::up_on(
+            cfg,
+            pool_mount.path(),
+            &tmp.0,
+            daemon.socket(),
+        )?)
+    } else {
+        None
+    };
     let world = StormWorld {
+        libvirt,
         count,
         size,
         ps,
@@ -400,9 +508,13 @@ fn run_count(
         daemon,
         policy,
     };
-    let mut all_ready: Vec<Vec<f64>> = vec![Vec::new(); StormCase::ALL.len()];
-    let mut per_vm: Vec<Vec<f64>> = vec![Vec::new(); StormCase::ALL.len()];
-    let n = StormCase::ALL.len();
+    let runs: Vec<(Vmm, StormCase)> = vmms
+        .iter()
+        .flat_map(|&v| StormCase::ALL.map(|c| (v, c)))
+        .collect();
+    let n = runs.len();
+    let mut all_ready: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut per_vm: Vec<Vec<f64>> = vec![Vec::new(); n];
     for (rep, timed) in std::iter::once((0, false)).chain((0..cfg.reps).map(|r| (r, true))) {
         for i in 0..n {
             if cfg
@@ -413,7 +525,7 @@ fn run_count(
                 return Err(VmStartBenchError::Cancelled);
             }
             let k = if timed { (rep + i) % n } else { i };
-            let case = StormCase::ALL[k];
+            let (vmm, case) = runs[k];
             let warm = case.warm_vms(count);
             // Fresh-file cases keep the pool warm for all: it holds the pages the fresh files
             // must not take, and the next warm storm finds it ready.
@@ -431,22 +543,23 @@ fn run_count(
             };
             let free = crate::hugetlb::pool::available(None, ps)?;
             let holdback = Holdback::reserve(&world.scratch, free.saturating_sub(needed), ps)?;
-            let seconds = world.storm(case, rep * n + k)?;
+            let seconds = world.storm(vmm, case, rep * n + k)?;
             drop(holdback);
             let slowest = seconds.iter().copied().fold(0.0, f64::max);
-            let label = case.label(cfg.threads);
+            let label = case.label(vmm, cfg.threads);
+            let vmm_name = format!("{vmm:?}").to_lowercase();
             if timed {
                 all_ready[k].push(slowest);
                 per_vm[k].extend(&seconds);
                 log(&format!(
-                    "{count} x {} rep {}/{}  {label:<36} all ready {slowest:.3} s",
+                    "{count} x {} rep {}/{}  {vmm_name:<8} {label:<36} all ready {slowest:.3} s",
                     format_bytes(size),
                     rep + 1,
                     cfg.reps
                 ));
             } else {
                 log(&format!(
-                    "{count} x {} warm-up  {label:<36} all ready {slowest:.3} s",
+                    "{count} x {} warm-up  {vmm_name:<8} {label:<36} all ready {slowest:.3} s",
                     format_bytes(size)
                 ));
             }
@@ -454,30 +567,41 @@ fn run_count(
     }
     world.set_warm(0)?;
     drop(world);
-    let floor = all_ready[1].clone();
-    let immediate = all_ready[0].clone();
-    let cases = StormCase::ALL
+    let per_vmm = StormCase::ALL.len();
+    let results = vmms
         .iter()
         .enumerate()
-        .filter_map(|(k, &case)| {
-            Some(StormCaseResult {
-                case,
-                label: case.label(cfg.threads),
-                all_ready: Summary::of(&all_ready[k])?,
-                all_ready_samples: all_ready[k].clone(),
-                per_vm_p50: Summary::quantile(&per_vm[k], 0.5)?,
-                per_vm_p99: Summary::quantile(&per_vm[k], 0.99)?,
-                over_floor: Summary::paired_ratio(&all_ready[k], &floor),
-                over_immediate: Summary::paired_ratio(&all_ready[k], &immediate),
-            })
+        .map(|(v, &vmm)| {
+            let base = v * per_vmm;
+            let immediate = all_ready[base].clone();
+            let floor = all_ready[base + 1].clone();
+            let cases = StormCase::ALL
+                .iter()
+                .enumerate()
+                .filter_map(|(c, &case)| {
+                    let k = base + c;
+                    Some(StormCaseResult {
+                        case,
+                        label: case.label(vmm, cfg.threads),
+                        all_ready: Summary::of(&all_ready[k])?,
+                        all_ready_samples: all_ready[k].clone(),
+                        per_vm_p50: Summary::quantile(&per_vm[k], 0.5)?,
+                        per_vm_p99: Summary::quantile(&per_vm[k], 0.99)?,
+                        over_floor: Summary::paired_ratio(&all_ready[k], &floor),
+                        over_immediate: Summary::paired_ratio(&all_ready[k], &immediate),
+                    })
+                })
+                .collect();
+            StormResult {
+                vmm,
+                count,
+                vm_bytes: size,
+                total_bytes: count as u64 * size,
+                cases,
+            }
         })
         .collect();
-    Ok(StormResult {
-        count,
-        vm_bytes: size,
-        total_bytes: count as u64 * size,
-        cases,
-    })
+    Ok(results)
 }
 
 impl StormReport {
@@ -485,15 +609,16 @@ impl StormReport {
     /// the ratios to the floor and to immediate preallocation.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "boot storm, QEMU alone (exec to QMP ready, paused), {} pages, {} threads, {} reps\n",
+            "boot storm: N VMs at once (QEMU alone: exec to QMP ready; libvirt: virsh create --paused returned), {} pages, {} threads, {} reps\n",
             self.page_size, self.threads, self.reps
         );
         for s in &self.storms {
             out.push_str(&format!(
-                "\n{} VMs x {} ({} in all)\n{:<36} {:>22} {:>9} {:>9} {:>8} {:>8}\n",
+                "\n{} VMs x {} ({} in all), {}\n{:<36} {:>22} {:>9} {:>9} {:>8} {:>8}\n",
                 s.count,
                 format_bytes(s.vm_bytes),
                 format_bytes(s.total_bytes),
+                format!("{:?}", s.vmm).to_lowercase(),
                 "case",
                 "all ready s (range)",
                 "vm p50",
