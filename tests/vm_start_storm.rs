@@ -60,4 +60,14 @@ fn bench_vm_start_storm_reports_every_case_and_rejects_bad_counts() {
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success());
     assert!(stderr.contains("--concurrent"), "{stderr}");
+    // --storm-refill belongs to a storm.
+    let bad = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .args(["bench", "vm-start", "--storm-refill", "--sizes", "32M"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--concurrent"),
+        "{bad:?}"
+    );
 }

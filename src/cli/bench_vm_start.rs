@@ -43,6 +43,11 @@ pub struct BenchVmStartArgs {
     /// of the first `--sizes` value, QEMU alone, instead of the one-at-a-time run.
     #[arg(long, value_delimiter = ',')]
     pub concurrent: Vec<usize>,
+    /// With --concurrent: run hugeprep's storms a second time with the free pages left to
+    /// the pool, so its refill behind the leases meets the starts (side by side with the
+    /// held-back runs).
+    #[arg(long, requires = "concurrent")]
+    pub storm_refill: bool,
     /// Write a chart (seconds to ready against memory size) to FILE as SVG.
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
@@ -78,7 +83,9 @@ pub fn run(args: BenchVmStartArgs) -> anyhow::Result<()> {
     if !args.concurrent.is_empty() {
         let size = args.sizes.first().copied().unwrap_or(1 << 30);
         let report =
-            vm_start::storm::run(&cfg, &args.concurrent, size, &|line| eprintln!("{line}"))?;
+            vm_start::storm::run(&cfg, &args.concurrent, size, args.storm_refill, &|line| {
+                eprintln!("{line}")
+            })?;
         return args.output.emit(&report, || report.table());
     }
     let report = vm_start::run(&cfg, &|line| eprintln!("{line}"))?;

@@ -99,6 +99,9 @@ impl StormCase {
 pub struct StormCaseResult {
     /// The case.
     pub case: StormCase,
+    /// Whether the pool was free to refill during the storm (`--storm-refill`); otherwise
+    /// the free pages were held back.
+    pub refill_free: bool,
     /// Row label.
     pub label: String,
     /// Seconds until every VM was ready, per repetition summarised.
@@ -140,6 +143,9 @@ pub struct StormReport {
     pub threads: usize,
     /// Measured repetitions per case.
     pub reps: usize,
+    /// Whether hugeprep's cases ran a second time with the pool free to refill during the
+    /// storm (`--storm-refill`); every other storm holds the free pages back.
+    pub with_refill: bool,
     /// Per storm size.
     pub storms: Vec<StormResult>,
     /// Storm sizes left out, and why.
@@ -408,6 +414,7 @@ pub fn run(
     cfg: &VmStartBenchConfig,
     counts: &[usize],
     size: u64,
+    with_refill: bool,
     log: &dyn Fn(&str),
 ) -> Result<StormReport> {
     super::check(cfg)?;
@@ -441,12 +448,13 @@ pub fn run(
             skipped.push(why);
             continue;
         }
-        storms.extend(run_count(cfg, &vmms, count, size, log)?);
+        storms.extend(run_count(cfg, &vmms, count, size, with_refill, log)?);
     }
     Ok(StormReport {
         page_size: cfg.page_size,
         threads: cfg.threads,
         reps: cfg.reps,
+        with_refill,
         storms,
         skipped,
         not_measured,
@@ -458,6 +466,7 @@ fn run_count(
     vmms: &[Vmm],
     count: usize,
     size: u64,
+    with_refill: bool,
     log: &dyn Fn(&str),
 ) -> Result<Vec<StormResult>> {
     let ps = cfg.page_size;
@@ -508,9 +517,15 @@ fn run_count(
         daemon,
         policy,
     };
-    let runs: Vec<(Vmm, StormCase)> = vmms
+    // (VMM, case, refill free): every case with the free pages held back, and with
+    // `--storm-refill` hugeprep's cases again with the pool free to refill behind the leases.
+    let mut cases: Vec<(StormCase, bool)> = StormCase::ALL.iter().map(|&c| (c, false)).collect();
+    if with_refill {
+        cases.extend([(StormCase::Warm, true), (StormCase::HalfWarm, true)]);
+    }
+    let runs: Vec<(Vmm, StormCase, bool)> = vmms
         .iter()
-        .flat_map(|&v| StormCase::ALL.map(|c| (v, c)))
+        .flat_map(|&v| cases.iter().map(move |&(c, r)| (v, c, r)))
         .collect();
     let n = runs.len();
     let mut all_ready: Vec<Vec<f64>> = vec![Vec::new(); n];
@@ -525,7 +540,7 @@ fn run_count(
                 return Err(VmStartBenchError::Cancelled);
             }
             let k = if timed { (rep + i) % n } else { i };
-            let (vmm, case) = runs[k];
+            let (vmm, case, refill_free) = runs[k];
             let warm = case.warm_vms(count);
             // Fresh-file cases keep the pool warm for all: it holds the pages the fresh files
             // must not take, and the next warm storm finds it ready.
@@ -542,11 +557,16 @@ fn run_count(
                 all_pages
             };
             let free = crate::hugetlb::pool::available(None, ps)?;
-            let holdback = Holdback::reserve(&world.scratch, free.saturating_sub(needed), ps)?;
+            let held = if refill_free {
+                0
+            } else {
+                free.saturating_sub(needed)
+            };
+            let holdback = Holdback::reserve(&world.scratch, held, ps)?;
             let seconds = world.storm(vmm, case, rep * n + k)?;
             drop(holdback);
             let slowest = seconds.iter().copied().fold(0.0, f64::max);
-            let label = case.label(vmm, cfg.threads);
+            let label = label_of(case, vmm, cfg.threads, refill_free);
             let vmm_name = format!("{vmm:?}").to_lowercase();
             if timed {
                 all_ready[k].push(slowest);
@@ -567,7 +587,7 @@ fn run_count(
     }
     world.set_warm(0)?;
     drop(world);
-    let per_vmm = StormCase::ALL.len();
+    let per_vmm = cases.len();
     let results = vmms
         .iter()
         .enumerate()
@@ -575,14 +595,15 @@ fn run_count(
             let base = v * per_vmm;
             let immediate = all_ready[base].clone();
             let floor = all_ready[base + 1].clone();
-            let cases = StormCase::ALL
+            let cases = cases
                 .iter()
                 .enumerate()
-                .filter_map(|(c, &case)| {
+                .filter_map(|(c, &(case, refill_free))| {
                     let k = base + c;
                     Some(StormCaseResult {
                         case,
-                        label: case.label(vmm, cfg.threads),
+                        refill_free,
+                        label: label_of(case, vmm, cfg.threads, refill_free),
                         all_ready: Summary::of(&all_ready[k])?,
                         all_ready_samples: all_ready[k].clone(),
                         per_vm_p50: Summary::quantile(&per_vm[k], 0.5)?,
@@ -604,17 +625,28 @@ fn run_count(
     Ok(results)
 }
 
+fn label_of(case: StormCase, vmm: Vmm, threads: usize, refill_free: bool) -> String {
+    let label = case.label(vmm, threads);
+    if refill_free {
+        format!("{label}, refill free")
+    } else {
+        label
+    }
+}
+
 impl StormReport {
     /// The table: per storm size and case, all-ready median and range, per-VM p50/p99, and
     /// the ratios to the floor and to immediate preallocation.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "boot storm: N VMs at once (QEMU alone: exec to QMP ready; libvirt: virsh create --paused returned), {} pages, {} threads, {} reps\n",
-            self.page_size, self.threads, self.reps
+            "boot storm: N VMs at once (QEMU alone: exec to QMP ready; libvirt: virsh create --paused returned), {} pages, {} threads, {} reps; free pages held back unless a row says \"refill free\"\n",
+            self.page_size,
+            self.threads,
+            self.reps,
         );
         for s in &self.storms {
             out.push_str(&format!(
-                "\n{} VMs x {} ({} in all), {}\n{:<36} {:>22} {:>9} {:>9} {:>8} {:>8}\n",
+                "\n{} VMs x {} ({} in all), {}\n{:<44} {:>22} {:>9} {:>9} {:>8} {:>8}\n",
                 s.count,
                 format_bytes(s.vm_bytes),
                 format_bytes(s.total_bytes),
@@ -629,7 +661,7 @@ impl StormReport {
             for c in &s.cases {
                 let ratio = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}x"));
                 out.push_str(&format!(
-                    "{:<36} {:>7.3} ({:.3}-{:.3}) {:>9.3} {:>9.3} {:>8} {:>8}\n",
+                    "{:<44} {:>7.3} ({:.3}-{:.3}) {:>9.3} {:>9.3} {:>8} {:>8}\n",
                     c.label,
                     c.all_ready.median,
                     c.all_ready.min,
