@@ -363,3 +363,84 @@ fn an_unreachable_daemon_is_reported_with_its_cause_once() {
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
     assert!(err.contains("is `hugeprep serve` running?"), "{err}");
 }
+
+/// The first start on a fresh host times the clearing methods on hugepages: the daemon raises
+/// the part of its pool the calibration buffer needs before it times, records that in the
+/// stored calibration (`memory`), and the ledger still ends at what the target needs. A
+/// calibration stored earlier on ordinary memory (`hugeprep cpu --state-dir` with no free
+/// hugepages) is measured again, and a restart reuses the hugepage one.
+#[test]
+fn first_start_calibrates_on_the_hugepages_it_raised() {
+    let env = Env::fresh("calibrate-fresh");
+    let before = node_pools();
+    let occupied = occupy_free_pages();
+    let state = env.state.to_str().unwrap().to_string();
+
+    // Nothing free: `hugeprep cpu` can only time ordinary memory, and stores that.
+    let cpu: serde_json::Value = serde_json::from_str(&stdout(&hugeprep(
+        &env,
+        &[
+            "cpu",
+            "--json",
+            "--calibration",
+            "auto",
+            "--state-dir",
+            &state,
+        ],
+    )))
+    .unwrap();
+    let measured = &cpu["calibration"]["measured"];
+    assert_eq!(measured["hugepage_backed"], false, "{cpu:#}");
+    assert_eq!(measured["memory"], "ordinary", "{cpu:#}");
+
+    let mut d = env.spawn(&["--warm", "4G", "--calibration", "auto"]);
+    let status = wait_status(&env, "4 GiB warm", |s| {
+        s["pool"]["kinds"][0]["warm_bytes"] == 4 * GIB
+    });
+    let calibration = &status["cpu"]["calibration"];
+    assert_eq!(
+        calibration["measured"]["memory"],
+        "daemon-hugepages",
+        "{calibration:#}\n{}",
+        env.log()
+    );
+    assert_eq!(calibration["measured"]["hugepage_backed"], true);
+    assert_eq!(calibration["origin"]["kind"], "measured");
+    assert!(
+        calibration["origin"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("timed on ordinary memory"),
+        "{calibration:#}"
+    );
+    // The calibration's pages were part of the raise, not on top of it.
+    assert_eq!(status["pool"]["kinds"][0]["reserved_pages"], 2048);
+    let text = stdout(&hugeprep(&env, &["status"]));
+    assert!(
+        text.contains("calibrated on 2M hugepages (added by the daemon for its warm target)"),
+        "{text}"
+    );
+    let record =
+        std::fs::read_to_string(env.state.join("calibration/records/clearing.json")).unwrap();
+    assert!(record.contains("\"daemon-hugepages\""), "{record}");
+    d.stop();
+
+    // A restart reuses the stored hugepage calibration and `hugeprep cpu` shows its memory.
+    let mut d = env.spawn(&["--warm", "4G", "--calibration", "auto"]);
+    let status = wait_status(&env, "4 GiB warm again", |s| {
+        s["pool"]["kinds"][0]["warm_bytes"] == 4 * GIB
+    });
+    assert_eq!(status["cpu"]["calibration"]["origin"]["kind"], "stored");
+    let text = stdout(&hugeprep(
+        &env,
+        &["cpu", "--calibration", "auto", "--state-dir", &state],
+    ));
+    assert!(
+        text.contains("of 2M hugepages (added by the daemon for its warm target)"),
+        "{text}"
+    );
+    stdout(&hugeprep(&env, &["drain", "--release-pools", "--json"]));
+    d.stop();
+    drop(occupied);
+    assert_eq!(node_pools(), before, "{}", env.log());
+}

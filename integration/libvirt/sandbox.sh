@@ -20,6 +20,9 @@
 #
 #   virsh -c "qemu:///system?socket=DIR/run/libvirt-sock" ...
 #
+# HUGEPREP_SANDBOX_HOST_UUID, when set at `up`, is libvirtd's host_uuid (two sandboxes as two
+# hosts for a migration).
+#
 # `down` destroys every domain, stops both daemons by their pid files, kills any QEMU left
 # (by the pid files libvirt wrote) and removes DIR.
 set -euo pipefail
@@ -104,6 +107,11 @@ log_outputs = "3:file:/var/log/libvirt/libvirtd.log"
 unix_sock_rw_perms = "0700"
 auth_unix_rw = "none"
 EOF
+    # A second sandbox as a second "host" (migration tests): libvirt refuses to migrate
+    # between two daemons with the same host UUID.
+    if [ -n "${HUGEPREP_SANDBOX_HOST_UUID:-}" ]; then
+        echo "host_uuid = \"$HUGEPREP_SANDBOX_HOST_UUID\"" >>"$dir/etc/libvirtd.conf"
+    fi
     cat >"$dir/etc/virtlogd.conf" <<EOF
 log_outputs = "3:file:/var/log/libvirt/virtlogd.log"
 EOF

@@ -59,6 +59,33 @@ pub struct MethodTiming {
     pub rounds: Vec<f64>,
 }
 
+/// Which memory a calibration's scratch buffer was on: the methods' speeds differ between
+/// hugepages and ordinary memory (TLB misses), and the daemon scrubs hugepages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CalibrationMemory {
+    /// 2M hugepages that were free in the kernel's pool.
+    FreeHugepages,
+    /// 2M hugepages the daemon added to the kernel's pool for its warm target, timed on
+    /// before the pool filled them.
+    DaemonHugepages,
+    /// Ordinary anonymous memory: no free hugepages to be had.
+    Ordinary,
+}
+
+impl CalibrationMemory {
+    /// Words for `hugeprep cpu` and the log.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CalibrationMemory::FreeHugepages => "2M hugepages (free in the kernel's pool)",
+            CalibrationMemory::DaemonHugepages => {
+                "2M hugepages (added by the daemon for its warm target)"
+            }
+            CalibrationMemory::Ordinary => "ordinary memory",
+        }
+    }
+}
+
 /// What calibration measured on this machine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {
@@ -70,6 +97,10 @@ pub struct Calibration {
     /// Why the buffer is not hugepage-backed, when it is not.
     #[serde(default)]
     pub backing_note: Option<String>,
+    /// Which memory the buffer was on; `None` in records stored before hugeprep said
+    /// (`hugepage_backed` still tells hugepages from ordinary memory).
+    #[serde(default)]
+    pub memory: Option<CalibrationMemory>,
     /// Wall time of the whole calibration, warm-up included, in milliseconds.
     #[serde(default)]
     pub elapsed_ms: f64,
@@ -98,6 +129,7 @@ impl Calibration {
     ///     buffer_bytes: 128 << 20,
     ///     hugepage_backed: true,
     ///     backing_note: None,
+    ///     memory: None,
     ///     elapsed_ms: 260.0,
     ///     methods: vec![
     ///         MethodTiming { method: Method::Avx512Nt, gbps: 73.0, rounds: vec![] },
@@ -211,6 +243,11 @@ pub fn calibrate_with(
     Ok(Calibration {
         buffer_bytes: len,
         hugepage_backed: backing_note.is_none(),
+        memory: Some(if backing_note.is_none() {
+            CalibrationMemory::FreeHugepages
+        } else {
+            CalibrationMemory::Ordinary
+        }),
         backing_note,
         elapsed_ms: began.elapsed().as_secs_f64() * 1e3,
         methods: timings,

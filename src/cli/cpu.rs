@@ -8,6 +8,7 @@ use serde::Serialize;
 use hugeprep::clear::{Calibration, CALIBRATION_ROUNDS};
 use hugeprep::cpu::{CpuInfo, LlcSource};
 use hugeprep::daemon::calibration::{decide_stored, CalibrationOrigin, StoredDecision};
+use hugeprep::daemon::calibration_pages::PagesFrom;
 use hugeprep::policy::{CalibrationMode, ClearingPolicy, Resolution};
 use hugeprep::sys::affinity::allowed_cpus;
 use hugeprep::units::format_bytes;
@@ -92,7 +93,7 @@ pub fn run(args: CpuArgs) -> anyhow::Result<()> {
         (None, mode) => mode,
     };
     let decision = match &args.state_dir {
-        Some(dir) => decide_stored(&policy, cpu, mode, dir, args.recalibrate)
+        Some(dir) => decide_stored(&policy, cpu, mode, dir, args.recalibrate, PagesFrom::Kernel)
             .context("calibration failed")?,
         None => {
             let (resolution, measured) = policy.decide(cpu, mode).context("calibration failed")?;
@@ -235,10 +236,11 @@ fn print_text(
     row("plan", &details);
     row("source", &r.source);
     if let Some(cal) = measured {
-        let backing = match (&cal.backing_note, cal.hugepage_backed) {
-            (_, true) => "2M hugepages".to_string(),
-            (Some(note), false) => format!("anonymous memory: {note}"),
-            (None, false) => "anonymous memory".to_string(),
+        let backing = match (&cal.backing_note, cal.hugepage_backed, cal.memory) {
+            (_, true, Some(memory)) => memory.describe().to_string(),
+            (_, true, None) => "2M hugepages".to_string(),
+            (Some(note), false, _) => format!("ordinary memory: {note}"),
+            (None, false, _) => "ordinary memory".to_string(),
         };
         let timings: Vec<String> = cal
             .methods

@@ -15,6 +15,7 @@ mod cpu;
 mod doctor;
 mod drain;
 mod lease;
+mod libvirt_adopt;
 mod libvirt_hook;
 mod mount;
 mod pool;
@@ -69,6 +70,8 @@ pub enum Command {
     QemuArgs(qemu_args::QemuArgsArgs),
     /// libvirt's QEMU hook: gives file-backed domains their memory from the pool.
     LibvirtHook(libvirt_hook::LibvirtHookArgs),
+    /// Rewrite `<hugepages>` domains into file-backed shared memory the hook serves.
+    LibvirtAdopt(libvirt_adopt::LibvirtAdoptArgs),
     /// Ask the daemon to delete its warm files and give memory back to the kernel.
     Drain(drain::DrainArgs),
     /// Let pools emptied by `drain` refill to their targets.
@@ -153,6 +156,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ChArgs(args) => ch_args::run(args),
         Command::Cpu(args) => cpu::run(args),
         Command::LibvirtHook(args) => libvirt_hook::run(args),
+        Command::LibvirtAdopt(args) => libvirt_adopt::run(args),
         Command::Drain(args) => drain::run(args),
         Command::Resume(args) => resume::run(args),
         Command::Doctor(args) => doctor::run(args),

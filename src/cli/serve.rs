@@ -6,6 +6,7 @@ use anyhow::Context;
 use hugeprep::api::CpuReport;
 use hugeprep::cpu::CpuInfo;
 use hugeprep::daemon::calibration::{decide_stored, StoredDecision};
+use hugeprep::daemon::calibration_pages::PagesFrom;
 use hugeprep::daemon::config::ConfigFile;
 use hugeprep::daemon::{self, DaemonConfig};
 use hugeprep::policy::pool::Verification;
@@ -227,7 +228,14 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
         .unwrap_or_else(|| daemon::DEFAULT_STATE_DIR.into());
     let redo = args.recalibrate || file.recalibrate;
     // Trust the rule, but verify it on this host: a failed calibration keeps the rule.
-    let decision = match decide_stored(&clearing, CpuInfo::host(), mode, &state_dir, redo) {
+    let decision = match decide_stored(
+        &clearing,
+        CpuInfo::host(),
+        mode,
+        &state_dir,
+        redo,
+        PagesFrom::Daemon { policy: &policy },
+    ) {
         Ok(decision) => decision,
         Err(err) => {
             tracing::warn!(%err, "calibration failed; clearing with the policy rule's method");

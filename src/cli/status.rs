@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use hugeprep::clear::CalibrationMemory;
 use hugeprep::client::Client;
 
 /// Show the daemon's leases and pool.
@@ -27,13 +28,26 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "clearing: {} (rule {}, decided by {})",
+        "clearing: {} (rule {}, decided by {}{})",
         cpu.method,
         cpu.rule,
-        format!("{:?}", cpu.decided_by).to_lowercase()
+        format!("{:?}", cpu.decided_by).to_lowercase(),
+        calibrated_on(&cpu).map_or(String::new(), |m| format!(", calibrated on {m}"))
     );
     print!("{}", super::pool::render_daemon_table(&pool));
     println!();
     super::lease::print_leases(&leases);
     Ok(())
+}
+
+/// Which memory the daemon's calibration was timed on, from `/v1/cpu`'s `calibration.measured`.
+fn calibrated_on(cpu: &hugeprep::api::CpuReport) -> Option<String> {
+    let measured = cpu.calibration.as_ref()?.get("measured")?;
+    let memory: Option<CalibrationMemory> =
+        serde_json::from_value(measured.get("memory")?.clone()).ok();
+    match memory {
+        Some(memory) => Some(memory.describe().to_string()),
+        None if measured.get("hugepage_backed")?.as_bool()? => Some("2M hugepages".into()),
+        None => Some("ordinary memory".into()),
+    }
 }

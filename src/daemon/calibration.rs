@@ -10,7 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::clear::{calibrate, CalibrateError, Calibration, Method};
+use super::calibration_pages::{self, PagesFrom};
+use crate::clear::{calibrate, CalibrateError, Calibration, CalibrationMemory, Method};
 use crate::cpu::CpuInfo;
 use crate::journal::{Journal, JournalError};
 use crate::policy::{CalibrationMode, ClearingPolicy, Resolution, CALIBRATION_BUDGET};
@@ -161,12 +162,18 @@ fn store(state_dir: &Path, record: &StoredCalibration) -> Result<(), StoreError>
 /// override when the CPU and policy are the same (so a re-measurement inside the
 /// hysteresis band keeps the earlier choice). A record that cannot be read or written
 /// is logged and otherwise ignored.
+///
+/// The methods are timed on 2M hugepages when `pages` can supply them (see
+/// [`calibration_pages`]), and a stored record timed on ordinary memory is measured again
+/// when they can: the daemon scrubs hugepages. The record says which memory it was timed on
+/// ([`Calibration::memory`]).
 pub fn decide_stored(
     policy: &ClearingPolicy,
     cpu: &CpuInfo,
     mode: CalibrationMode,
     state_dir: &Path,
     redo: bool,
+    pages: PagesFrom<'_>,
 ) -> Result<StoredDecision, CalibrateError> {
     let mut resolution = policy.resolve(cpu);
     if mode == CalibrationMode::Off {
@@ -184,6 +191,14 @@ pub fn decide_stored(
     let why = match &stored {
         None => "no stored calibration".to_string(),
         Some(_) if redo => "asked to recalibrate".to_string(),
+        Some(s)
+            if s.key == key
+                && !s.measured.hugepage_backed
+                && calibration_pages::hugepages_obtainable(pages) =>
+        {
+            "the stored calibration was timed on ordinary memory and hugepages can be had now"
+                .to_string()
+        }
         Some(s) if s.key == key => {
             resolution.apply_calibration(mode, &s.measured, s.override_method);
             return Ok(StoredDecision {
@@ -215,7 +230,11 @@ pub fn decide_stored(
         .as_ref()
         .filter(|s| s.key.same_cpu_and_policy(&key))
         .and_then(|s| s.override_method);
-    let measured = calibrate(CALIBRATION_BUDGET)?;
+    let provided = calibration_pages::provide(state_dir, pages);
+    let mut measured = calibrate(CALIBRATION_BUDGET)?;
+    if provided.raised > 0 && measured.hugepage_backed {
+        measured.memory = Some(CalibrationMemory::DaemonHugepages);
+    }
     resolution.apply_calibration(mode, &measured, previous);
     let override_method = resolution
         .calibration

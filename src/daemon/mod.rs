@@ -7,6 +7,7 @@
 //! with its file, line and field, and the running one stays.
 
 pub mod calibration;
+pub mod calibration_pages;
 pub mod config;
 pub mod mounts;
 mod notify;

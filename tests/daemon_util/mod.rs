@@ -36,14 +36,24 @@ impl Env {
     /// A machine that cannot supply a few MiB of 2 MiB pages cannot run the suite: that fails
     /// the test rather than skipping it.
     pub fn new(name: &str, mount_bytes: u64) -> Env {
-        let pages = mount_bytes / PageSize::Size2M.bytes();
-        let reservation = HugepageReservation::ensure_free(PageSize::Size2M, pages)
-            .expect("reading/writing the hugepage pool (run as root)")
-            .unwrap_or_else(|| panic!("{name}: the kernel cannot supply {pages} 2 MiB pages"));
-        let mut env = Env::with_mount(name, &format!("pagesize=2M,size={mount_bytes}"));
+        Env::try_with_page_size(name, PageSize::Size2M, mount_bytes).unwrap_or_else(|| {
+            panic!("{name}: the kernel cannot supply {mount_bytes} bytes of 2 MiB pages")
+        })
+    }
+
+    /// As [`Env::new`] with pages of `page_size`; `None` when the kernel cannot supply them
+    /// (1 GiB pages need contiguous memory, which a long-running host may lack).
+    pub fn try_with_page_size(name: &str, page_size: PageSize, mount_bytes: u64) -> Option<Env> {
+        let pages = mount_bytes / page_size.bytes();
+        let reservation = HugepageReservation::ensure_free(page_size, pages)
+            .expect("reading/writing the hugepage pool (run as root)")?;
+        let mut env = Env::with_mount(
+            name,
+            &format!("pagesize={},size={mount_bytes}", page_size.name()),
+        );
         env.mount_bytes = mount_bytes;
         env._reservation = Some(reservation);
-        env
+        Some(env)
     }
 
     /// As [`Env::new`] for `page_size` pages; `None` when the kernel cannot supply them (1 GiB
@@ -68,6 +78,20 @@ impl Env {
         let lock = hugeprep::testing::lock().expect("taking the hugepage test lock");
         let mut env = Env::with_mount(name, "pagesize=2M");
         env._lock = Some(lock);
+        env
+    }
+
+    /// A second world on this machine (a second "host"), with a mount of `mount_bytes` whose
+    /// pages come out of `first`'s reservation (which must hold room for both): it takes no
+    /// lock or reservation of its own, and its daemon must run with `--no-reserve`.
+    #[allow(dead_code)]
+    pub fn beside(first: &Env, name: &str, mount_bytes: u64) -> Env {
+        assert!(
+            first._reservation.is_some(),
+            "{name}: the first world reserved nothing"
+        );
+        let mut env = Env::with_mount(name, &format!("pagesize=2M,size={mount_bytes}"));
+        env.mount_bytes = mount_bytes;
         env
     }
 

@@ -49,11 +49,24 @@ impl Lab {
     /// A mount of `mount_bytes`, a daemon keeping `warm` bytes warm in 32 MiB files, and a
     /// libvirtd whose hook fails starts on shortage or a missing daemon.
     pub fn new(name: &str, mount_bytes: u64, warm: u64) -> Lab {
-        let env = Env::new(name, mount_bytes);
-        let daemon_args: Vec<String> = ["--warm", &format!("{}M", warm / MIB), "--sizes", "32M"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        Lab::on(Env::new(name, mount_bytes), warm, 32 * MIB)
+    }
+
+    /// A lab on `env` (its mount's page size), the daemon keeping `warm` bytes warm in files
+    /// of `file_size`.
+    pub fn on(env: Env, warm: u64, file_size: u64) -> Lab {
+        let page_size = hugeprep::hugetlb::hugetlbfs_page_size(&env.mount)
+            .unwrap()
+            .unwrap();
+        let daemon_args: Vec<String> = [
+            "--page-size".to_string(),
+            page_size.name().to_string(),
+            "--warm".to_string(),
+            format!("{}M", warm / MIB),
+            "--sizes".to_string(),
+            format!("{}M", file_size / MIB),
+        ]
+        .to_vec();
         let daemon = env.spawn(&daemon_args.iter().map(String::as_str).collect::<Vec<_>>());
         daemon.settle(warm);
         let backing = env.mount.join("libvirt-backing");

@@ -65,12 +65,23 @@ impl LibvirtStarter {
     /// Starts libvirtd with `memory_backing_dir` on the pool's mount and the hook pointed at
     /// the world's daemon.
     pub fn up(cfg: &VmStartBenchConfig, world: &World) -> Result<LibvirtStarter> {
-        let backing = world.pool_mount.join("libvirt-backing");
+        LibvirtStarter::up_on(cfg, &world.pool_mount, &world.tmp, world.daemon.socket())
+    }
+
+    /// [`LibvirtStarter::up`] on a pool mount, a run directory and a daemon socket (the
+    /// boot storm's world).
+    pub(super) fn up_on(
+        cfg: &VmStartBenchConfig,
+        pool_mount: &Path,
+        tmp: &Path,
+        socket: &Path,
+    ) -> Result<LibvirtStarter> {
+        let backing = pool_mount.join("libvirt-backing");
         let mut config = HookConfig::new(&backing);
-        config.socket = world.daemon.socket().to_path_buf();
-        let config_path = world.tmp.join("libvirt-hook.toml");
+        config.socket = socket.to_path_buf();
+        let config_path = tmp.join("libvirt-hook.toml");
         let served = config.to_toml();
-        config.socket = world.tmp.join("no-daemon.sock");
+        config.socket = tmp.join("no-daemon.sock");
         config.on_daemon_down = Fallback::Cold;
         let cold = config.to_toml();
         write_config(&config_path, &served)?;
@@ -79,20 +90,30 @@ impl LibvirtStarter {
             cfg.hook_binary.display(),
             config_path.display()
         );
-        let sandbox = Sandbox::up(&world.tmp.join("libvirt"), &backing, Some(&hook))?;
+        let sandbox = Sandbox::up(&tmp.join("libvirt"), &backing, Some(&hook))?;
         Ok(LibvirtStarter {
             sandbox,
             config_path,
             served,
             cold,
-            xml_dir: world.tmp.clone(),
+            xml_dir: tmp.to_path_buf(),
             qemu: cfg.qemu.clone(),
             next_uuid: 0,
         })
     }
 
     fn domain_xml(&self, world: &World, case: Case, uuid: &str) -> String {
-        let threads = world.threads;
+        self.domain_xml_of(world.size, world.threads, case, uuid)
+    }
+
+    /// The domain of `size` bytes for `case`, with `threads` for an immediate allocation.
+    pub(super) fn domain_xml_of(
+        &self,
+        size: u64,
+        threads: usize,
+        case: Case,
+        uuid: &str,
+    ) -> String {
         let backing = match case {
             Case::Immediate => {
                 format!("<hugepages/><allocation mode='immediate' threads='{threads}'/>")
@@ -123,12 +144,25 @@ impl LibvirtStarter {
   </devices>
 </domain>
 ",
-            world.size >> 10,
+            size >> 10,
             self.qemu.display()
         )
     }
 
-    fn virsh_ok(&self, args: &[&str]) -> Result<()> {
+    /// Points the hook at the daemon, or (`cold`) at no daemon with a cold fallback.
+    pub(super) fn set_cold(&self, cold: bool) -> Result<()> {
+        write_config(
+            &self.config_path,
+            if cold { &self.cold } else { &self.served },
+        )
+    }
+
+    /// The directory for domain XML files.
+    pub(super) fn xml_dir(&self) -> &Path {
+        &self.xml_dir
+    }
+
+    pub(super) fn virsh_ok(&self, args: &[&str]) -> Result<()> {
         let out = self.sandbox.virsh(args)?;
         if out.status.success() {
             return Ok(());

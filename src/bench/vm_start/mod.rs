@@ -28,6 +28,7 @@ mod cloud_hypervisor;
 mod libvirt;
 mod qemu;
 mod report;
+pub mod storm;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

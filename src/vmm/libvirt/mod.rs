@@ -13,7 +13,9 @@
 //! - [`hook`]: the actions against the daemon.
 //! - [`config`]: the hook's configuration file.
 //! - [`sandbox`]: a private libvirtd for tests and benchmarks.
+//! - [`adopt`]: rewriting a `<hugepages>` domain into file-backed memory the hook serves.
 
+pub mod adopt;
 pub mod config;
 pub mod domain;
 pub mod error;
