@@ -73,6 +73,8 @@ impl StormCase {
             (Vmm::Libvirt, StormCase::Floor) => "file-backed, hook cold (floor)".into(),
             (Vmm::Libvirt, StormCase::Warm) => "hugeprep hook, pool warm for all".into(),
             (Vmm::Libvirt, StormCase::HalfWarm) => "hugeprep hook, pool warm for half".into(),
+            // Storms start QEMU alone or through libvirt; `run` leaves cloud-hypervisor out.
+            (Vmm::CloudHypervisor, case) => format!("cloud-hypervisor ({case:?}, not stormed)"),
         }
     }
 
@@ -378,6 +380,7 @@ impl StormWorld {
             StormCase::Warm | StormCase::HalfWarm => {
                 let client = Client::new(self.daemon.socket());
                 let lease = client.blocking(client.lease(&crate::pool::LeaseRequest {
+                    recycle: None,
                     name: format!("storm-{tag}-{i}"),
                     size: self.size,
                     page_size: Some(self.ps),
@@ -426,6 +429,11 @@ pub fn run(
     }
     let mut not_measured = Vec::new();
     let mut vmms = cfg.vmms.clone();
+    if vmms.contains(&Vmm::CloudHypervisor) {
+        log("not measured: cloud-hypervisor: storms start QEMU alone and through libvirt");
+        not_measured.push("cloud-hypervisor: storms start QEMU alone and through libvirt".into());
+        vmms.retain(|&v| v != Vmm::CloudHypervisor);
+    }
     if vmms.contains(&Vmm::Libvirt) {
         if let Err(why) = super::libvirt::tools_present() {
             log(&format!("not measured: libvirt: {why}"));
