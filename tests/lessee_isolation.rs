@@ -233,6 +233,38 @@ fn a_child_in_another_cgroup_that_keeps_a_mapping_reaches_nothing() {
     check_kernel_path(&env, &d, first, &next, 0, child);
 }
 
+/// A process of the lessees' user that never opens the file but keeps a way to reopen it
+/// (`mode`), while the VMM writes its memory and exits from a cgroup of its own.
+fn holder_beside_a_vmm(name: &str, mode: &str, reason: &str) {
+    let (env, d) = world(name, &[]);
+    let victim = lease_for_nobody(&d, "victim");
+    let first = ino(&victim);
+    let mut holder = Lessee::spawn(mode, &victim.path, SIZE, true, &[]);
+    holder.ready();
+    let mut vmm = Lessee::spawn("write", &victim.path, SIZE, true, &[]);
+    vmm.nonzero();
+    vmm.ready();
+    vmm.exit();
+    let (next, seen) = next_lessee(&d, &victim, &mut holder);
+    assert_eq!(seen, 0, "the holder read {seen} bytes of the next lessee");
+    assert!(
+        env.log().contains(&format!("reason=\"{reason}\"")),
+        "{}",
+        env.log()
+    );
+    check_kernel_path(&env, &d, first, &next, 0, holder);
+}
+
+#[test]
+fn an_o_path_descriptor_kept_by_another_process_reaches_nothing() {
+    holder_beside_a_vmm("reach-opath", "opath", "descriptor");
+}
+
+#[test]
+fn a_bind_mount_in_a_user_namespace_reaches_nothing() {
+    holder_beside_a_vmm("reach-bind", "bind", "mount");
+}
+
 #[test]
 fn a_lessee_in_a_cgroup_delegated_to_its_user_is_not_proven_gone() {
     // A user session's subtree is delegated to its user: a lessee there could move a child

@@ -206,9 +206,13 @@ impl BackingFile {
 
     /// Opens an existing hugetlbfs file; its length must be a whole number of pages.
     pub fn open(path: &Path, page_size: PageSize) -> Result<BackingFile> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // O_NONBLOCK: a file lease someone else holds (a lessee may take one on its file)
+        // fails the open with EWOULDBLOCK instead of stalling it for lease-break-time.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_NONBLOCK)
             .open(path)
             .map_err(io_err("open", path))?;
         let size = file.metadata().map_err(io_err("stat", path))?.len();

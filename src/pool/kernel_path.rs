@@ -41,6 +41,11 @@ impl Pool {
                     );
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => tracing::warn!(
+                    id = rec.id,
+                    name = released.map_or("", |r| r.name.as_str()),
+                    "another process holds a file lease on a released file: deleted without truncating, its pages stay with that process"
+                ),
                 Err(e) => return Err(e),
             }
         }
@@ -59,7 +64,9 @@ impl Pool {
     fn truncate_counting(&self, path: &Path, rec: &FileRecord) -> io::Result<u64> {
         let file = fs::OpenOptions::new()
             .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            // O_NONBLOCK: a lease someone else holds on the file fails the open at once (the
+            // file is then only unlinked) instead of stalling the worker for lease-break-time.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open(path)?;
         let pages = file.metadata()?.len() / rec.page_size.bytes();
         let before = node_free_pages(rec.node, rec.page_size);

@@ -19,6 +19,7 @@ const MODE: &str = "HUGEPREP_LESSEE";
 const PATH: &str = "HUGEPREP_LESSEE_PATH";
 const SIZE: &str = "HUGEPREP_LESSEE_SIZE";
 const SOCKET: &str = "HUGEPREP_LESSEE_SOCKET";
+const GONE: &str = "HUGEPREP_LESSEE_GONE";
 
 /// The byte the next lessee writes everywhere: what the attacker looks for.
 pub const SECRET: u8 = 0xa5;
@@ -251,6 +252,9 @@ impl Drop for Lessee {
 /// What the lessee kept.
 enum Kept {
     Nothing,
+    /// A path that reaches the file again (an `O_PATH` descriptor's `/proc/self/fd/N`, a
+    /// bind mount), opened only when asked to read.
+    Reopen(PathBuf, Option<OwnedFd>),
     /// An io_uring with the mapping's pages registered, and the registered address.
     Ring(Box<io_uring::IoUring>, u64, usize),
     Pipe(OwnedFd),
@@ -328,6 +332,19 @@ impl Kept {
                 let n = f.read(&mut out).unwrap();
                 count(&out[..n])
             }
+            Kept::Reopen(path, _) => {
+                match fs::OpenOptions::new().read(true).write(true).open(&*path) {
+                    Ok(f) => {
+                        let len = f.metadata().unwrap().len() as usize;
+                        if len == 0 {
+                            return 0;
+                        }
+                        let r = MmapRegion::shared_file(f.as_fd(), 0, len.min(size)).unwrap();
+                        count(r.as_slice())
+                    }
+                    Err(_) => 0,
+                }
+            }
             Kept::Link(link) => match fs::OpenOptions::new().read(true).write(true).open(&*link) {
                 Ok(f) => {
                     let len = f.metadata().unwrap().len() as usize;
@@ -353,8 +370,11 @@ pub fn entry() {
     let size: usize = std::env::var(SIZE).unwrap().parse().unwrap();
     let mut input = std::io::stdin().lock();
     let mut line = String::new();
-    input.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "go");
+    // A lessee that carries on another's run by exec was told to go already.
+    if std::env::var(GONE).is_err() {
+        input.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "go");
+    }
     let mut kept = match mode.as_str() {
         // An ordinary VMM: writes its guest's memory, then exits.
         // First says how many bytes it found not zero.
@@ -418,6 +438,48 @@ pub fn entry() {
             fs::hard_link(&path, &link).unwrap();
             Kept::Link(link)
         }
+        // Keeps an O_PATH descriptor: no open file, no open event; reopened through
+        // /proc/self/fd when asked to read.
+        "opath" => {
+            let fd = nix::fcntl::open(
+                &path,
+                nix::fcntl::OFlag::O_PATH,
+                nix::sys::stat::Mode::empty(),
+            )
+            .unwrap();
+            // SAFETY: the descriptor just opened is ours alone.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let reopen = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+            Kept::Reopen(reopen, Some(fd))
+        }
+        // Binds the lease file onto a file of its own in a user and mount namespace it makes
+        // (no privilege needed), then becomes a `reopen` lessee in there, which opens the
+        // mount point only when asked to read. (unshare(2) refuses a threaded process: the
+        // util-linux tool makes the namespace, this process carries on in it by exec.)
+        "bind" => {
+            use std::os::unix::process::CommandExt;
+            let target = std::env::temp_dir().join(format!("hugeprep-bind-{}", std::process::id()));
+            fs::write(&target, b"").unwrap();
+            let err = Command::new("unshare")
+                .args(["--user", "--map-root-user", "--mount", "--", "sh", "-c"])
+                .arg(r#"mount --bind "$0" "$1" && shift && exec "$@""#)
+                .arg(&path)
+                .arg(&target)
+                .arg(std::env::current_exe().unwrap())
+                .args([
+                    "lessee_entry",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                    "-q",
+                ])
+                .env(MODE, "reopen")
+                .env(SOCKET, &target)
+                .env(GONE, "1")
+                .exec();
+            panic!("exec unshare: {err}");
+        }
+        "reopen" => Kept::Reopen(PathBuf::from(std::env::var(SOCKET).unwrap()), None),
         // Opens the link only when asked to read: a later process of the same user.
         "link-read" => Kept::Link(PathBuf::from(std::env::var(SOCKET).unwrap())),
         "map" => {

@@ -13,18 +13,19 @@
 //!    io_uring registered file;
 //! 4. every process that opened it has exited, and with it everything it started: one of
 //!    the non-root cgroups it was in when it opened is empty ([`cgroup`]);
-//! 5. when anyone but the daemon opened it: no process but the daemon holds an io_uring
-//!    with registered buffers ([`uring`]), the one page reference that can outlive all of
-//!    the above in a process outside the openers' cgroups.
+//! 5. no process but the daemon holds a descriptor of it (an `O_PATH` one is no open file
+//!    and makes no open event), a mount inside its hugetlbfs (a bind mount in a user
+//!    namespace), or an io_uring with registered buffers, the page reference that can outlive
+//!    all of the above in a process outside the openers' cgroups ([`scan`]).
 //!
 //! Page references (a long-term pin, pages `vmsplice`d into a pipe, a DMA mapping) can only
 //! be taken through a mapping, and a mapping only through an open file: 1-4 bound who can
 //! hold them. What no check sees is a page reference other than an io_uring buffer (a pipe,
-//! a DMA mapping) that an opener handed over a unix socket to a live process outside its
-//! cgroups; `recycle = "kernel"` closes that too.
+//! a DMA mapping), or a descriptor in flight in a unix socket, that an opener handed to a
+//! live process outside its cgroups; `recycle = "kernel"` closes that too.
 
 pub mod cgroup;
-pub mod uring;
+pub mod scan;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -89,6 +90,19 @@ pub enum Unproven {
         /// The process.
         pid: u32,
     },
+    /// A process holds a descriptor of the file (an `O_PATH` one counts as no open file).
+    #[error("process {pid} holds a descriptor of it")]
+    Descriptor {
+        /// The process.
+        pid: u32,
+    },
+    /// A mount namespace holds a mount of it, or of the mount's inside, or is held by a
+    /// descriptor alone.
+    #[error("the mount namespace of process {pid} holds a mount inside the hugetlbfs, or one no process is in")]
+    Mount {
+        /// The process.
+        pid: u32,
+    },
     /// A step could not be carried out; the proof fails closed.
     #[error("{step}: {message}")]
     Error {
@@ -112,12 +126,14 @@ impl Unproven {
             Unproven::OpenerUnknown { .. } => "opener-unknown",
             Unproven::OpenerCgroup { .. } => "opener-cgroup",
             Unproven::IoUring { .. } => "io-uring",
+            Unproven::Descriptor { .. } => "descriptor",
+            Unproven::Mount { .. } => "mount",
             Unproven::Error { .. } => "error",
         }
     }
 
     /// Every label, for metrics that list them all.
-    pub const LABELS: [&'static str; 10] = [
+    pub const LABELS: [&'static str; 12] = [
         "trust",
         "not-watched",
         "lost-events",
@@ -127,6 +143,8 @@ impl Unproven {
         "opener-unknown",
         "opener-cgroup",
         "io-uring",
+        "descriptor",
+        "mount",
         "error",
     ];
 }
@@ -404,10 +422,14 @@ impl Reach {
             }
             record.openers.len()
         };
-        if openers > 0 {
-            if let Some(pid) = uring::foreign_buffers().map_err(fail("io_uring scan"))? {
-                return Err(Unproven::IoUring { pid });
-            }
+        // Descriptors (O_PATH ones too), mounts and io_uring buffers are found by no open
+        // event: every release walks /proc.
+        let meta = file.metadata().map_err(fail("fstat"))?;
+        match scan::find(meta.dev(), meta.ino()).map_err(fail("scan of /proc"))? {
+            None => {}
+            Some(scan::Finding::Descriptor { pid }) => return Err(Unproven::Descriptor { pid }),
+            Some(scan::Finding::Mount { pid }) => return Err(Unproven::Mount { pid }),
+            Some(scan::Finding::IoUring { pid }) => return Err(Unproven::IoUring { pid }),
         }
         Ok(Proof {
             openers,

@@ -1,0 +1,266 @@
+//! What no open file and no opener shows: one walk of every process's descriptors and mount
+//! namespaces, failing closed.
+//!
+//! - A descriptor of the file itself, even an `O_PATH` one: it counts as no open file for
+//!   the write lease and makes no open event, but `/proc/self/fd/N` reopens it with a
+//!   permission check against the inode's owner at that moment, the next lessee's user.
+//! - A mount of the file (or of a directory of the mount below its root) in a mount
+//!   namespace an unprivileged user made (`unshare -Urm`, `mount --bind`): it holds the
+//!   inode by path, reopened the same way. A descriptor of a mount namespace that no process
+//!   is in (it may hold such a mount) counts too.
+//! - An io_uring with registered buffers: they pin pages after the mapping and the file are
+//!   gone, and its descriptor can be handed to a process outside the openers' cgroups that
+//!   never opened the file. Its `fdinfo` lists buffers by address only, so any such ring
+//!   outside the daemon counts.
+//!
+//! A process the daemon may not inspect (it has capabilities the daemon's unit leaves out, as
+//! the init of a container host does) is skipped when it runs as root: root processes are the
+//! host's trusted base, as they are for the kernel's own path (they can read any memory).
+//! Any other process that cannot be read fails the scan.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::fcntl::AtFlags;
+use nix::sys::stat::fstatat;
+
+/// Something that can still reach a released file's pages or inode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    /// A descriptor of the file (any kind, `O_PATH` too).
+    Descriptor {
+        /// Holder.
+        pid: u32,
+    },
+    /// A mount below the root of the file's hugetlbfs, or a mount namespace no process is
+    /// in.
+    Mount {
+        /// The process whose namespace (or descriptor) it is.
+        pid: u32,
+    },
+    /// An io_uring with registered buffers.
+    IoUring {
+        /// Holder.
+        pid: u32,
+    },
+}
+
+/// What a `/proc/PID/...` read error means for the scan.
+fn vanished(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH))
+}
+
+fn denied(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EACCES)
+}
+
+/// Whether every uid of the process under `/proc/PID` is 0 (`false` when unknown).
+fn runs_as_root(proc_dir: &Path) -> bool {
+    fs::read_to_string(proc_dir.join("status")).is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .is_some_and(|ids| ids.split_whitespace().all(|id| id == "0"))
+    })
+}
+
+/// An error reading `/proc`, with the path it came from.
+struct ProcError(std::path::PathBuf, io::Error);
+
+impl ProcError {
+    fn into_io(self) -> io::Error {
+        io::Error::new(self.1.kind(), format!("{}: {}", self.0.display(), self.1))
+    }
+}
+
+/// `e`, naming the path it came from.
+fn at(path: &Path, e: io::Error) -> ProcError {
+    ProcError(path.to_path_buf(), e)
+}
+
+/// `major:minor` as `/proc/PID/mountinfo` prints a device number.
+fn mountinfo_dev(dev: u64) -> String {
+    format!("{}:{}", libc::major(dev), libc::minor(dev))
+}
+
+/// Walks every process but this one for the file `(dev, ino)`; the first finding, or an
+/// error when some process could not be read (the caller fails closed).
+pub fn find(dev: u64, ino: u64) -> io::Result<Option<Finding>> {
+    let me = std::process::id();
+    let dev_text = mountinfo_dev(dev);
+    let mut namespaces_in_use = BTreeSet::new();
+    let mut namespaces_held: Vec<(u32, String)> = Vec::new();
+    for entry in fs::read_dir("/proc")? {
+        let entry = entry?;
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let base = entry.path();
+        match process(
+            &base,
+            pid,
+            dev,
+            ino,
+            &dev_text,
+            &mut namespaces_in_use,
+            &mut namespaces_held,
+        ) {
+            Ok(Some(f)) => return Ok(Some(f)),
+            Ok(None) => {}
+            Err(ProcError(_, e)) if vanished(&e) => {}
+            Err(ProcError(_, e)) if denied(&e) && runs_as_root(&base) => {}
+            Err(e) => return Err(e.into_io()),
+        }
+    }
+    // A namespace kept alive by a descriptor alone was not read through any process.
+    for (pid, ns) in namespaces_held {
+        if !namespaces_in_use.contains(&ns) {
+            return Ok(Some(Finding::Mount { pid }));
+        }
+    }
+    Ok(None)
+}
+
+/// One process: its mount namespace (read once per namespace) and its descriptors.
+fn process(
+    base: &Path,
+    pid: u32,
+    dev: u64,
+    ino: u64,
+    dev_text: &str,
+    in_use: &mut BTreeSet<String>,
+    held: &mut Vec<(u32, String)>,
+) -> Result<Option<Finding>, ProcError> {
+    let ns = fs::read_link(base.join("ns/mnt")).map_err(|e| at(&base.join("ns/mnt"), e))?;
+    let ns = ns.to_string_lossy().into_owned();
+    if in_use.insert(ns) {
+        let info = fs::read_to_string(base.join("mountinfo"))
+            .map_err(|e| at(&base.join("mountinfo"), e))?;
+        for line in info.lines() {
+            let mut f = line.split(' ').skip(2);
+            if let (Some(d), Some(root)) = (f.next(), f.next()) {
+                if d == dev_text && root != "/" {
+                    return Ok(Some(Finding::Mount { pid }));
+                }
+            }
+        }
+    }
+    let fd_dir = base.join("fd");
+    let dir = fs::File::open(&fd_dir).map_err(|e| at(&fd_dir, e))?;
+    for fd in fs::read_dir(&fd_dir).map_err(|e| at(&fd_dir, e))? {
+        let fd = match fd {
+            Ok(fd) => fd,
+            Err(e) if vanished(&e) => continue,
+            Err(e) => return Err(at(&fd_dir, e)),
+        };
+        let target = match fs::read_link(fd.path()) {
+            Ok(t) => t,
+            Err(e) if vanished(&e) => continue,
+            Err(e) => return Err(at(&fd.path(), e)),
+        };
+        let target = target.as_os_str().as_bytes();
+        if target == b"anon_inode:[io_uring]" {
+            let info = base.join("fdinfo").join(fd.file_name());
+            let text = match fs::read_to_string(&info) {
+                Ok(t) => t,
+                Err(e) if vanished(&e) => continue,
+                Err(e) => return Err(at(&info, e)),
+            };
+            if registered_buffers(&text) != Some(0) {
+                return Ok(Some(Finding::IoUring { pid }));
+            }
+            continue;
+        }
+        if target.starts_with(b"mnt:[") {
+            held.push((pid, String::from_utf8_lossy(target).into_owned()));
+            continue;
+        }
+        if target.first() != Some(&b'/') {
+            continue;
+        }
+        // The descriptor's own file, through the magic link (an O_PATH one too).
+        match fstatat(
+            Some(dir.as_raw_fd()),
+            fd.file_name().as_os_str(),
+            AtFlags::empty(),
+        ) {
+            Ok(st) if st.st_dev == dev && st.st_ino == ino => {
+                return Ok(Some(Finding::Descriptor { pid }))
+            }
+            Ok(_) => {}
+            Err(nix::errno::Errno::ENOENT) => {}
+            // A descriptor of something else the daemon may not stat (a socket of another
+            // namespace, a deleted file's link target): it is not the pool file, which the
+            // daemon owns and may always stat.
+            Err(nix::errno::Errno::EACCES) => {}
+            Err(e) => return Err(at(&fd.path(), io::Error::from(e))),
+        }
+    }
+    Ok(None)
+}
+
+/// `UserBufs:` of an io_uring's fdinfo; `None` when the line is missing (counted as held).
+fn registered_buffers(fdinfo: &str) -> Option<u64> {
+    fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("UserBufs:"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_bufs_is_read_from_fdinfo() {
+        assert_eq!(
+            registered_buffers("pos:\t0\nUserBufs:\t2\n    0: 0x7f/4096\n"),
+            Some(2)
+        );
+        assert_eq!(registered_buffers("UserFiles:\t0\nUserBufs:\t0\n"), Some(0));
+        assert_eq!(registered_buffers("pos:\t0\n"), None);
+    }
+
+    #[test]
+    fn a_child_holding_an_o_path_descriptor_is_found() {
+        use std::os::unix::fs::MetadataExt;
+        let path = std::env::temp_dir().join(format!("hugeprep-scan-{}", std::process::id()));
+        fs::write(&path, b"x").unwrap();
+        let meta = fs::metadata(&path).unwrap();
+        // `exec 3<` would be a real open; an O_PATH descriptor is what the scan adds.
+        let mut child = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(format!(
+                "import os,sys; fd=os.open({:?}, os.O_PATH); print('ready', flush=True); sys.stdin.read()",
+                path.display().to_string()
+            ))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let found = find(meta.dev(), meta.ino()).unwrap();
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        fs::remove_file(&path).unwrap();
+        assert!(
+            matches!(found, Some(Finding::Descriptor { pid }) if pid == child.id()),
+            "{found:?}"
+        );
+    }
+}
