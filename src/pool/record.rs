@@ -59,6 +59,11 @@ pub struct LeaseRecord {
     /// The idempotency key it was made with, and the request (see `pool::idempotency`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<Box<crate::pool::Idempotency>>,
+    /// The principal that made the lease (`uid:N`, `token:NAME`, ...): only it or an admin
+    /// may see its path or release it. `None`: made before principals were recorded, or by
+    /// the daemon itself; only an admin may touch it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
 }
 
 /// The life cycle of a pool file. Every transition is journaled before it takes effect.
@@ -147,6 +152,9 @@ pub struct LeaseInfo {
     /// Whether hugeprep holds a long-term pin on every page (`pin: true`).
     #[serde(default)]
     pub pinned: bool,
+    /// The principal that made it (see [`LeaseRecord::principal`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
 }
 
 impl LeaseInfo {
@@ -164,6 +172,7 @@ impl LeaseInfo {
             uid: lease.uid,
             pid: lease.pid,
             pinned: false,
+            principal: lease.principal.clone(),
         }
     }
 }
@@ -191,6 +200,7 @@ mod tests {
                 ready_ms: 0.5,
                 created_unix: 1,
                 idempotency: None,
+                principal: Some("uid:64055".into()),
             }),
         };
         let json = serde_json::to_string(&rec).unwrap();

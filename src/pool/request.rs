@@ -89,6 +89,8 @@ pub struct ValidRequest {
     pub pid: Option<(u32, u64)>,
     /// Long-term pin the file while leased.
     pub pin: bool,
+    /// The principal making the lease (journaled with it).
+    pub principal: Option<String>,
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub mod affinity;
 pub mod kvm;
 pub mod mmap;
 pub mod numa;
+pub mod peercred;
 pub mod pidfd;
 pub mod pin;
 pub mod priority;
