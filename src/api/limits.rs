@@ -7,9 +7,12 @@
 //!   written at once without reading the request;
 //! - TLS, too many connections or handshakes: the TCP connection is closed before the
 //!   handshake (nothing can be said in HTTP before it);
-//! - a request whose header is not complete within [`Limits::header_timeout`], or a
-//!   connection with no traffic for [`Limits::idle_timeout`], is closed (a request in
-//!   progress is answered first).
+//! - a connection that has not sent a complete request header within
+//!   [`Limits::header_timeout`] of the daemon starting to wait for one (at connect, and after
+//!   each answer on a keep-alive connection) is closed: hyper's header read timeout;
+//! - a connection with no byte either way for [`Limits::idle_timeout`] while no handler runs
+//!   for it (a stalled body, an answer the client does not read) is asked to close and
+//!   dropped [`Limits::header_timeout`] later.
 //!
 //! Root on the unix socket (the libvirt hook, operators) has a reserve of connections that
 //! the other peers cannot take, and no per-uid cap. Refusals are logged once per burst (at
@@ -283,18 +286,26 @@ pub async fn serve_connection<S>(
 {
     let base = Instant::now();
     let last_ms = Arc::new(AtomicU64::new(0));
+    // Requests whose handler runs (a large cold lease may fault for a minute without a byte
+    // on the wire): the connection is not idle meanwhile.
+    let in_handler = Arc::new(AtomicU64::new(0));
     let io = Watched {
         inner: io,
         base,
         last_ms: Arc::clone(&last_ms),
     };
+    let busy = Arc::clone(&in_handler);
     let service =
         hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(ConnectInfo(peer.clone()));
             let app = app.clone();
+            let busy = Arc::clone(&busy);
+            busy.fetch_add(1, Ordering::Relaxed);
             async move {
                 use tower::ServiceExt;
-                Ok::<_, Infallible>(match app.oneshot(req.map(axum::body::Body::new)).await {
+                let answer = app.oneshot(req.map(axum::body::Body::new)).await;
+                busy.fetch_sub(1, Ordering::Relaxed);
+                Ok::<_, Infallible>(match answer {
                     Ok(r) => r,
                     Err(never) => match never {},
                 })
@@ -309,6 +320,9 @@ pub async fn serve_connection<S>(
     let stop = stopped(stop);
     tokio::pin!(stop);
     let mut closing = false;
+    // An idle connection asked to close gets this long to finish; then it is dropped (a
+    // client that stopped reading its answer would hold it forever).
+    let mut drop_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             r = conn.as_mut() => {
@@ -321,15 +335,30 @@ pub async fn serve_connection<S>(
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
+            () = sleep_until_some(drop_at), if drop_at.is_some() => {
+                tracing::debug!("idle connection dropped");
+                return;
+            }
             _ = tick.tick(), if !closing => {
+                if in_handler.load(Ordering::Relaxed) > 0 {
+                    last_ms.store(base.elapsed().as_millis() as u64, Ordering::Relaxed);
+                }
                 let idle = base.elapsed().saturating_sub(Duration::from_millis(last_ms.load(Ordering::Relaxed)));
                 if idle >= limits.idle_timeout {
                     tracing::debug!(idle_s = idle.as_secs(), "idle connection closed");
                     closing = true;
+                    drop_at = Some(tokio::time::Instant::now() + limits.header_timeout);
                     conn.as_mut().graceful_shutdown();
                 }
             }
         }
+    }
+}
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 
