@@ -177,10 +177,11 @@ fn more_idle_and_half_open_connections_than_the_limits_leave_leases_and_the_hook
         (
             limits.unix_connections,
             limits.unix_per_uid,
-            limits.tls_handshakes,
-            limits.tls_handshakes_per_addr
+            limits.tls_connections,
+            limits.tls_per_addr,
+            limits.tls_handshakes
         ),
-        (192, 48, 57, 14),
+        (192, 48, 134, 67, 57),
         "{limits:?}"
     );
 
@@ -221,18 +222,19 @@ fn more_idle_and_half_open_connections_than_the_limits_leave_leases_and_the_hook
     }
     hook_round(&env, &d, 71);
 
-    // TLS: 40 half-open handshakes from 127.0.0.2 (14 allowed per address); a client on
-    // 127.0.0.1 still leases. Then 14 more from each of 127.0.0.3-7: 84 against 57 in all.
+    // TLS: 80 half-open connections from 127.0.0.2 (67 allowed per address, 14 of them
+    // handshaking); a client on 127.0.0.1 still leases. Then 40 more from each of
+    // 127.0.0.3-7: 267 against 134 in all.
     let addr = tls_addr(|| env.log());
     let connector = pki.connector(None);
     block_on(async {
-        let (mut holding, closed) = half_open(addr, Ipv4Addr::new(127, 0, 0, 2), 40).await;
+        let (mut holding, closed) = half_open(addr, Ipv4Addr::new(127, 0, 0, 2), 80).await;
         assert!(
-            holding.len() <= limits.tls_handshakes_per_addr,
+            holding.len() <= limits.tls_per_addr,
             "{} held",
             holding.len()
         );
-        assert!(closed >= 40 - limits.tls_handshakes_per_addr);
+        assert!(closed >= 80 - limits.tls_per_addr, "{closed} closed");
         let mut c = Conn::tls(addr, &connector, Some(LEASE)).await.unwrap();
         let a = c
             .request("POST", "/v1/leases", br#"{"name":"tls-vm","size":"2M"}"#)
@@ -247,12 +249,12 @@ fn more_idle_and_half_open_connections_than_the_limits_leave_leases_and_the_hook
             .unwrap();
         assert_eq!(a.status, 200);
         for host in 3..=7 {
-            let (more, _) = half_open(addr, Ipv4Addr::new(127, 0, 0, host), 14).await;
+            let (more, _) = half_open(addr, Ipv4Addr::new(127, 0, 0, host), 40).await;
             holding.extend(more);
         }
         assert!(
-            holding.len() <= limits.tls_handshakes,
-            "{} handshakes held",
+            holding.len() <= limits.tls_connections,
+            "{} TLS connections held",
             holding.len()
         );
     });

@@ -5,8 +5,10 @@
 //! What a client over a limit sees (see `docs/api.md`, "Limits"):
 //! - unix socket, too many connections: `503` with `Retry-After` and `Connection: close`,
 //!   written at once without reading the request;
-//! - TLS, too many connections or handshakes: the TCP connection is closed before the
-//!   handshake (nothing can be said in HTTP before it);
+//! - TLS, too many connections (in total, or from one address): the TCP connection is
+//!   closed before the handshake (nothing can be said in HTTP before it); too many
+//!   handshakes in flight: the connection waits for a place, and is closed if it has not
+//!   finished its handshake [`Limits::handshake_timeout`] after it was accepted;
 //! - a connection that has not sent a complete request header within
 //!   [`Limits::header_timeout`] of the daemon starting to wait for one (at connect, and after
 //!   each answer on a keep-alive connection) is closed: hyper's header read timeout;
@@ -58,7 +60,7 @@ pub struct Limits {
     pub unix_root_reserve: usize,
     /// Open TLS connections (handshaken or not).
     pub tls_connections: usize,
-    /// Open TLS connections from one address.
+    /// Open TLS connections from one address (a control plane opens many at once).
     pub tls_per_addr: usize,
     /// TLS handshakes in flight.
     pub tls_handshakes: usize,
@@ -86,7 +88,7 @@ impl Limits {
             unix_per_uid: (unix / 4).max(4),
             unix_root_reserve: (unix / 8).max(2),
             tls_connections: tls,
-            tls_per_addr: (tls / 4).max(2),
+            tls_per_addr: (tls / 2).max(2),
             tls_handshakes: handshakes,
             tls_handshakes_per_addr: (handshakes / 4).max(1),
             header_timeout: Duration::from_secs(10),
@@ -145,6 +147,17 @@ impl<K: Hash + Eq + Clone + Display> Gate<K> {
 
     /// Takes a place for `key`, or says which limit is reached (and logs it once a burst).
     pub fn enter(self: &Arc<Self>, key: K, privileged: bool) -> Option<Ticket<K>> {
+        match self.take(key.clone(), privileged) {
+            Ok(t) => Some(t),
+            Err(why) => {
+                self.note_refusal(&key, &why);
+                None
+            }
+        }
+    }
+
+    /// Takes a place for `key`, or says which limit is reached; logs nothing.
+    pub fn take(self: &Arc<Self>, key: K, privileged: bool) -> Result<Ticket<K>, String> {
         let refused = {
             let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
             let (total, per_key) = &mut *open;
@@ -165,18 +178,17 @@ impl<K: Hash + Eq + Clone + Display> Gate<K> {
             }
         };
         match refused {
-            None => Some(Ticket {
+            None => Ok(Ticket {
                 gate: Arc::clone(self),
                 key,
             }),
-            Some(why) => {
-                self.note_refusal(&key, &why);
-                None
-            }
+            Some(why) => Err(why),
         }
     }
 
-    fn note_refusal(&self, key: &K, why: &str) {
+    /// Logs a refusal (or another event of the gate's burst): at most one line every
+    /// [`LOG_EVERY`], with the count since the last.
+    pub fn note_refusal(&self, key: &K, why: &str) {
         let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
         let mut last = self.last_log.lock().unwrap_or_else(|p| p.into_inner());
         if !matches!(*last, Some(t) if t.elapsed() < LOG_EVERY) {

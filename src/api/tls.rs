@@ -24,6 +24,9 @@ use super::peer::Peer;
 /// Handshaken connections waiting for the HTTP server.
 const ACCEPT_QUEUE: usize = 64;
 
+/// How often a connection waiting for a handshake place looks again.
+const HANDSHAKE_POLL: Duration = Duration::from_millis(5);
+
 /// The TLS configuration could not be built; names the `[access]` field and the file.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -215,19 +218,34 @@ async fn accept_loop(
                 continue;
             }
         };
-        // Over a limit the connection is dropped (closed) here, before any TLS work.
+        // Over the connection limit the connection is dropped (closed) here, before any TLS
+        // work; the descriptors the daemon holds for TLS stay within that limit.
         let Some(ticket) = gates.connections.enter(addr.ip(), false) else {
-            continue;
-        };
-        let Some(handshaking) = gates.handshakes.enter(addr.ip(), false) else {
             continue;
         };
         let _ = stream.set_nodelay(true);
         let acceptor = acceptor.clone();
         let tx = tx.clone();
-        let timeout = gates.timeout;
+        let handshakes = Arc::clone(&gates.handshakes);
+        let deadline = tokio::time::Instant::now() + gates.timeout;
         tokio::spawn(async move {
-            let done = tokio::time::timeout(timeout, acceptor.accept(stream)).await;
+            // A burst of a control plane's connections waits for handshake places; a
+            // half-open flood holds at most its share of them, each until the deadline.
+            let handshaking = match handshakes.enter(addr.ip(), false) {
+                Some(t) => t,
+                None => loop {
+                    tokio::time::sleep(HANDSHAKE_POLL).await;
+                    if let Ok(t) = handshakes.take(addr.ip(), false) {
+                        break t;
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        handshakes
+                            .note_refusal(&addr.ip(), "no handshake place before the deadline");
+                        return;
+                    }
+                },
+            };
+            let done = tokio::time::timeout_at(deadline, acceptor.accept(stream)).await;
             drop(handshaking);
             match done {
                 Ok(Ok(tls)) => {
@@ -243,8 +261,10 @@ async fn accept_loop(
                         })
                         .await;
                 }
-                Ok(Err(err)) => tracing::warn!(peer = %addr, %err, "tls handshake refused"),
-                Err(_) => tracing::warn!(peer = %addr, "tls handshake timed out"),
+                Ok(Err(err)) => {
+                    handshakes.note_refusal(&addr.ip(), &format!("the handshake failed: {err}"))
+                }
+                Err(_) => handshakes.note_refusal(&addr.ip(), "handshake timed out"),
             }
         });
     }

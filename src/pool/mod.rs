@@ -122,7 +122,8 @@ impl PoolMount {
             // Another user may rename names in a root it can write that has no sticky bit:
             // what hugeprep does goes through handles, but the lease paths it hands out are
             // names below that root.
-            if m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0 && m.uid() == uid {
+            let others_write = m.mode() & 0o022 != 0 || (m.uid() != uid && m.uid() != 0);
+            if others_write && m.mode() & 0o1000 == 0 {
                 tracing::warn!(root = %root.display(), mode = format!("{:o}", m.mode() & 0o7777), "mount root writable by others without the sticky bit: they can rename hugeprep's directory under the lease paths it hands out");
             }
         }
