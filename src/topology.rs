@@ -60,7 +60,13 @@ fn read(path: &Path) -> Result<String, TopologyError> {
     })
 }
 
-/// Parses a kernel list such as `0-3,8,10-11` (`cpulist_parse` format).
+/// The highest CPU or node number a list may name: the kernel's largest `NR_CPUS` (8192)
+/// less one. A list is expanded into a vector, so a bound keeps `0-4000000000` (from a
+/// domain XML or a corrupt sysfs file) from allocating gigabytes.
+pub const MAX_LIST_ID: usize = 8191;
+
+/// Parses a kernel list such as `0-3,8,10-11` (`cpulist_parse` format); `None` when it is
+/// malformed, a range is reversed, or a number is above [`MAX_LIST_ID`].
 ///
 /// ```
 /// assert_eq!(hugeprep::topology::parse_list("0-2,5").unwrap(), vec![0, 1, 2, 5]);
@@ -72,12 +78,12 @@ pub fn parse_list(text: &str) -> Option<Vec<usize>> {
         match part.split_once('-') {
             Some((a, b)) => {
                 let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
-                if b < a {
+                if b < a || b > MAX_LIST_ID {
                     return None;
                 }
                 out.extend(a..=b);
             }
-            None => out.push(part.parse().ok()?),
+            None => out.push(part.parse().ok().filter(|n| *n <= MAX_LIST_ID)?),
         }
     }
     Some(out)
@@ -189,6 +195,10 @@ mod tests {
         assert_eq!(parse_list("0-1,4-5"), Some(vec![0, 1, 4, 5]));
         assert_eq!(parse_list("3-1"), None);
         assert_eq!(parse_list("a"), None);
+        // Bounded: no multi-gigabyte expansion of a hostile range.
+        assert_eq!(parse_list("0-4000000000"), None);
+        assert_eq!(parse_list("8192"), None);
+        assert_eq!(parse_list("8191").map(|v| v.len()), Some(1));
     }
 
     #[test]

@@ -54,7 +54,7 @@ fn tls_with_tokens_enforces_roles_and_never_logs_a_token() {
         assert!(a.json()["error"]
             .as_str()
             .unwrap()
-            .contains("token monitor has role read"));
+            .contains("token:monitor has role read"));
 
         // Wrong and missing tokens: 401 with a Bearer challenge.
         let mut wrong = Conn::tls(addr, &connector, Some("not-a-token-0123456789"))
@@ -198,10 +198,19 @@ fn unix_socket_peers_get_roles_by_uid_and_group() {
     )
     .unwrap();
 
-    // Default: the socket's group is admin (nothing that worked before breaks).
+    // Default: the socket's group may lease, not administer (on a libvirt host it is the
+    // group of every QEMU).
     let mut d = env.spawn(&["--socket-group", "nogroup"]);
+    let (ok, err) = as_nobody(&env, &["lease", "peer-0", "2M"]);
+    assert!(ok, "the socket group should lease by default: {err}");
     let (ok, err) = as_nobody(&env, &["resume"]);
-    assert!(ok, "the socket group should be admin by default: {err}");
+    assert!(!ok, "the socket group is admin");
+    assert!(
+        err.contains("403") && err.contains("uid:65534 has role lease"),
+        "{err}"
+    );
+    let (ok, err) = as_nobody(&env, &["release", "peer-0"]);
+    assert!(ok, "{err}");
     d.stop();
 
     // Configured: uid 65534 may read and lease, not administer; the group alone gives
@@ -220,7 +229,7 @@ fn unix_socket_peers_get_roles_by_uid_and_group() {
     assert!(ok, "{err}");
     let (ok, err) = as_nobody(&env, &["resume"]);
     assert!(!ok);
-    assert!(err.contains("403") && err.contains("uid 65534"), "{err}");
+    assert!(err.contains("403") && err.contains("uid:65534"), "{err}");
     // Root stays admin whatever the rules say.
     assert_eq!(d.raw("POST", "/v1/pool/resume", b"").0, 200);
     let id = d.leases()[0].id;

@@ -209,6 +209,51 @@ fn shortage_daemon_down_bad_input_and_stale_leases_leak_nothing() {
         .success());
     lab.assert_clean();
 
+    // A per-domain directory the hook did not make (planted by another domain's QEMU, which
+    // can write libvirt's directory and can guess the next domain id) is refused, naming it;
+    // no link lands in it and no lease is left. (A planted symbolic link cannot exist here:
+    // this kernel refuses symlinks on hugetlbfs with EINVAL; `hugetlb::dir`'s unit test
+    // covers the link on tmpfs.)
+    let qemu_dir = lab.backing.join("libvirt/qemu");
+    std::fs::create_dir_all(&qemu_dir).unwrap();
+    let outside = lab.env.dir.join("planted-target");
+    std::fs::create_dir_all(&outside).unwrap();
+    let planted = qemu_dir.join("91-planted");
+    std::fs::create_dir(&planted).unwrap();
+    std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).unwrap();
+    let mut cases = vec![(91, "planted", planted.clone())];
+    let linked = qemu_dir.join("92-linked");
+    match std::os::unix::fs::symlink(&outside, &linked) {
+        Ok(()) => cases.push((92, "linked", linked.clone())),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}"),
+    }
+    for (id, name, dir) in &cases {
+        let uuid = lab.uuid();
+        let xml = domain_xml(name, &uuid, 0, true, "").replace(
+            "<domain type='kvm'>",
+            &format!("<domain type='kvm' id='{id}'>"),
+        );
+        let out = lab.run_hook(name, "prepare", "begin", &xml);
+        assert!(!out.status.success(), "{out:?}");
+        let err = one_line(&out);
+        assert!(
+            err.contains(&dir.display().to_string()) && err.contains("refusing"),
+            "{err}"
+        );
+        assert!(lab.leases_of(&uuid).is_empty(), "lease kept");
+    }
+    assert!(
+        Env::names(&planted).is_empty(),
+        "a link landed in the planted directory"
+    );
+    assert!(
+        Env::names(&outside).is_empty(),
+        "a link landed behind the planted link"
+    );
+    std::fs::remove_dir(&planted).unwrap();
+    let _ = std::fs::remove_file(&linked);
+    lab.assert_clean();
+
     // A lease whose domain is gone (never linked by libvirt) is released by the next hook
     // call; a lease left from an earlier start of the same domain is replaced.
     let gone = lab.uuid();

@@ -4,7 +4,10 @@
 //! A request needs [`Role::Read`] for `GET`, [`Role::Lease`] to take or release a lease and
 //! [`Role::Admin`] for everything else (targets, drain, resume). On the TCP listener the
 //! role comes from the bearer token; on the unix socket from the peer's uid and groups
-//! (`SO_PEERCRED`).
+//! (`SO_PEERCRED`, `SO_PEERGROUPS`, taken when it connected).
+//!
+//! Besides its role a caller has a principal ([`Caller`]): leases belong to the principal
+//! that made them (see `super::owner`).
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -13,6 +16,17 @@ use std::path::{Path, PathBuf};
 use axum::http::Method;
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
+
+/// Who made a request, as the authorization middleware found it: attached to every
+/// request that passed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The principal that owns what it makes: `uid:N` on the unix socket, `token:NAME`
+    /// (plus ` cert:SUBJECT` with a client certificate) over TLS.
+    pub principal: String,
+    /// Its role.
+    pub role: Role,
+}
 
 /// What a caller may do; each role includes the ones below it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -81,8 +95,8 @@ pub struct AccessSpec {
     pub tls_client_ca: Option<PathBuf>,
     /// The bearer tokens file (TOML, `[[token]]` with `name`, `role`, `secret`).
     pub tokens: Option<PathBuf>,
-    /// Unix socket peers and their roles; none: root, the daemon's user and the socket's
-    /// group are admin.
+    /// Unix socket peers and their roles; none: root and the daemon's user are admin, the
+    /// socket's group may lease.
     #[serde(default)]
     pub unix_peer: Vec<PeerRuleSpec>,
 }
@@ -291,8 +305,8 @@ pub struct AccessConfig {
     pub listen: Option<(SocketAddr, TlsFiles)>,
     /// Bearer tokens (TCP only).
     pub tokens: Vec<Token>,
-    /// Unix peer rules; `None`: the default (root, the daemon's user and the socket's group
-    /// are admin).
+    /// Unix peer rules; `None`: the default (root and the daemon's user are admin, the
+    /// socket's group may lease).
     pub unix_peers: Option<Vec<PeerRule>>,
 }
 
@@ -373,30 +387,19 @@ impl AccessSpec {
     }
 }
 
-/// A unix socket peer: its credentials from `SO_PEERCRED`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A unix socket peer: its credentials as the kernel recorded them when it connected
+/// (`SO_PEERCRED`, `SO_PEERGROUPS`), taken once per connection and never re-read from
+/// `/proc` (a pid can name another process by the time a request arrives).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnixPeer {
     /// Effective uid.
     pub uid: u32,
     /// Effective gid.
     pub gid: u32,
-    /// Process id, when the kernel knows it.
+    /// Process id at connect time, when the kernel knows it (for logs only).
     pub pid: Option<i32>,
-}
-
-/// The supplementary groups of a process (`Groups:` of `/proc/PID/status`); empty when the
-/// process is gone.
-fn supplementary_groups(pid: i32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
-                g.split_whitespace()
-                    .filter_map(|n| n.parse().ok())
-                    .collect()
-            })
-        })
-        .unwrap_or_default()
+    /// Supplementary groups at connect time.
+    pub groups: std::sync::Arc<[u32]>,
 }
 
 /// Decides roles: [`AccessConfig`] plus what the daemon learns at start (the socket's group,
@@ -409,7 +412,9 @@ pub struct Access {
 
 impl Access {
     /// The roles in force: `config`'s unix peer rules, or (none given) the socket's group
-    /// `socket_gid` as admin; root and the daemon's own user are always admin.
+    /// `socket_gid` with role `lease`; root and the daemon's own user are always admin.
+    /// Admin is never given to a group by default: on a libvirt host the socket's group
+    /// (`kvm`) is the group every QEMU runs in.
     pub fn new(config: &AccessConfig, socket_gid: Option<u32>) -> Access {
         let mut unix_peers = vec![
             PeerRule {
@@ -425,7 +430,7 @@ impl Access {
             Some(rules) => unix_peers.extend(rules.iter().copied()),
             None => unix_peers.extend(socket_gid.map(|gid| PeerRule {
                 matches: PeerMatch::Gid(gid),
-                role: Role::Admin,
+                role: Role::Lease,
             })),
         }
         Access {
@@ -448,19 +453,11 @@ impl Access {
 
     /// The highest role of the rules that match `peer`, if any.
     pub fn unix_role(&self, peer: &UnixPeer) -> Option<Role> {
-        let mut groups: Option<Vec<u32>> = None;
         let mut best = None;
         for rule in &self.unix_peers {
             let hit = match rule.matches {
                 PeerMatch::Uid(uid) => uid == peer.uid,
-                PeerMatch::Gid(gid) => {
-                    gid == peer.gid
-                        || groups
-                            .get_or_insert_with(|| {
-                                peer.pid.map(supplementary_groups).unwrap_or_default()
-                            })
-                            .contains(&gid)
-                }
+                PeerMatch::Gid(gid) => gid == peer.gid || peer.groups.contains(&gid),
             };
             if hit {
                 best = best.max(Some(rule.role));
@@ -516,15 +513,20 @@ mod tests {
     }
 
     #[test]
-    fn unix_peers_default_to_root_and_the_socket_group() {
+    fn the_socket_group_may_lease_but_is_not_admin() {
         let access = Access::new(&AccessConfig::default(), Some(4242));
-        let peer = |uid, gid| UnixPeer {
+        let peer = |uid, gid, groups: &[u32]| UnixPeer {
             uid,
             gid,
             pid: None,
+            groups: groups.into(),
         };
-        assert_eq!(access.unix_role(&peer(0, 0)), Some(Role::Admin));
-        assert_eq!(access.unix_role(&peer(1234, 4242)), Some(Role::Admin));
-        assert_eq!(access.unix_role(&peer(1234, 1234)), None);
+        assert_eq!(access.unix_role(&peer(0, 0, &[])), Some(Role::Admin));
+        assert_eq!(access.unix_role(&peer(1234, 4242, &[])), Some(Role::Lease));
+        assert_eq!(
+            access.unix_role(&peer(1234, 1234, &[4242])),
+            Some(Role::Lease)
+        );
+        assert_eq!(access.unix_role(&peer(1234, 1234, &[])), None);
     }
 }

@@ -71,6 +71,7 @@ impl ApiError {
                 PoolError::Fault(_) => "fault",
                 PoolError::Reserve(_) => "reserve",
                 PoolError::Io { .. } => "io",
+                PoolError::Dir(_) => "directory",
             },
         }
     }
@@ -103,7 +104,8 @@ pub fn status_of(err: &ApiError) -> StatusCode {
             | PoolError::File(_)
             | PoolError::Fault(_)
             | PoolError::Reserve(_)
-            | PoolError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            | PoolError::Io { .. }
+            | PoolError::Dir(_) => StatusCode::INTERNAL_SERVER_ERROR,
         },
     }
 }

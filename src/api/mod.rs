@@ -27,7 +27,9 @@ pub mod admission;
 mod body;
 mod control;
 mod error;
+pub mod limits;
 pub mod metrics;
+pub mod owner;
 pub mod peer;
 pub mod pidwatch;
 mod routes;
@@ -41,13 +43,14 @@ pub use routes::{router, ApiState, CpuReport, ResumeRequest, VersionReport};
 use std::future::Future;
 
 /// Serves the API on the unix socket `listener` and, when given, the TLS listener `tls`,
-/// every request checked against `access`, until `shutdown` completes; then waits for
-/// requests in flight.
+/// every request checked against `access`, every connection within `limits`, until
+/// `shutdown` completes; then waits for requests in flight.
 pub async fn serve(
     listener: tokio::net::UnixListener,
     tls: Option<tls::TlsListener>,
     state: ApiState,
     access: std::sync::Arc<access::Access>,
+    limits: limits::Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     // Outermost first: who may ask, then whether there is room for another lease.
@@ -65,21 +68,19 @@ pub async fn serve(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let unix = axum::serve(
-        listener,
-        app.clone()
-            .into_make_service_with_connect_info::<peer::Peer>(),
-    )
-    .with_graceful_shutdown(stopped(stop_rx.clone()));
+    tracing::info!(?limits, "connection limits");
+    let gate = limits::Gate::new(
+        "unix connection",
+        limits.unix_connections,
+        limits.unix_per_uid,
+        limits.unix_root_reserve,
+    );
+    let unix = limits::serve_unix(listener, app.clone(), limits, gate, stop_rx.clone());
     match tls {
-        None => async { unix.await }.await,
+        None => unix.await,
         Some(tls) => {
-            let tcp = axum::serve(tls, app.into_make_service_with_connect_info::<peer::Peer>())
-                .with_graceful_shutdown(stopped(stop_rx));
-            let (a, b) = tokio::join!(async { unix.await }, async { tcp.await });
+            let tcp = limits::serve_tls(tls.start(limits), app, limits, stop_rx);
+            let (a, b) = tokio::join!(unix, tcp);
             a.and(b)
         }
     }

@@ -8,40 +8,40 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::serve::IncomingStream;
-use tokio::net::UnixListener;
 
-use super::access::{required_role, Access, Role, UnixPeer};
+use super::access::{required_role, Access, Caller, Role, UnixPeer};
 use super::error::ErrorBody;
-use super::tls::TlsListener;
 
 /// The peer of a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Peer {
-    /// A unix socket peer; `None` when `SO_PEERCRED` failed.
+    /// A unix socket peer; `None` when `SO_PEERCRED` or `SO_PEERGROUPS` failed.
     Unix(Option<UnixPeer>),
     /// A TLS client.
     Tls {
         /// Its address.
         addr: SocketAddr,
-        /// Whether it presented a (verified) client certificate.
-        client_cert: bool,
+        /// The subject of its (verified) client certificate, when it presented one.
+        cert_subject: Option<Arc<str>>,
     },
 }
 
-impl axum::extract::connect_info::Connected<IncomingStream<'_, UnixListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, UnixListener>) -> Self {
-        Peer::Unix(stream.io().peer_cred().ok().map(|c| UnixPeer {
+impl Peer {
+    /// The credentials of a unix socket's peer, as the kernel recorded them at `connect`.
+    pub fn of_unix(stream: &tokio::net::UnixStream) -> Peer {
+        let groups = match crate::sys::peercred::peer_groups(stream) {
+            Ok(g) => g,
+            Err(err) => {
+                tracing::warn!(%err, "SO_PEERGROUPS: the peer gets no role");
+                return Peer::Unix(None);
+            }
+        };
+        Peer::Unix(stream.peer_cred().ok().map(|c| UnixPeer {
             uid: c.uid(),
             gid: c.gid(),
             pid: c.pid(),
+            groups: groups.into(),
         }))
-    }
-}
-
-impl axum::extract::connect_info::Connected<IncomingStream<'_, TlsListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
-        *stream.remote_addr()
     }
 }
 
@@ -72,7 +72,11 @@ fn refuse(status: StatusCode, peer: &Peer, request: &str, error: String) -> Resp
 pub async fn authorize(State(access): State<Arc<Access>>, req: Request, next: Next) -> Response {
     let need = required_role(req.method(), req.uri().path());
     let request = format!("{} {}", req.method(), req.uri().path());
-    let Some(peer) = req.extensions().get::<ConnectInfo<Peer>>().map(|c| c.0) else {
+    let Some(peer) = req
+        .extensions()
+        .get::<ConnectInfo<Peer>>()
+        .map(|c| c.0.clone())
+    else {
         return refuse(
             StatusCode::UNAUTHORIZED,
             &Peer::Unix(None),
@@ -80,7 +84,7 @@ pub async fn authorize(State(access): State<Arc<Access>>, req: Request, next: Ne
             "no peer identity".into(),
         );
     };
-    let (who, role): (String, Role) = match peer {
+    let (who, role): (String, Role) = match &peer {
         Peer::Unix(None) => {
             return refuse(
                 StatusCode::FORBIDDEN,
@@ -89,8 +93,8 @@ pub async fn authorize(State(access): State<Arc<Access>>, req: Request, next: Ne
                 "the unix socket peer's credentials (SO_PEERCRED) are unknown".into(),
             )
         }
-        Peer::Unix(Some(p)) => match access.unix_role(&p) {
-            Some(role) => (peer.to_string(), role),
+        Peer::Unix(Some(p)) => match access.unix_role(p) {
+            Some(role) => (format!("uid:{}", p.uid), role),
             None => {
                 return refuse(
                     StatusCode::FORBIDDEN,
@@ -103,7 +107,7 @@ pub async fn authorize(State(access): State<Arc<Access>>, req: Request, next: Ne
                 )
             }
         },
-        Peer::Tls { .. } => {
+        Peer::Tls { cert_subject, .. } => {
             let presented = req
                 .headers()
                 .get(header::AUTHORIZATION)
@@ -117,7 +121,10 @@ pub async fn authorize(State(access): State<Arc<Access>>, req: Request, next: Ne
                 );
             };
             match access.token(presented.trim_ascii()) {
-                Some(t) => (format!("token {}", t.name), t.role),
+                Some(t) => match cert_subject {
+                    Some(subject) => (format!("token:{} cert:{subject}", t.name), t.role),
+                    None => (format!("token:{}", t.name), t.role),
+                },
                 None => {
                     return refuse(
                         StatusCode::UNAUTHORIZED,
@@ -138,5 +145,10 @@ pub async fn authorize(State(access): State<Arc<Access>>, req: Request, next: Ne
         );
     }
     tracing::trace!(%peer, %who, %role, %request, "authorized");
+    let mut req = req;
+    req.extensions_mut().insert(Caller {
+        principal: who,
+        role,
+    });
     next.run(req).await
 }

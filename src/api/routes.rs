@@ -3,13 +3,14 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
+use super::access::Caller;
 use super::body::parse_lease_body;
 use super::error::ApiError;
 use super::pidwatch;
@@ -87,17 +88,25 @@ fn lease_id(text: &str) -> Result<u64, ApiError> {
 
 async fn create_lease(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, HeaderMap, Json<LeaseInfo>), ApiError> {
     let (req, key) = parse_lease_body(&body)?;
     let key = super::control::idempotency_key(&headers, key)?;
     let pool = Arc::clone(&state.pool);
+    let principal = caller.principal.clone();
     let (info, replayed) = blocking(move || match key {
-        Some(key) => Ok(pool.lease_idempotent(&req, &key)?),
-        None => Ok((pool.lease(&req)?, false)),
+        Some(key) => Ok(pool.lease_idempotent_as(&req, &key, Some(&principal))?),
+        None => Ok((pool.lease_as(&req, Some(&principal))?, false)),
     })
     .await?;
+    if replayed && !super::owner::may_touch(&caller, &info) {
+        return Err(ApiError::field(
+            "idempotency_key",
+            "the key was used by another principal: a retry must come from the one that made the lease",
+        ));
+    }
     if replayed {
         tracing::info!(id = info.id, name = %info.name, "idempotent retry: the same lease");
         return Ok((StatusCode::OK, super::control::replayed(), Json(info)));
@@ -116,22 +125,32 @@ async fn create_lease(
     Ok((StatusCode::CREATED, HeaderMap::new(), Json(info)))
 }
 
-async fn list_leases(State(state): State<ApiState>) -> Json<Vec<LeaseInfo>> {
-    Json(state.pool.leases())
+async fn list_leases(
+    State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+) -> Json<Vec<LeaseInfo>> {
+    Json(super::owner::visible(&caller, state.pool.leases()))
 }
 
 async fn get_lease(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<LeaseInfo>, ApiError> {
-    Ok(Json(state.pool.get(lease_id(&id)?)?))
+    Ok(Json(super::owner::owned(
+        &state.pool,
+        &caller,
+        lease_id(&id)?,
+    )?))
 }
 
 async fn delete_lease(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<LeaseInfo>, ApiError> {
     let id = lease_id(&id)?;
+    super::owner::owned(&state.pool, &caller, id)?;
     let pool = Arc::clone(&state.pool);
     Ok(Json(blocking(move || Ok(pool.release(id)?)).await?))
 }

@@ -1,6 +1,8 @@
 //! The TCP listener: TLS only (rustls, certificate and key from PEM files), optionally
 //! requiring a client certificate signed by a CA. Handshakes run in their own tasks, so a
-//! slow or hostile client never holds up the others.
+//! slow or hostile client never holds up the others, and at most
+//! [`Limits::tls_handshakes`](super::limits::Limits) of them (a quarter per address) at once;
+//! a connection over a limit is closed before its handshake.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,13 +18,14 @@ use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
+use super::limits::{AddrGate, Gate, Limits, Ticket};
 use super::peer::Peer;
-
-/// How long a client may take to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Handshaken connections waiting for the HTTP server.
 const ACCEPT_QUEUE: usize = 64;
+
+/// How often a connection waiting for a handshake place looks again.
+const HANDSHAKE_POLL: Duration = Duration::from_millis(5);
 
 /// The TLS configuration could not be built; names the `[access]` field and the file.
 #[derive(Debug, thiserror::Error)]
@@ -120,14 +123,25 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// A connection whose TLS handshake succeeded, with its place in the connection limit.
+pub struct Handshaken {
+    /// The stream.
+    pub stream: TlsStream<TcpStream>,
+    /// Who is on the other end.
+    pub peer: Peer,
+    /// Its place among the open TLS connections.
+    pub ticket: Ticket<std::net::IpAddr>,
+}
+
 /// A TCP listener that hands out only connections whose TLS handshake succeeded.
 pub struct TlsListener {
-    rx: mpsc::Receiver<(TlsStream<TcpStream>, Peer)>,
+    tcp: TcpListener,
+    config: Arc<ServerConfig>,
     local: SocketAddr,
 }
 
 impl TlsListener {
-    /// Binds `addr` and starts accepting; handshakes with `config`.
+    /// Binds `addr`; handshakes with `config` once [`TlsListener::start`]ed.
     pub async fn bind(addr: SocketAddr, config: Arc<ServerConfig>) -> Result<Self, TlsError> {
         let tcp = TcpListener::bind(addr)
             .await
@@ -135,21 +149,60 @@ impl TlsListener {
         let local = tcp
             .local_addr()
             .map_err(|source| TlsError::Bind { addr, source })?;
-        let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
-        tokio::spawn(accept_loop(tcp, TlsAcceptor::from(config), tx));
-        Ok(TlsListener { rx, local })
+        Ok(TlsListener { tcp, config, local })
     }
 
     /// The bound address (the port chosen when `listen` named port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local
     }
+
+    /// Starts accepting within `limits`; the handshaken connections arrive on the receiver.
+    pub fn start(self, limits: Limits) -> mpsc::Receiver<Handshaken> {
+        let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
+        let gates = Gates {
+            connections: Gate::new(
+                "tls connection",
+                limits.tls_connections,
+                limits.tls_per_addr,
+                0,
+            ),
+            handshakes: Gate::new(
+                "tls handshake",
+                limits.tls_handshakes,
+                limits.tls_handshakes_per_addr,
+                0,
+            ),
+            timeout: limits.handshake_timeout,
+        };
+        tokio::spawn(accept_loop(
+            self.tcp,
+            TlsAcceptor::from(self.config),
+            gates,
+            tx,
+        ));
+        rx
+    }
+}
+
+struct Gates {
+    connections: Arc<AddrGate>,
+    handshakes: Arc<AddrGate>,
+    timeout: Duration,
+}
+
+/// The subject of the first certificate a client presented, as `CN=...,O=...`.
+fn cert_subject(tls: &TlsStream<TcpStream>) -> Option<Arc<str>> {
+    let der = tls.get_ref().1.peer_certificates()?.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+    Some(cert.subject().to_string().into())
 }
 
 async fn accept_loop(
     tcp: TcpListener,
     acceptor: TlsAcceptor,
-    tx: mpsc::Sender<(TlsStream<TcpStream>, Peer)>,
+    gates: Gates,
+    tx: mpsc::Sender<Handshaken>,
 ) {
     loop {
         let accepted = tokio::select! {
@@ -165,37 +218,54 @@ async fn accept_loop(
                 continue;
             }
         };
+        // Over the connection limit the connection is dropped (closed) here, before any TLS
+        // work; the descriptors the daemon holds for TLS stay within that limit.
+        let Some(ticket) = gates.connections.enter(addr.ip(), false) else {
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let acceptor = acceptor.clone();
         let tx = tx.clone();
+        let handshakes = Arc::clone(&gates.handshakes);
+        let deadline = tokio::time::Instant::now() + gates.timeout;
         tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            // A burst of a control plane's connections waits for handshake places; a
+            // half-open flood holds at most its share of them, each until the deadline.
+            let handshaking = match handshakes.enter(addr.ip(), false) {
+                Some(t) => t,
+                None => loop {
+                    tokio::time::sleep(HANDSHAKE_POLL).await;
+                    if let Ok(t) = handshakes.take(addr.ip(), false) {
+                        break t;
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        handshakes
+                            .note_refusal(&addr.ip(), "no handshake place before the deadline");
+                        return;
+                    }
+                },
+            };
+            let done = tokio::time::timeout_at(deadline, acceptor.accept(stream)).await;
+            drop(handshaking);
+            match done {
                 Ok(Ok(tls)) => {
-                    let client_cert = tls.get_ref().1.peer_certificates().is_some();
-                    let _ = tx.send((tls, Peer::Tls { addr, client_cert })).await;
+                    let peer = Peer::Tls {
+                        addr,
+                        cert_subject: cert_subject(&tls),
+                    };
+                    let _ = tx
+                        .send(Handshaken {
+                            stream: tls,
+                            peer,
+                            ticket,
+                        })
+                        .await;
                 }
-                Ok(Err(err)) => tracing::warn!(peer = %addr, %err, "tls handshake refused"),
-                Err(_) => tracing::warn!(peer = %addr, "tls handshake timed out"),
+                Ok(Err(err)) => {
+                    handshakes.note_refusal(&addr.ip(), &format!("the handshake failed: {err}"))
+                }
+                Err(_) => handshakes.note_refusal(&addr.ip(), "handshake timed out"),
             }
         });
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = Peer;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(conn) => conn,
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(Peer::Tls {
-            addr: self.local,
-            client_cert: false,
-        })
     }
 }

@@ -90,7 +90,8 @@ impl BenchDaemon {
             &api::access::AccessConfig::default(),
             None,
         ));
-        let server = runtime.spawn(api::serve(listener, None, state, access, async {
+        let limits = api::limits::Limits::for_process();
+        let server = runtime.spawn(api::serve(listener, None, state, access, limits, async {
             let _ = stopped.await;
         }));
         Ok(BenchDaemon {

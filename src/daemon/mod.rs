@@ -260,7 +260,8 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         pool_for_signal.shutdown();
     };
     let activated = api_socket.activated;
-    let served = api::serve(api_socket.listener, tls, state, access, shutdown).await;
+    let limits = api::limits::Limits::for_process();
+    let served = api::serve(api_socket.listener, tls, state, access, limits, shutdown).await;
     pool.shutdown();
     let _ = tokio::task::spawn_blocking(move || worker.join()).await;
     if pool.policy().reserve.release_on_stop {

@@ -36,6 +36,9 @@ pub enum PoolError {
         /// Bytes the node could supply (free pages plus warm and dirty pool files).
         available: u64,
     },
+    /// A directory of the daemon's on a mount is missing, or is not the daemon's.
+    #[error(transparent)]
+    Dir(#[from] crate::hugetlb::dir::DirError),
     /// An idempotency key was used for a different request (the IETF idempotency-key draft's
     /// 422).
     #[error("idempotency_key: {message}")]

@@ -71,6 +71,17 @@ impl Pool {
     /// Takes a lease at most once per `key` (see the module documentation). Returns the lease
     /// and whether it was made by an earlier request (a replay).
     pub fn lease_idempotent(&self, req: &LeaseRequest, key: &str) -> Result<(LeaseInfo, bool)> {
+        self.lease_idempotent_as(req, key, None)
+    }
+
+    /// [`Pool::lease_idempotent`] on behalf of `principal` (journaled as the lease's owner; a
+    /// replay returns the lease whoever made it: the API checks that the caller may see it).
+    pub fn lease_idempotent_as(
+        &self,
+        req: &LeaseRequest,
+        key: &str,
+        principal: Option<&str>,
+    ) -> Result<(LeaseInfo, bool)> {
         check_key(key)?;
         let deadline = Instant::now() + LEASE_WAIT;
         {
@@ -113,7 +124,7 @@ impl Pool {
             }
         }
         let tag = self.lock().keyed.get(key).cloned();
-        let result = self.lease_tagged(req, tag.as_ref());
+        let result = self.lease_tagged(req, tag.as_ref(), principal);
         let mut st = self.lock();
         st.keyed.remove(key);
         self.changed.notify_all();

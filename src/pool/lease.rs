@@ -58,6 +58,7 @@ impl Pool {
             pid,
             pin: req.pin,
             recycle,
+            principal: None,
         })
     }
 
@@ -100,7 +101,12 @@ impl Pool {
     /// smaller one grown, else a new one. Blocks while faulting (call from a blocking
     /// thread). On error nothing stays allocated or changed.
     pub fn lease(&self, req: &LeaseRequest) -> Result<LeaseInfo> {
-        self.lease_tagged(req, None)
+        self.lease_tagged(req, None, None)
+    }
+
+    /// [`Pool::lease`] on behalf of `principal`, which is journaled as the lease's owner.
+    pub fn lease_as(&self, req: &LeaseRequest, principal: Option<&str>) -> Result<LeaseInfo> {
+        self.lease_tagged(req, None, principal)
     }
 
     /// [`Pool::lease`], journaling `tag` (an idempotency key) with the lease.
@@ -108,9 +114,11 @@ impl Pool {
         &self,
         req: &LeaseRequest,
         tag: Option<&Idempotency>,
+        principal: Option<&str>,
     ) -> Result<LeaseInfo> {
         let started = Instant::now();
-        let v = self.validate(req)?;
+        let mut v = self.validate(req)?;
+        v.principal = principal.map(str::to_owned);
         let mount = self.mount(v.page_size)?;
         let lease_path = mount.lease_dir.join(&v.name);
         let mut attempts = 0;
@@ -200,13 +208,23 @@ impl Pool {
             // Pages promised to faults in progress come back once those end (a failed fault)
             // or as warm files (a refill): wait for them before saying no.
             let settling = pending > 0 || faulting > 0;
-            if v.size > supply && !(faulting > 0 && Instant::now() < deadline) {
+            // A failing request changes nothing: a lease larger than all the kind could ever
+            // supply (faults in progress included, should they fail) is refused before any
+            // file is touched; one that only the end of a fault could make room for waits for
+            // it without deleting anything meanwhile.
+            if v.size > supply.saturating_add(faulting)
+                || (v.size > supply && !(faulting > 0 && Instant::now() < deadline))
+            {
                 break Err(PoolError::Insufficient {
                     size: v.size,
                     page_size: v.page_size,
                     node: v.node,
                     available: supply,
                 });
+            }
+            if v.size > supply {
+                st = st.wait_timeout(&self.changed, Duration::from_millis(50));
+                continue;
             }
             let exact = warm.iter().find(|w| w.1 == v.size);
             let larger = warm.iter().filter(|w| w.1 > v.size).min_by_key(|w| w.1);
@@ -223,12 +241,20 @@ impl Pool {
                 // in this lease's fault), else wait for the memory being cleaned now. A lease
                 // never queues behind the worker's backlog: under pressure every lease thread
                 // makes its own pages, in parallel, instead of one worker scrubbing for all.
+                // Nothing is deleted unless deleting is enough to serve the lease now.
+                let deletable = warm
+                    .iter()
+                    .filter(|w| Some(w.0) != choice.map(|c| c.0))
+                    .map(|w| w.1)
+                    .sum::<u64>()
+                    + st.dirty_idle_bytes(v.node, v.page_size);
                 let victim = warm
                     .iter()
                     .filter(|w| Some(w.0) != choice.map(|c| c.0))
                     .min_by_key(|w| w.1)
                     .map(|w| w.0)
-                    .or_else(|| st.dirty_victim(v.node, v.page_size, need - avail));
+                    .or_else(|| st.dirty_victim(v.node, v.page_size, need - avail))
+                    .filter(|_| avail + deletable >= need);
                 if let Some(vid) = victim {
                     self.delete_locked(&mut st, vid);
                     continue;
@@ -381,6 +407,7 @@ impl Pool {
             created_unix: now_unix(),
             idempotency: tag.cloned().map(Box::new),
             recycle: v.recycle,
+            principal: v.principal.clone(),
         };
         let Some(entry) = st.files.get(&id) else {
             return Err(PoolError::NotFound { id });

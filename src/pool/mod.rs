@@ -43,7 +43,7 @@ mod worker;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -104,33 +104,57 @@ pub struct PoolMount {
     pub pool_dir: PathBuf,
     /// Lease paths (`<root>/hugeprep/leases`, mode 0755).
     pub lease_dir: PathBuf,
+    /// The pool directory's handle, opened and checked at start (see [`crate::hugetlb::dir`]).
+    #[serde(skip)]
+    pool_handle: crate::hugetlb::dir::DirHandle,
+    /// The lease directory's handle.
+    #[serde(skip)]
+    lease_handle: crate::hugetlb::dir::DirHandle,
 }
 
 impl PoolMount {
+    /// Opens (making them when missing) `<root>/hugeprep/{pool,leases}` without following a
+    /// link below `root`, and refuses them unless they are directories owned by the daemon's
+    /// user; then sets their modes through their handles.
     fn new(root: &Path, page_size: PageSize) -> Result<PoolMount> {
-        let base = root.join("hugeprep");
-        let pool_dir = base.join("pool");
-        let lease_dir = base.join("leases");
-        for (dir, mode) in [(&base, 0o755), (&pool_dir, 0o700), (&lease_dir, 0o755)] {
-            let mk = fs::DirBuilder::new().recursive(true).mode(mode).create(dir);
-            let perm = || fs::set_permissions(dir, fs::Permissions::from_mode(mode));
-            mk.and_then(|()| perm()).map_err(|source| PoolError::Io {
-                op: "mkdir",
-                path: dir.clone(),
-                source,
-            })?;
+        let uid = nix::unistd::geteuid().as_raw();
+        let mount = crate::hugetlb::dir::DirHandle::open(root)?;
+        if let Ok(m) = fs::metadata(mount.fd_path()) {
+            // Another user may rename names in a root it can write that has no sticky bit:
+            // what hugeprep does goes through handles, but the lease paths it hands out are
+            // names below that root.
+            let others_write = m.mode() & 0o022 != 0 || (m.uid() != uid && m.uid() != 0);
+            if others_write && m.mode() & 0o1000 == 0 {
+                tracing::warn!(root = %root.display(), mode = format!("{:o}", m.mode() & 0o7777), "mount root writable by others without the sticky bit: they can rename hugeprep's directory under the lease paths it hands out");
+            }
         }
+        let base = mount.own_subdir("hugeprep", 0o755, uid)?;
+        let pool_handle = base.own_subdir("pool", 0o700, uid)?;
+        let lease_handle = base.own_subdir("leases", 0o755, uid)?;
         Ok(PoolMount {
             page_size,
             root: root.to_path_buf(),
-            pool_dir,
-            lease_dir,
+            pool_dir: pool_handle.path().to_path_buf(),
+            lease_dir: lease_handle.path().to_path_buf(),
+            pool_handle,
+            lease_handle,
         })
     }
 
-    /// The pool file of `id`.
+    /// The pool file of `id`, named through the pool directory's handle
+    /// (`/proc/self/fd/N/p<id>`), so no rename above it can send it elsewhere.
     pub fn file_path(&self, id: u64) -> PathBuf {
-        self.pool_dir.join(file_key(id))
+        self.pool_handle.fd_path().join(file_key(id))
+    }
+
+    /// The pool directory through its handle (for listing it).
+    pub fn pool_dir_handle(&self) -> &crate::hugetlb::dir::DirHandle {
+        &self.pool_handle
+    }
+
+    /// The lease directory through its handle (for listing and emptying it).
+    pub fn lease_dir_handle(&self) -> &crate::hugetlb::dir::DirHandle {
+        &self.lease_handle
     }
 }
 
@@ -267,6 +291,15 @@ impl State {
             .min_by_key(|e| e.rec.size)
             .or_else(|| dirty().max_by_key(|e| e.rec.size))
             .map(|e| e.rec.id)
+    }
+
+    /// Bytes of released files waiting for the worker (what [`State::dirty_victim`] can
+    /// give back).
+    fn dirty_idle_bytes(&self, node: u32, ps: PageSize) -> u64 {
+        self.of_kind(node, ps)
+            .filter(|e| e.busy.is_none() && e.rec.state == FileState::Dirty)
+            .map(|e| e.rec.size)
+            .sum()
     }
 
     /// Bytes that a waiting lease could get once the worker has caught up.

@@ -62,6 +62,11 @@ pub struct LeaseRecord {
     /// How its memory comes back when released.
     #[serde(default)]
     pub recycle: crate::policy::pool::Recycle,
+    /// The principal that made the lease (`uid:N`, `token:NAME`, ...): only it or an admin
+    /// may see its path or release it. `None`: made before principals were recorded, or by
+    /// the daemon itself; only an admin may touch it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
 }
 
 /// The life cycle of a pool file. Every transition is journaled before it takes effect.
@@ -150,6 +155,9 @@ pub struct LeaseInfo {
     /// Whether hugeprep holds a long-term pin on every page (`pin: true`).
     #[serde(default)]
     pub pinned: bool,
+    /// The principal that made it (see [`LeaseRecord::principal`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
 }
 
 impl LeaseInfo {
@@ -167,6 +175,7 @@ impl LeaseInfo {
             uid: lease.uid,
             pid: lease.pid,
             pinned: false,
+            principal: lease.principal.clone(),
         }
     }
 }
@@ -195,6 +204,7 @@ mod tests {
                 created_unix: 1,
                 idempotency: None,
                 recycle: crate::policy::pool::Recycle::Kernel,
+                principal: Some("uid:64055".into()),
             }),
         };
         let json = serde_json::to_string(&rec).unwrap();

@@ -81,15 +81,17 @@ pub(super) fn reconcile(
         }
     }
     // Files in pool directories that no record names are deleted.
+    // Both directories are listed and emptied through their handles (see `hugetlb::dir`).
     for mount in mounts.values() {
-        let dir = fs::read_dir(&mount.pool_dir).map_err(io("readdir", &mount.pool_dir))?;
+        let handle = mount.pool_dir_handle().fd_path();
+        let dir = fs::read_dir(&handle).map_err(io("readdir", &mount.pool_dir))?;
         for entry in dir.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let known = records
                 .get(&name)
                 .is_some_and(|r| r.page_size == mount.page_size);
             if !known {
-                tracing::warn!(file = %entry.path().display(), "file hugeprep did not create (or lost track of): deleting");
+                tracing::warn!(file = %mount.pool_dir.join(&name).display(), "file hugeprep did not create (or lost track of): deleting");
                 remove_any(&entry.path());
                 report.deleted_files += 1;
             }
@@ -153,20 +155,21 @@ pub(super) fn reconcile(
     }
     // Lease paths that belong to no kept lease.
     for mount in mounts.values() {
-        let dir = fs::read_dir(&mount.lease_dir).map_err(io("readdir", &mount.lease_dir))?;
+        let handle = mount.lease_dir_handle().fd_path();
+        let dir = fs::read_dir(&handle).map_err(io("readdir", &mount.lease_dir))?;
         for entry in dir.flatten() {
-            let path = entry.path();
+            let path = mount.lease_dir.join(entry.file_name());
             let ours = kept.iter().any(|r| match &r.state {
                 FileState::Leased(l) if l.path == path => {
                     let pool = fs::metadata(mount.file_path(r.id));
-                    let link = fs::symlink_metadata(&path);
+                    let link = fs::symlink_metadata(entry.path());
                     matches!((pool, link), (Ok(a), Ok(b)) if a.ino() == b.ino() && a.dev() == b.dev())
                 }
                 _ => false,
             });
             if !ours {
                 tracing::warn!(path = %path.display(), "lease path of no live lease: removing");
-                remove_any(&path);
+                remove_any(&entry.path());
             }
         }
     }

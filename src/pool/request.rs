@@ -95,6 +95,8 @@ pub struct ValidRequest {
     pub pin: bool,
     /// How the memory comes back when released (see [`crate::policy::pool::Recycle`]).
     pub recycle: crate::policy::pool::Recycle,
+    /// The principal making the lease (journaled with it).
+    pub principal: Option<String>,
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub mod kvm;
 pub mod lease;
 pub mod mmap;
 pub mod numa;
+pub mod peercred;
 pub mod pidfd;
 pub mod pin;
 pub mod priority;

@@ -115,8 +115,15 @@ pub fn parse_nodeset(text: &str) -> Result<Vec<u32>> {
             Some(rest) => (rest, &mut excluded),
             None => (part, &mut nodes),
         };
-        let parsed = crate::topology::parse_list(list)
-            .ok_or_else(|| bad("nodeset", format!("{text:?} is not a node list")))?;
+        let parsed = crate::topology::parse_list(list).ok_or_else(|| {
+            bad(
+                "nodeset",
+                format!(
+                    "{text:?} is not a node list of numbers 0-{}",
+                    crate::topology::MAX_LIST_ID
+                ),
+            )
+        })?;
         for n in parsed {
             target.push(u32::try_from(n).map_err(|_| bad("nodeset", format!("{n} too large")))?);
         }
@@ -328,6 +335,9 @@ mod tests {
         assert_eq!(parse_nodeset("0-3,^1-2").unwrap(), vec![0, 3]);
         assert!(parse_nodeset("^0").is_err());
         assert!(parse_nodeset("x").is_err());
+        // A hostile range is refused, not expanded into 4 billion entries.
+        let e = parse_nodeset("0-4000000000").unwrap_err().to_string();
+        assert!(e.contains("nodeset") && e.contains("0-8191"), "{e}");
     }
 
     #[test]

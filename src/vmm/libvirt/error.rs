@@ -60,6 +60,9 @@ pub enum HookError {
         /// The daemon's answer.
         source: ClientError,
     },
+    /// A directory below `memory_backing_dir` is a link or was not made by the hook.
+    #[error(transparent)]
+    Dir(#[from] crate::hugetlb::dir::DirError),
     /// A file system operation failed.
     #[error("{op} {path}: {source}")]
     Io {

@@ -6,8 +6,8 @@
 //! deadlocks it), and writes nothing on stdout.
 
 use std::collections::HashSet;
-use std::fs::DirBuilder;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::ffi::OsString;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use super::domain::Domain;
 use super::error::{HookError, Result};
 use super::plan::{self, NotOptedIn, Plan};
 use crate::client::{Client, ClientError};
+use crate::hugetlb::dir::DirHandle;
 use crate::pool::{LeaseInfo, LeaseRequest};
 
 /// What a hook call did.
@@ -173,17 +174,21 @@ impl Hook {
             let path = path.to_path_buf();
             move |source| HookError::Io { op, path, source }
         };
-        if let Some(parent) = dir.parent() {
-            std::fs::create_dir_all(parent).map_err(io("create", parent))?;
-        }
-        match DirBuilder::new().mode(0o700).create(dir) {
-            Ok(()) => taken.dir = Some(dir.to_path_buf()),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io("create", dir)(e)),
-        }
+        // `<memory_backing_dir>/libvirt/qemu` may belong to QEMU's user, which every domain
+        // shares: below the configured directory no link is followed, and the per-domain
+        // directory must be one this call made (mode 0700, root's), so no other domain can
+        // have planted it, or a link in it, to catch this domain's memory.
+        let short = dir.file_name().map(OsString::from).ok_or_else(|| {
+            HookError::Plan(format!("{}: no per-domain directory name", dir.display()))
+        })?;
+        let qemu = DirHandle::open(&self.config.memory_backing_dir)?
+            .parent_subdir("libvirt", 0o755)?
+            .parent_subdir("qemu", 0o755)?;
+        let domain = qemu.new_subdir(&short, 0o700, nix::unistd::geteuid().as_raw())?;
+        taken.dir = Some((qemu, short, domain.clone()));
         for (b, lease) in plan.backends.iter().zip(&taken.leases) {
             let link = dir.join(&b.alias);
-            std::fs::hard_link(&lease.path, &link).map_err(|source| {
+            domain.link_in(&lease.path, &b.alias).map_err(|source| {
                 if source.raw_os_error() == Some(libc::EXDEV) {
                     HookError::Plan(format!(
                         "memory_backing_dir {} is not on the daemon's mount of {} (lease {})",
@@ -200,13 +205,16 @@ impl Hook {
         Ok(())
     }
 
-    /// Gives back what a failed prepare took; every step is attempted.
+    /// Gives back what a failed prepare took, through the directory handles; every step is
+    /// attempted.
     fn undo(&self, taken: Taken) {
-        for link in &taken.links {
-            let _ = std::fs::remove_file(link);
-        }
-        if let Some(dir) = &taken.dir {
-            let _ = std::fs::remove_dir(dir);
+        if let Some((parent, name, dir)) = &taken.dir {
+            for link in &taken.links {
+                if let Some(alias) = link.file_name() {
+                    let _ = dir.unlink(alias);
+                }
+            }
+            let _ = parent.rmdir(name);
         }
         for l in &taken.leases {
             let _ = self.blocking(self.client.release(l.id));
@@ -310,7 +318,8 @@ pub fn acts_on(op: &str, subop: &str) -> bool {
 #[derive(Debug, Default)]
 struct Taken {
     leases: Vec<LeaseInfo>,
-    dir: Option<PathBuf>,
+    /// The parent's handle, the name and the handle of the per-domain directory made.
+    dir: Option<(DirHandle, OsString, DirHandle)>,
     links: Vec<PathBuf>,
 }
 
