@@ -92,9 +92,12 @@ async fn create_lease(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, HeaderMap, Json<LeaseInfo>), ApiError> {
-    let (req, key) = parse_lease_body(&body)?;
+    let (mut req, key) = parse_lease_body(&body)?;
     let key = super::control::idempotency_key(&headers, key)?;
     let pool = Arc::clone(&state.pool);
+    req.recycle = pool
+        .policy()
+        .recycle_for_role(&caller.role.to_string(), req.recycle);
     let principal = caller.principal.clone();
     let (info, replayed) = blocking(move || match key {
         Some(key) => Ok(pool.lease_idempotent_as(&req, &key, Some(&principal))?),

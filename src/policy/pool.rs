@@ -162,6 +162,9 @@ pub struct PoolPolicySpec {
     /// Per lease owner (user name): how that owner's released memory comes back.
     #[serde(default)]
     pub recycle_owners: std::collections::BTreeMap<String, Recycle>,
+    /// Per API role of the client that makes the lease (`lease`, `admin`).
+    #[serde(default)]
+    pub recycle_roles: std::collections::BTreeMap<String, Recycle>,
 }
 
 /// The longest lessee grace a policy may ask for, ms.
@@ -244,9 +247,20 @@ pub struct PoolPolicy {
     pub recycle: Recycle,
     /// Per lease owner (user name).
     pub recycle_owners: std::collections::BTreeMap<String, Recycle>,
+    /// Per API role of the client that makes the lease.
+    pub recycle_roles: std::collections::BTreeMap<String, Recycle>,
 }
 
 impl PoolPolicy {
+    /// A lease's own `recycle` made at least as strict as the rule for the API role that
+    /// asks for it (see [`PoolPolicy::recycle_for`]).
+    pub fn recycle_for_role(&self, role: &str, lease: Option<Recycle>) -> Option<Recycle> {
+        match self.recycle_roles.get(role) {
+            Some(Recycle::Kernel) => Some(Recycle::Kernel),
+            _ => lease,
+        }
+    }
+
     /// How a lease's memory comes back: the lease's own choice, else its owner's, else the
     /// policy's. `kernel` anywhere wins: a lease cannot ask for less than its owner's rule.
     pub fn recycle_for(&self, owner: Option<&str>, lease: Option<Recycle>) -> Recycle {
@@ -315,6 +329,7 @@ impl PoolPolicySpec {
             },
             recycle: self.recycle,
             recycle_owners: self.recycle_owners.clone(),
+            recycle_roles: self.recycle_roles.clone(),
         })
     }
 }
@@ -433,6 +448,7 @@ impl PoolPolicy {
             lessee_grace: std::time::Duration::from_millis(default_grace()),
             recycle: Recycle::default(),
             recycle_owners: Default::default(),
+            recycle_roles: Default::default(),
         })
     }
 
@@ -495,6 +511,29 @@ impl PoolPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_strictest_recycle_rule_wins() {
+        let p = PoolPolicy::from_toml(
+            "recycle = \"proven\"\n[recycle_owners]\nuntrusted = \"kernel\"\n[recycle_roles]\nlease = \"kernel\"\n",
+        )
+        .unwrap();
+        assert_eq!(p.recycle_for(None, None), Recycle::Proven);
+        assert_eq!(
+            p.recycle_for(Some("untrusted"), Some(Recycle::Proven)),
+            Recycle::Kernel
+        );
+        assert_eq!(
+            p.recycle_for(Some("qemu"), Some(Recycle::Kernel)),
+            Recycle::Kernel
+        );
+        assert_eq!(
+            p.recycle_for_role("lease", Some(Recycle::Proven)),
+            Some(Recycle::Kernel)
+        );
+        assert_eq!(p.recycle_for_role("admin", None), None);
+        assert!(PoolPolicy::from_toml("recycle = \"maybe\"\n").is_err());
+    }
 
     #[test]
     fn embedded_default_keeps_nothing_warm() {

@@ -258,7 +258,6 @@ enum Kept {
     /// An io_uring with the mapping's pages registered, and the registered address.
     Ring(Box<io_uring::IoUring>, u64, usize),
     Pipe(OwnedFd),
-    Link(PathBuf),
     Map(MmapRegion),
 }
 
@@ -345,17 +344,6 @@ impl Kept {
                     Err(_) => 0,
                 }
             }
-            Kept::Link(link) => match fs::OpenOptions::new().read(true).write(true).open(&*link) {
-                Ok(f) => {
-                    let len = f.metadata().unwrap().len() as usize;
-                    if len == 0 {
-                        return 0;
-                    }
-                    let r = MmapRegion::shared_file(f.as_fd(), 0, len.min(size)).unwrap();
-                    count(r.as_slice())
-                }
-                Err(_) => 0,
-            },
             Kept::Map(r) => count(r.as_slice()),
         }
     }
@@ -436,7 +424,7 @@ pub fn entry() {
         "link" => {
             let link = PathBuf::from(std::env::var(SOCKET).unwrap());
             fs::hard_link(&path, &link).unwrap();
-            Kept::Link(link)
+            Kept::Reopen(link, None)
         }
         // Keeps an O_PATH descriptor: no open file, no open event; reopened through
         // /proc/self/fd when asked to read.
@@ -481,7 +469,7 @@ pub fn entry() {
         }
         "reopen" => Kept::Reopen(PathBuf::from(std::env::var(SOCKET).unwrap()), None),
         // Opens the link only when asked to read: a later process of the same user.
-        "link-read" => Kept::Link(PathBuf::from(std::env::var(SOCKET).unwrap())),
+        "link-read" => Kept::Reopen(PathBuf::from(std::env::var(SOCKET).unwrap()), None),
         "map" => {
             let (f, r) = map(&path, size);
             drop(f);

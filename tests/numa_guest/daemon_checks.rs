@@ -298,10 +298,24 @@ fn lease_with_pid(d: &Daemon) -> Result<String, String> {
 /// only node 1's CPUs, and the pages stay on node 1.
 fn release_scrubbed_on_node1(d: &Daemon) -> Result<String, String> {
     let node1_cpus = kernel::node_cpus(1)?;
+    // vm1 was mapped by this runner to read its placement: this runner, still running, opened
+    // it, so its release takes the kernel's path (docs/security.md). A lease nobody opened
+    // is proven out of reach and scrubbed on its node's CPUs.
+    d.release("vm1")?;
+    d.wait_pool("vm1 given back and the pool refilled", |p| {
+        kind(p, 1).is_some_and(|k| k.warm_bytes >= 4 * MIB && k.leases == 1 && settled(k))
+    })?;
+    let req = LeaseRequest {
+        name: "scrub1".into(),
+        size: 4 * MIB,
+        node: Some(1),
+        ..Default::default()
+    };
+    d.lease(&req).map_err(|e| format!("lease scrub1: {e}"))?;
     let free_before = kernel::node_counter(1, "free_hugepages")?;
     let log_before = daemon_log().len();
-    d.release("vm1")?;
-    let pool = d.wait_pool("vm1 scrubbed back to warm", |p| {
+    d.release("scrub1")?;
+    let pool = d.wait_pool("scrub1 scrubbed back to warm", |p| {
         kind(p, 1).is_some_and(|k| k.warm_bytes >= 4 * MIB && k.leases == 1 && settled(k))
             && p.last_scrub.as_ref().is_some_and(|s| s.bytes == 4 * MIB)
     })?;
