@@ -15,6 +15,7 @@ mod clearing;
 mod confidence;
 mod error;
 pub mod pool;
+mod recycle;
 mod resolution;
 mod schema;
 mod validate;

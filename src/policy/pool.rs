@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::page_size::PageSize;
 use crate::units::{format_bytes, parse_bytes};
 
+pub use super::recycle::Recycle;
+
 /// The embedded default policy (keeps nothing warm).
 pub const EMBEDDED: &str = include_str!("../../policies/pool.toml");
 
@@ -90,31 +92,6 @@ pub enum Shape {
     /// The `sizes` mix only; a released file is kept only while the pool is below its target
     /// (hugeprep 0.1's behaviour, kept for comparison: `hugeprep bench trace`).
     Fixed,
-}
-
-/// How a released lease's memory comes back to the pool (see `docs/security.md`).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum Recycle {
-    /// Scrubbed in place when the daemon proves that nobody else can reach the file's pages
-    /// any more; otherwise the kernel's path.
-    #[default]
-    Proven,
-    /// Always the kernel's path: the file is truncated (pages nobody holds go back to the
-    /// kernel's free list) and deleted, and the refill faults new pages, zeroed by the kernel.
-    Kernel,
-}
-
-impl Recycle {
-    /// The name used in TOML, JSON and logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            Recycle::Proven => "proven",
-            Recycle::Kernel => "kernel",
-        }
-    }
 }
 
 /// The policy as written in TOML.
@@ -249,28 +226,6 @@ pub struct PoolPolicy {
     pub recycle_owners: std::collections::BTreeMap<String, Recycle>,
     /// Per API role of the client that makes the lease.
     pub recycle_roles: std::collections::BTreeMap<String, Recycle>,
-}
-
-impl PoolPolicy {
-    /// A lease's own `recycle` made at least as strict as the rule for the API role that
-    /// asks for it (see [`PoolPolicy::recycle_for`]).
-    pub fn recycle_for_role(&self, role: &str, lease: Option<Recycle>) -> Option<Recycle> {
-        match self.recycle_roles.get(role) {
-            Some(Recycle::Kernel) => Some(Recycle::Kernel),
-            _ => lease,
-        }
-    }
-
-    /// How a lease's memory comes back: the lease's own choice, else its owner's, else the
-    /// policy's. `kernel` anywhere wins: a lease cannot ask for less than its owner's rule.
-    pub fn recycle_for(&self, owner: Option<&str>, lease: Option<Recycle>) -> Recycle {
-        let by_owner = owner.and_then(|o| self.recycle_owners.get(o)).copied();
-        [lease, by_owner, Some(self.recycle)]
-            .into_iter()
-            .flatten()
-            .max_by_key(|r| *r == Recycle::Kernel)
-            .unwrap_or_default()
-    }
 }
 
 fn field_bytes(field: String, text: &str) -> Result<u64, PoolPolicyError> {
