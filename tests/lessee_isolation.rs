@@ -121,34 +121,34 @@ fn check_kernel_path(
     }
 }
 
-#[test]
-fn an_io_uring_fixed_buffer_kept_after_unmap_and_close_reaches_nothing() {
-    let (env, d) = world("reach-uring", &[]);
-    let victim = lease_for_nobody(&d, "victim");
+/// One attacker that uses the victim's lease as `mode` and keeps a way to its pages: 0
+/// bytes of the next lessee reach it, the release says `reason`, and `pages` are held back.
+fn lone_attacker(env: &Env, d: &Daemon, mode: &str, reason: &str, pages: u64) {
+    let victim = lease_for_nobody(d, "victim");
     let first = ino(&victim);
-    let mut attacker = Lessee::spawn("iouring", &victim.path, SIZE, true, &[]);
+    let mut attacker = Lessee::spawn(mode, &victim.path, SIZE, true, &[]);
     attacker.ready();
-    let (next, seen) = next_lessee(&d, &victim, &mut attacker);
+    let (next, seen) = next_lessee(d, &victim, &mut attacker);
     assert_eq!(seen, 0, "the attacker read {seen} bytes of the next lessee");
     assert!(
-        env.log().contains("reason=\"opener-alive\""),
+        env.log().contains(&format!("reason=\"{reason}\"")),
         "{}",
         env.log()
     );
-    check_kernel_path(&env, &d, first, &next, PAGES, attacker);
+    check_kernel_path(env, d, first, &next, pages, attacker);
+}
+
+#[test]
+fn an_io_uring_fixed_buffer_kept_after_unmap_and_close_reaches_nothing() {
+    let (env, d) = world("reach-uring", &[]);
+    lone_attacker(&env, &d, "iouring", "opener-alive", PAGES);
 }
 
 #[test]
 fn pages_vmspliced_into_a_kept_pipe_reach_nothing() {
     let (env, d) = world("reach-vmsplice", &[]);
-    let victim = lease_for_nobody(&d, "victim");
-    let first = ino(&victim);
-    let mut attacker = Lessee::spawn("vmsplice", &victim.path, SIZE, true, &[]);
-    attacker.ready();
-    let (next, seen) = next_lessee(&d, &victim, &mut attacker);
-    assert_eq!(seen, 0, "the attacker read {seen} bytes of the next lessee");
     // 64 KiB of one 2 MiB page sit in the pipe.
-    check_kernel_path(&env, &d, first, &next, 1, attacker);
+    lone_attacker(&env, &d, "vmsplice", "opener-alive", 1);
 }
 
 #[test]
@@ -307,18 +307,7 @@ fn a_proof_step_that_fails_takes_the_kernels_path() {
         &["--warm", "64M"],
     );
     d.settle(SIZE);
-    let victim = lease_for_nobody(&d, "victim");
-    let first = ino(&victim);
-    let mut attacker = Lessee::spawn("iouring", &victim.path, SIZE, true, &[]);
-    attacker.ready();
-    let (next, seen) = next_lessee(&d, &victim, &mut attacker);
-    assert_eq!(seen, 0, "the attacker read {seen} bytes of the next lessee");
-    assert!(
-        env.log().contains("reason=\"not-watched\""),
-        "{}",
-        env.log()
-    );
-    check_kernel_path(&env, &d, first, &next, PAGES, attacker);
+    lone_attacker(&env, &d, "iouring", "not-watched", PAGES);
 }
 
 #[test]

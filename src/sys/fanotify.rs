@@ -193,21 +193,6 @@ fn parse(buf: &[u8], out: &mut Vec<Event>) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether the process behind `pidfd` has exited (its pidfd is readable then).
-pub fn exited(pidfd: BorrowedFd<'_>) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: pidfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one pollfd that lives for the call; a zero timeout never blocks.
-    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(rc > 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,10 +228,10 @@ mod tests {
             _ => None,
         });
         let pidfd = seen.expect("the child's open is reported with a pidfd");
-        assert!(!exited(pidfd.as_fd()).unwrap());
+        assert!(!crate::sys::pidfd::exited(pidfd.as_fd()).unwrap());
         drop(child.stdin.take());
         child.wait().unwrap();
-        assert!(exited(pidfd.as_fd()).unwrap());
+        assert!(crate::sys::pidfd::exited(pidfd.as_fd()).unwrap());
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -20,6 +20,21 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
+/// Whether the process behind `pidfd` has exited (its pidfd is readable then).
+pub fn exited(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd that lives for the call; a zero timeout never blocks.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc > 0)
+}
+
 /// Waits (in tokio) until the process behind `pidfd` exits.
 pub async fn wait_exit(pidfd: OwnedFd) -> io::Result<()> {
     use tokio::io::unix::AsyncFd;

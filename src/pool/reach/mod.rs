@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::sys::fanotify::{self, Event, OpenWatch};
+use crate::sys::fanotify::{Event, OpenWatch};
 
 /// Openers recorded per file before the record stops proving anything (each keeps a pidfd).
 const MAX_OPENERS: usize = 64;
@@ -334,7 +334,7 @@ impl Reach {
                     // Read while the opener runs: only then does its pid name it.
                     let cgroups = pidfd.as_ref().and_then(|fd| {
                         let cg = self.hierarchies.containing(pid).ok()?;
-                        (!fanotify::exited(fd.as_fd()).ok()?).then_some(cg)
+                        (!crate::sys::pidfd::exited(fd.as_fd()).ok()?).then_some(cg)
                     });
                     let Some(record) = st.files.get_mut(&id) else {
                         continue;
@@ -395,7 +395,7 @@ impl Reach {
                     .pidfd
                     .as_ref()
                     .ok_or(Unproven::OpenerUnknown { pid: o.pid })?;
-                if !fanotify::exited(pidfd.as_fd()).map_err(fail("pidfd"))? {
+                if !crate::sys::pidfd::exited(pidfd.as_fd()).map_err(fail("pidfd"))? {
                     return Err(Unproven::OpenerAlive { pid: o.pid });
                 }
                 let cgroups = o
