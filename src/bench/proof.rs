@@ -16,7 +16,7 @@ use super::recycle::RecycleBenchError;
 use crate::bench::Summary;
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;
-use crate::pool::reach::Reach;
+use crate::pool::reach::{cgroup::Hierarchies, Reach};
 
 /// How long a proof took, per release.
 #[derive(Debug, Clone, Serialize)]
@@ -27,15 +27,6 @@ pub struct ProofTiming {
     pub ms: Summary,
 }
 
-/// The cgroup v2 mount, when there is one.
-fn cgroup2_root() -> Option<std::path::PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines()
-        .find(|l| l.contains(" - cgroup2 "))
-        .and_then(|l| l.split(' ').nth(4))
-        .map(Into::into)
-}
-
 /// Times `reps` proofs on a one-page file in `dir`; `None` (and a log line) where this host
 /// cannot prove anything (no fanotify, no cgroup v2 to give the lessee a cgroup of its own).
 pub fn time_proofs(
@@ -44,7 +35,8 @@ pub fn time_proofs(
     reps: usize,
     log: &dyn Fn(&str),
 ) -> Result<Option<ProofTiming>, RecycleBenchError> {
-    let Some(root) = cgroup2_root() else {
+    let hierarchies = Hierarchies::detect().map_err(proof_error)?;
+    let Some(root) = hierarchies.v2_mount() else {
         log("proof: no cgroup v2 mount to give the lessee a cgroup of its own: not timed");
         return Ok(None);
     };

@@ -31,13 +31,11 @@ pub struct TestCgroup {
 
 impl TestCgroup {
     pub fn new(name: &str) -> TestCgroup {
-        let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let root = info
-            .lines()
-            .find(|l| l.contains(" - cgroup2 "))
-            .and_then(|l| l.split(' ').nth(4))
+        let hierarchies = hugeprep::pool::reach::cgroup::Hierarchies::detect().unwrap();
+        let root = hierarchies
+            .v2_mount()
             .expect("a cgroup2 hierarchy is mounted");
-        let dir = Path::new(root).join(format!("hugeprep-test-{name}-{}", std::process::id()));
+        let dir = root.join(format!("hugeprep-test-{name}-{}", std::process::id()));
         let _ = fs::remove_dir(&dir);
         fs::create_dir(&dir).unwrap();
         TestCgroup { dir }

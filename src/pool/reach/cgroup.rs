@@ -62,6 +62,11 @@ impl Hierarchies {
         Ok(h)
     }
 
+    /// Where the cgroup v2 hierarchy is mounted, if it is.
+    pub fn v2_mount(&self) -> Option<&Path> {
+        self.v2.as_ref().map(|(point, _)| point.as_path())
+    }
+
     /// The cgroups `pid` is in that hold it: leaving out the root of each hierarchy and any
     /// cgroup that the process's user may move processes out of ([`delegated`]).
     pub fn containing(&self, pid: u32) -> io::Result<Vec<Cgroup>> {
