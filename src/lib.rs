@@ -15,6 +15,7 @@
 //! [`daemon`]; [`vmm`] hands memory over to QEMU, cloud-hypervisor and `vm-memory`.
 
 pub mod api;
+pub mod background;
 pub mod bench;
 pub mod clear;
 pub mod client;

@@ -204,6 +204,7 @@ fn scrub_once(s: &Scrubber, file: &BackingFile, cpus: &[usize]) -> Result<f64, R
         bandwidth: None,
         background: false,
         verify: Verification::Sample,
+        yield_to: None,
     };
     let t = Instant::now();
     s.scrub_file(file, &opts, &ScrubControl::default())?;

@@ -4,9 +4,15 @@
 //! and the worker's refills off the process's `mmap_lock` (see [`Populate::Fallocate`]).
 
 use std::ops::Range;
+use std::sync::Arc;
 
+use crate::background::Yield;
 use crate::hugetlb::BackingFile;
 use crate::prefault::{default_threads, prefault, Populate, PrefaultError, PrefaultOptions};
+
+/// Bytes per call of a background fault: the start gate is looked at between calls, so a
+/// refill stands aside for a VM start within one of these (a few ms).
+pub const BACKGROUND_EXTENT: u64 = 32 << 20;
 
 /// Faulting failed.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +30,28 @@ pub fn fault_range(
     node: u32,
     cpus: &[usize],
 ) -> Result<(), FaultError> {
+    fault_with(file, range, node, cpus, None)
+}
+
+/// [`fault_range`] for background work (refills): in extents of [`BACKGROUND_EXTENT`], each
+/// after `gate` lets it go on.
+pub fn fault_range_background(
+    file: &BackingFile,
+    range: Range<u64>,
+    node: u32,
+    cpus: &[usize],
+    gate: Arc<dyn Yield>,
+) -> Result<(), FaultError> {
+    fault_with(file, range, node, cpus, Some(gate))
+}
+
+fn fault_with(
+    file: &BackingFile,
+    range: Range<u64>,
+    node: u32,
+    cpus: &[usize],
+    gate: Option<Arc<dyn Yield>>,
+) -> Result<(), FaultError> {
     if range.is_empty() {
         return Ok(());
     }
@@ -38,6 +66,12 @@ pub fn fault_range(
             Populate::Auto
         },
         cpus: Some(cpus.to_vec()),
+        extent: if gate.is_some() {
+            BACKGROUND_EXTENT
+        } else {
+            crate::prefault::DEFAULT_EXTENT
+        },
+        yield_to: gate,
         ..PrefaultOptions::default()
     };
     prefault(file, range, &opts, None)?;

@@ -117,6 +117,8 @@ impl Pool {
         principal: Option<&str>,
     ) -> Result<LeaseInfo> {
         let started = Instant::now();
+        // The lease, and the VMM start that follows it, go first (see `gate`).
+        let _taking = self.gate.taking();
         let mut v = self.validate(req)?;
         v.principal = principal.map(str::to_owned);
         let mount = self.mount(v.page_size)?;
@@ -429,6 +431,7 @@ impl Pool {
         }
         st.pending_names.remove(&v.name);
         st.lessee_grace = self.lessee_grace_until();
+        self.gate.leased(id);
         self.changed.notify_all();
         Ok(info)
     }
@@ -540,6 +543,7 @@ impl Pool {
         self.take_back(&path);
         // Before the scrub can start: the file leaves the lease unpinned.
         self.unpin(id);
+        self.gate.forget(id);
         let mut st = self.lock();
         if let Some(e) = st.files.get_mut(&id) {
             e.busy = None;

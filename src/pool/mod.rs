@@ -22,6 +22,7 @@ mod counters;
 mod drain;
 mod error;
 pub mod fault;
+pub mod gate;
 pub mod holes;
 pub mod idempotency;
 mod kernel;
@@ -37,11 +38,12 @@ mod request;
 pub mod reserve;
 pub mod shape;
 mod shortfall;
+mod state;
 mod status;
 pub mod targets;
 mod worker;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -57,6 +59,7 @@ use crate::journal::Journal;
 use crate::page_size::PageSize;
 use crate::scrub::{ScrubControl, ScrubReport, Scrubber};
 use crate::topology::Topology;
+use state::State;
 
 pub use crate::policy::pool as policy;
 pub use crate::policy::pool::{PoolPolicy, Verification};
@@ -196,124 +199,6 @@ impl Entry {
     }
 }
 
-#[derive(Debug, Default)]
-struct State {
-    files: BTreeMap<u64, Entry>,
-    next_id: u64,
-    pending_names: BTreeSet<String>,
-    refill_turn: usize,
-    refill_backoff: Option<Instant>,
-    /// Until then the worker starts no refill or background scrub: the lessee's VMM is
-    /// starting (see [`LESSEE_GRACE`]).
-    lessee_grace: Option<Instant>,
-    /// A lease was served other than warm-exact since the pool last had every wanted file:
-    /// refills no longer wait for the lessee grace (see `worker`).
-    missed: bool,
-    last_scrub: Option<ScrubReport>,
-    /// Why a kind's target is not met, as last logged (see `Pool::explain`).
-    reasons: BTreeMap<(u32, PageSize), String>,
-    /// When a kind's pool may be raised again after the kernel or a limit refused.
-    reserve_backoff: BTreeMap<(u32, PageSize), Instant>,
-    /// Kinds emptied by a drain: kept at a target of zero until resumed.
-    drained: BTreeSet<(u32, PageSize)>,
-    /// Recent lease sizes per kind, that the demand shape learns from.
-    demand: BTreeMap<(u32, PageSize), shape::History>,
-    /// Leases with an idempotency key in progress, by key.
-    keyed: BTreeMap<String, idempotency::Idempotency>,
-    /// Bytes per kind that leases and refills have been promised but not faulted yet: the
-    /// kernel still counts them free, so every decision subtracts them (concurrent cold
-    /// leases would otherwise promise the same free pages twice).
-    faulting: BTreeMap<u64, (u32, PageSize, u64)>,
-}
-
-impl State {
-    /// Bytes of the kind promised to a fault in progress (see `faulting`).
-    fn faulting(&self, node: u32, ps: PageSize) -> u64 {
-        self.faulting
-            .values()
-            .filter(|f| f.0 == node && f.1 == ps)
-            .map(|f| f.2)
-            .sum()
-    }
-
-    /// Promises `bytes` of the kind's free pages to the fault of file `id` about to start.
-    fn start_faulting(&mut self, id: u64, node: u32, ps: PageSize, bytes: u64) {
-        self.faulting.insert(id, (node, ps, bytes));
-    }
-
-    /// The fault of file `id` is over (done or failed): the kernel's count is right again.
-    fn end_faulting(&mut self, id: u64) {
-        self.faulting.remove(&id);
-    }
-
-    fn new_id(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        id
-    }
-
-    fn name_in_use(&self, name: &str) -> bool {
-        self.pending_names.contains(name)
-            || self.files.values().any(|e| match &e.rec.state {
-                FileState::Leased(l) => l.name == name,
-                _ => false,
-            })
-    }
-
-    fn of_kind(&self, node: u32, ps: PageSize) -> impl Iterator<Item = &Entry> {
-        self.files
-            .values()
-            .filter(move |e| e.rec.node == node && e.rec.page_size == ps)
-    }
-
-    /// Bytes that are or will be warm: warm files not on their way out, plus scrubs and
-    /// refills in progress.
-    fn pool_bytes(&self, node: u32, ps: PageSize) -> u64 {
-        self.of_kind(node, ps)
-            .filter(|e| match e.busy {
-                Some(Work::Scrub) | Some(Work::Refill) => true,
-                None => e.rec.state == FileState::Warm,
-                _ => false,
-            })
-            .map(|e| e.rec.size)
-            .sum()
-    }
-
-    /// A released file waiting for the worker to give back for `short` bytes: the smallest
-    /// that covers them, else the largest.
-    fn dirty_victim(&self, node: u32, ps: PageSize, short: u64) -> Option<u64> {
-        let dirty = || {
-            self.of_kind(node, ps)
-                .filter(|e| e.busy.is_none() && e.rec.state == FileState::Dirty)
-        };
-        dirty()
-            .filter(|e| e.rec.size >= short)
-            .min_by_key(|e| e.rec.size)
-            .or_else(|| dirty().max_by_key(|e| e.rec.size))
-            .map(|e| e.rec.id)
-    }
-
-    /// Bytes of released files waiting for the worker (what [`State::dirty_victim`] can
-    /// give back).
-    fn dirty_idle_bytes(&self, node: u32, ps: PageSize) -> u64 {
-        self.of_kind(node, ps)
-            .filter(|e| e.busy.is_none() && e.rec.state == FileState::Dirty)
-            .map(|e| e.rec.size)
-            .sum()
-    }
-
-    /// Bytes that a waiting lease could get once the worker has caught up.
-    fn pending_clean_bytes(&self, node: u32, ps: PageSize) -> u64 {
-        self.of_kind(node, ps)
-            .filter(|e| {
-                matches!(e.busy, Some(Work::Scrub) | Some(Work::Refill))
-                    || (e.busy.is_none() && e.rec.state == FileState::Dirty)
-            })
-            .map(|e| e.rec.size)
-            .sum()
-    }
-}
-
 /// The warm pool: files, leases, the journal and the background worker's shared state.
 #[derive(Debug)]
 pub struct Pool {
@@ -323,7 +208,9 @@ pub struct Pool {
     policy: std::sync::RwLock<Arc<PoolPolicy>>,
     journal: Journal,
     scrubber: Scrubber,
-    control: ScrubControl,
+    control: Arc<ScrubControl>,
+    /// Holds refills and background scrubs while a VM start is under way.
+    gate: Arc<gate::StartGate>,
     state: Mutex<State>,
     changed: Condvar,
     shutdown: AtomicBool,
@@ -416,6 +303,12 @@ impl Pool {
         };
         let grace_ms = u64::try_from(policy.lessee_grace.as_millis()).unwrap_or(u64::MAX);
         let supply = kernel::Supply::open(&topology.node_ids(), mounts.keys().copied());
+        let control = Arc::new(ScrubControl::default());
+        let reach = Arc::new(reach::Reach::new());
+        let gate = Arc::new(gate::StartGate::new(
+            Arc::clone(&reach),
+            Arc::clone(&control),
+        ));
         Ok(Arc::new(Pool {
             mounts,
             topology,
@@ -425,7 +318,8 @@ impl Pool {
             })?,
             policy: std::sync::RwLock::new(Arc::new(policy)),
             journal,
-            control: ScrubControl::default(),
+            control,
+            gate,
             state: Mutex::new(state),
             changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
@@ -441,7 +335,7 @@ impl Pool {
             pins: Mutex::new(BTreeMap::new()),
             grace_ms: std::sync::atomic::AtomicU64::new(grace_ms),
             api_targets,
-            reach: Arc::new(reach::Reach::new()),
+            reach,
         }))
     }
 
@@ -576,6 +470,14 @@ impl Pool {
     pub fn set_lessee_grace(&self, grace: Duration) {
         let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         self.grace_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Turns the start gate on (the default) or off: off, refills and background scrubs run
+    /// while VMs start on leases just taken, as before the gate (benchmarks compare both;
+    /// see [`gate`]).
+    pub fn set_start_gate(&self, enabled: bool) {
+        self.gate.set_enabled(enabled);
+        self.changed.notify_all();
     }
 
     /// The grace window starting now.

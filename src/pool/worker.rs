@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::reach::Unproven;
 use super::shape::Reshape;
 use super::{fault, file_key, holes, Entry, FileRecord, FileState, Pool, State, Work};
+use crate::background::Yield;
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;
 use crate::policy::pool::Recycle;
@@ -66,7 +67,13 @@ impl Pool {
                     if let Some(job) = self.next_job(&mut st) {
                         break (job, pressing);
                     }
-                    st = st.wait_timeout(&self.changed, Duration::from_millis(500));
+                    // Held by a start under way: look again soon after it ends.
+                    let wait = if self.gate.under_way() {
+                        Duration::from_millis(20)
+                    } else {
+                        Duration::from_millis(500)
+                    };
+                    st = st.wait_timeout(&self.changed, wait);
                 }
             };
             tracing::debug!(?job, pressing, "pool worker");
@@ -120,13 +127,17 @@ impl Pool {
         if graced && !incomplete {
             return None;
         }
+        // A VMM is starting (a lease being taken, or just taken and its VMM not settled):
+        // background work waits for it whatever the pool lacks, unless a lease waits on the
+        // work (see `gate`).
+        let held = !urgent && self.gate.under_way();
         // 1. Released and unproven files: scrub them back to warm, or delete them.
         let dirty = st
             .files
             .values()
             .find(|e| e.busy.is_none() && e.rec.state == FileState::Dirty)
             .map(|e| e.rec.clone());
-        if let Some(rec) = dirty {
+        if let Some(rec) = dirty.filter(|_| incomplete || !held) {
             // Under the demand shape a file of a size in demand is kept (cut to a missing
             // size when its own is not), whatever the pool holds (see `shape`).
             let (keep, size) = match self.policy().shape {
@@ -184,7 +195,7 @@ impl Pool {
             }
         }
         // 3. Below target: make a new warm file of the next size in the mix that fits.
-        if (graced && !st.missed) || st.refill_backoff.is_some_and(|t| Instant::now() < t) {
+        if held || (graced && !st.missed) || st.refill_backoff.is_some_and(|t| Instant::now() < t) {
             return None;
         }
         let policy = self.policy();
@@ -350,6 +361,7 @@ impl Pool {
             bandwidth: self.policy().scrub_bandwidth,
             background: !pressing,
             verify: self.policy().verify,
+            yield_to: (!pressing).then(|| Arc::clone(&self.gate) as Arc<dyn Yield>),
         };
         let mut file = match BackingFile::open(&path, rec.page_size) {
             Ok(f) => f,
@@ -515,7 +527,9 @@ impl Pool {
         let made = BackingFile::create(&path, rec.size, rec.page_size, None)
             .map_err(|e| e.to_string())
             .and_then(|f| {
-                fault::fault_range(&f, 0..rec.size, rec.node, &cpus).map_err(|e| e.to_string())
+                let gate = Arc::clone(&self.gate) as Arc<dyn Yield>;
+                fault::fault_range_background(&f, 0..rec.size, rec.node, &cpus, gate)
+                    .map_err(|e| e.to_string())
             });
         if made.is_ok() {
             self.counters.refill_faulted(rec.size, t.elapsed());

@@ -452,6 +452,9 @@ impl Worker<'_> {
         };
         let mut offset = chunk.start;
         while offset < chunk.end {
+            if let Some(gate) = &self.opts.yield_to {
+                gate.wait_turn();
+            }
             if self.cancelled() {
                 return Err(PrefaultError::Cancelled {
                     path: self.file.path().to_path_buf(),

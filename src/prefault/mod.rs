@@ -87,6 +87,8 @@ pub struct PrefaultOptions {
     pub cpus: Option<Vec<usize>>,
     /// Set to `true` (e.g. by [`crate::sys::signals::cancel_on_signals`]) to stop the workers between extents.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// What the workers wait on before each extent (the pool's start gate, for refills).
+    pub yield_to: Option<Arc<dyn crate::background::Yield>>,
 }
 
 impl Default for PrefaultOptions {
@@ -100,6 +102,7 @@ impl Default for PrefaultOptions {
             populate: Populate::Auto,
             cpus: None,
             cancel: None,
+            yield_to: None,
         }
     }
 }

@@ -105,6 +105,8 @@ pub struct ScrubOptions {
     pub background: bool,
     /// How to check the result.
     pub verify: Verification,
+    /// What a background scrub waits on between extents (the pool's start gate).
+    pub yield_to: Option<std::sync::Arc<dyn crate::background::Yield>>,
 }
 
 /// What a scrub did.
@@ -364,6 +366,9 @@ impl Scrubber {
         // clearer starts inherit this thread's scheduling class.
         let extent_len = STEP * workers;
         for extent in buf.chunks_mut(extent_len) {
+            if let Some(gate) = &opts.yield_to {
+                gate.wait_turn();
+            }
             if control.is_cancelled() {
                 return Err(ScrubError::Cancelled { path: what.into() });
             }
@@ -482,6 +487,7 @@ mod tests {
             bandwidth: None,
             background: false,
             verify,
+            yield_to: None,
         }
     }
 

@@ -242,6 +242,34 @@ impl World {
     pub fn settle(&self) -> Result<()> {
         Ok(self.daemon.settle(SETTLE)?)
     }
+
+    /// Sets the pool's target to `bytes` of files of the run's size (`policy` otherwise)
+    /// and waits until the pool holds exactly that: filled up, or trimmed down so that a
+    /// fresh file can have the pages (untimed).
+    pub fn set_warm(&self, policy: &PoolPolicy, bytes: u64) -> Result<()> {
+        let mut p = policy.clone();
+        p.set_warm(self.page_size, bytes, vec![self.size]);
+        let pool = self.daemon.pool();
+        pool.set_policy(p);
+        self.settle()?;
+        let deadline = std::time::Instant::now() + SETTLE;
+        while !(pool.is_idle()
+            && pool
+                .status()
+                .kinds
+                .iter()
+                .all(|k| k.warm_bytes == k.target_bytes))
+        {
+            if std::time::Instant::now() > deadline {
+                return Err(crate::bench::daemon::BenchDaemonError::Settle {
+                    seconds: SETTLE.as_secs(),
+                }
+                .into());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Ok(())
+    }
 }
 
 /// A way to start VMs: the cases it can run and one timed start.
@@ -367,19 +395,27 @@ pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport
     let mut sizes = Vec::new();
     let mut skipped = Vec::new();
     for &size in &cfg.sizes {
-        // The warm pool, and one fresh file at a time.
-        let needed = 2 * size;
-        if mem_available().is_some_and(|m| m < needed + cfg.headroom) {
+        // The warm pool, and one fresh file at a time; a VM too large for both (the largest
+        // the machine holds) has the pool emptied for the fresh-file cases, as a host would.
+        let fits = |needed: u64| !mem_available().is_some_and(|m| m < needed + cfg.headroom);
+        let one_copy = !fits(2 * size);
+        if one_copy && !fits(size) {
             let why = format!(
                 "{}: needs {} of hugepages, more than the memory available less the headroom",
                 crate::units::format_bytes(size),
-                crate::units::format_bytes(needed)
+                crate::units::format_bytes(size)
             );
             log(&format!("skipped {why}"));
             skipped.push(why);
             continue;
         }
-        match run_size(cfg, &vmms, size, log) {
+        if one_copy {
+            log(&format!(
+                "{}: the machine holds one copy only: the pool is emptied (untimed) before each fresh-file case and refilled after it",
+                crate::units::format_bytes(size)
+            ));
+        }
+        match run_size(cfg, &vmms, size, one_copy, log) {
             Ok(result) => sizes.push(result),
             // The kernel could not supply the pages (memory short or fragmented): the other
             // sizes' results still stand.
@@ -398,6 +434,7 @@ fn run_size(
     cfg: &VmStartBenchConfig,
     vmms: &[Vmm],
     size: u64,
+    one_copy: bool,
     log: &dyn Fn(&str),
 ) -> Result<SizeResult> {
     let ps = cfg.page_size;
@@ -406,7 +443,8 @@ fn run_size(
     // then the pages: the warm pool's and one fresh file's, kept in the kernel's hugetlb pool
     // for the whole size (pages handed back to the buddy allocator between starts would
     // come back cold).
-    let _top_up = PoolTopUp::ensure_free(None, ps, 2 * pages)?;
+    let copies = if one_copy { 1 } else { 2 };
+    let _top_up = PoolTopUp::ensure_free(None, ps, copies * pages)?;
     let scratch = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
     let pool_mount = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
     let tmp = TempDir::new(size)?;
@@ -419,7 +457,7 @@ fn run_size(
         PoolConfig {
             state_dir: tmp.0.join("state"),
             mounts: vec![pool_mount.path().to_path_buf()],
-            policy,
+            policy: policy.clone(),
             plan: cfg.plan,
         },
         &tmp.0.join("hugeprep.sock"),
@@ -469,13 +507,20 @@ fn run_size(
             let (s, case) = runs[k];
             let starter = &mut starters[s];
             // The fresh pages stay reserved while hugeprep's cases run: the pool cannot
-            // refill behind the lease while the start is timed.
-            let ballast = if case.leased() {
+            // refill behind the lease while the start is timed (with one copy there are none
+            // to refill with).
+            let ballast = if case.leased() && !one_copy {
                 Some(Ballast::reserve(&world)?)
             } else {
                 None
             };
+            if one_copy && !case.leased() {
+                world.set_warm(&policy, 0)?;
+            }
             let seconds = starter.start(&world, case, &format!("{rep}-{k}"))?;
+            if one_copy && !case.leased() {
+                world.set_warm(&policy, size)?;
+            }
             // The lease was released as the VM stopped: until the pool is warm again is
             // what recycling it costs (a scrub, or a refill of what QEMU punched out).
             let released = std::time::Instant::now();

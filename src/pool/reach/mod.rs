@@ -163,6 +163,8 @@ struct Record {
     /// No event was lost and no mark failed since the watch began.
     complete: bool,
     openers: Vec<Opener>,
+    /// When a process other than the daemon first opened the file (its VMM starting).
+    first_open: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -284,8 +286,15 @@ impl Reach {
             Record {
                 complete: inode.is_some(),
                 openers: Vec::new(),
+                first_open: None,
             },
         );
+    }
+
+    /// When a process other than the daemon first opened file `id` since its lease began,
+    /// as far as the events read so far tell (the reader thread reads them as they come).
+    pub fn first_open(&self, id: u64) -> Option<Instant> {
+        self.lock().files.get(&id).and_then(|r| r.first_open)
     }
 
     /// Drops what is known of file `id` (deleted).
@@ -339,6 +348,7 @@ impl Reach {
                     let Some(record) = st.files.get_mut(&id) else {
                         continue;
                     };
+                    record.first_open.get_or_insert_with(Instant::now);
                     if record
                         .openers
                         .iter()
