@@ -181,7 +181,7 @@ fn adopt_one(args: &LibvirtAdoptArgs, dir: &Path, domain: &str) -> anyhow::Resul
     )? {
         Adoption::AlreadyFileBacked if record.is_some() => {
             return Ok(format!(
-                "{domain}: already file-backed shared memory, nothing to change (defined again since it was adopted: `--revert` refuses without `--force`; the original stays in {})",
+                "{domain}: already file-backed shared memory, nothing to change (the original kept from its adoption stays in {}; the domain is no longer the definition adopt made, so `--revert` needs `--force`)",
                 kept.original_path().display()
             ))
         }
@@ -192,9 +192,10 @@ fn adopt_one(args: &LibvirtAdoptArgs, dir: &Path, domain: &str) -> anyhow::Resul
         }
         Adoption::Rewritten { xml, .. } => xml,
     };
-    if record.is_some() {
-        // The domain asks for <hugepages> again, but the original kept from its adoption
-        // is the only copy of what it was before: never replace it unasked.
+    // The domain asks for <hugepages> again. The original kept from its adoption may be the
+    // only copy of what it was before: never replace it unasked, unless it is this very
+    // definition (an adoption interrupted before its define, or a revert made by hand).
+    if record.as_ref().is_some_and(|r| r.original != original) {
         bail!(
             "domain {domain} was adopted before and defined again since with <hugepages>; the original kept in {} is not replaced: `--revert --force {domain}` defines that original, or remove {} and {} to adopt the definition as it is now",
             kept.original_path().display(),
