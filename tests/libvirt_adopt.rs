@@ -251,3 +251,165 @@ fn refusals(lab: &mut Lab) {
     }
     assert!(Env::names(&lab.env.state.join("libvirt-adopt")).is_empty());
 }
+
+fn refused_with(out: &Output, what: &[&str]) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "not refused: {out:?}");
+    for w in what {
+        assert!(err.contains(w), "{w:?} not in: {err}");
+    }
+    err
+}
+
+/// Regression: `--revert` defined the kept original over whatever the domain had become,
+/// silently losing an edit made after the adoption. Now it restores only the definition
+/// adopt made (as libvirt renders it, recorded right after the define), refuses otherwise
+/// with nothing changed, and `--force` restores anyway; adopting twice never replaces the
+/// kept original.
+#[test]
+fn a_domain_redefined_after_adopt_is_not_reverted_unasked() {
+    if !tools_present() {
+        return;
+    }
+    let mut lab = Lab::new("libvirt-adopt-redefined", 256 * MIB, 128 * MIB);
+    let name = "vm-1cell";
+    let uuid = lab.uuid();
+    define(&lab, &example("domain-1cell-hugepages.xml", &uuid));
+    let original = dumpxml(&lab, name);
+    let kept_dir = lab.env.state.join("libvirt-adopt");
+    let kept = kept_dir.join(format!("{uuid}.xml"));
+    let record = kept_dir.join(format!("{uuid}.adopted.xml"));
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap();
+
+    ok(&adopt(&lab, &[name]));
+    let adopted = dumpxml(&lab, name);
+    assert_eq!(read(&kept), original);
+    assert_eq!(read(&record), adopted, "the record is libvirt's rendering");
+
+    // Adopting an adopted domain again: nothing changes, the original stays kept.
+    let again = ok(&adopt(&lab, &[name]));
+    assert!(again.contains("adopted already"), "{again}");
+    assert!(again.contains("nothing to change"), "{again}");
+    assert_eq!(dumpxml(&lab, name), adopted);
+    assert_eq!(read(&kept), original);
+
+    // An operator edits the adopted domain.
+    let edited = adopted.replace(
+        "</uuid>",
+        "</uuid>\n  <description>edited after adopt</description>",
+    );
+    define(&lab, &edited);
+    let redefined = dumpxml(&lab, name);
+    assert!(redefined.contains("edited after adopt"), "{redefined}");
+
+    // --revert refuses, names the domain and the ways on, and changes nothing.
+    let err = refused_with(
+        &adopt(&lab, &["--revert", name]),
+        &[
+            "domain vm-1cell was redefined after libvirt-adopt",
+            "--revert --dry-run vm-1cell",
+            "--revert --force vm-1cell",
+            "losing the later change",
+            "not changed: vm-1cell",
+        ],
+    );
+    assert!(err.contains("nothing was changed"), "{err}");
+    assert_eq!(dumpxml(&lab, name), redefined);
+    assert_eq!(read(&kept), original);
+    assert_eq!(read(&record), adopted);
+
+    // --revert --dry-run shows what a forced revert would do, the later edit included.
+    let out = adopt(&lab, &["--revert", "--dry-run", name]);
+    let diff = ok(&out);
+    assert!(
+        diff.contains("-  <description>edited after adopt</description>"),
+        "{diff}"
+    );
+    assert!(diff.contains("+    <hugepages"), "{diff}");
+    assert!(diff.contains("vm-1cell (original)"), "{diff}");
+    let note = String::from_utf8_lossy(&out.stderr);
+    assert!(note.contains("was redefined after libvirt-adopt"), "{note}");
+    assert_eq!(dumpxml(&lab, name), redefined);
+
+    // Adopting the edited (still file-backed) domain: nothing to change, original kept.
+    let again = ok(&adopt(&lab, &[name]));
+    assert!(again.contains("nothing to change"), "{again}");
+    assert!(
+        again.contains("the original kept from its adoption stays in"),
+        "{again}"
+    );
+    assert_eq!(read(&kept), original);
+
+    // The operator puts <hugepages> back by hand, with another vCPU count: adopting that
+    // would replace the only copy of the original, so it is refused.
+    let by_hand = original.replace(
+        "<vcpu placement='static'>2</vcpu>",
+        "<vcpu placement='static'>1</vcpu>",
+    );
+    assert_ne!(by_hand, original, "no <vcpu> to change in {original}");
+    define(&lab, &by_hand);
+    let by_hand = dumpxml(&lab, name);
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let mut a = extra.to_vec();
+        a.push(name);
+        refused_with(
+            &adopt(&lab, &a),
+            &[
+                "domain vm-1cell was adopted before and defined again since with <hugepages>",
+                "is not replaced",
+                "--revert --force vm-1cell",
+            ],
+        );
+        assert_eq!(dumpxml(&lab, name), by_hand);
+        assert_eq!(read(&kept), original);
+        assert_eq!(read(&record), adopted);
+    }
+
+    // --force restores the original anyway and forgets it.
+    let said = ok(&adopt(&lab, &["--revert", "--force", name]));
+    assert!(said.contains("original definition restored"), "{said}");
+    assert_eq!(dumpxml(&lab, name), original);
+    assert!(Env::names(&kept_dir).is_empty());
+
+    // --force belongs to --revert only.
+    let out = adopt(&lab, &["--force", name]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--revert"),
+        "{out:?}"
+    );
+
+    // Without the record (an adoption interrupted after its define), a revert cannot rule
+    // out a later edit: refused unless forced.
+    ok(&adopt(&lab, &[name]));
+    std::fs::remove_file(&record).unwrap();
+    refused_with(
+        &adopt(&lab, &["--revert", name]),
+        &["may have been redefined", "was not recorded", "--force"],
+    );
+    assert_eq!(read(&kept), original);
+    ok(&adopt(&lab, &["--revert", "--force", name]));
+    assert_eq!(dumpxml(&lab, name), original);
+
+    // An adoption interrupted after keeping the original but before its define: the kept
+    // original is the domain as it is, so adopting again goes ahead.
+    std::fs::create_dir_all(&kept_dir).unwrap();
+    std::fs::write(&kept, &original).unwrap();
+    let said = ok(&adopt(&lab, &[name]));
+    assert!(said.contains("adopted (2M pages"), "{said}");
+    assert_eq!(read(&kept), original);
+    assert_eq!(read(&record), dumpxml(&lab, name));
+    ok(&adopt(&lab, &["--revert", name]));
+    assert_eq!(dumpxml(&lab, name), original);
+
+    // Adopt, then revert with nothing defined in between needs no --force, even across a
+    // libvirtd restart (which parses and renders every definition again).
+    ok(&adopt(&lab, &[name]));
+    lab.sandbox.restart_libvirtd().unwrap();
+    ok(&adopt(&lab, &["--revert", name]));
+    assert_eq!(dumpxml(&lab, name), original);
+    assert!(Env::names(&kept_dir).is_empty());
+
+    lab.sandbox.virsh_ok(&["undefine", name]).unwrap();
+    lab.assert_clean();
+}

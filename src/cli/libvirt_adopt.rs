@@ -2,9 +2,11 @@
 //! `<memoryBacking><hugepages>` into file-backed shared memory the hook serves, with
 //! `virsh dumpxml --inactive --security-info` and `virsh define` (never from inside the hook:
 //! libvirt would deadlock on a call back into itself). The original XML is kept in the
-//! daemon's state directory (`<state_dir>/libvirt-adopt/<uuid>.xml`) for `--revert`.
+//! daemon's state directory (`<state_dir>/libvirt-adopt/<uuid>.xml`) for `--revert`, with
+//! libvirt's rendering of the adopted definition beside it (`kept`), so that a revert never
+//! throws away a definition made after the adoption unless told to (`--force`), and an
+//! adoption never replaces a kept original.
 
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,6 +16,9 @@ use hugeprep::client::Client;
 use hugeprep::vmm::libvirt::adopt::{adopt, Adoption};
 use hugeprep::vmm::libvirt::{HookConfig, DEFAULT_CONFIG};
 use hugeprep::PageSize;
+
+mod kept;
+use kept::{Kept, Standing};
 
 /// The state directory's subdirectory holding the originals of adopted domains.
 const ADOPT_DIR: &str = "libvirt-adopt";
@@ -27,9 +32,14 @@ pub struct LibvirtAdoptArgs {
     /// Print the change as a unified diff and define nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Define the original XML kept at adoption again.
+    /// Define the original XML kept at adoption again (refused when the domain was
+    /// redefined since the adoption, unless `--force`).
     #[arg(long)]
     pub revert: bool,
+    /// With `--revert`: define the original even when the domain was redefined since the
+    /// adoption, losing that later change.
+    #[arg(long, requires = "revert")]
+    pub force: bool,
     /// libvirt connection URI (virsh `--connect`).
     #[arg(long, short = 'c', env = "LIBVIRT_DEFAULT_URI")]
     pub connect: Option<String>,
@@ -64,10 +74,11 @@ fn virsh(args: &LibvirtAdoptArgs, what: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `virsh define` of `xml`, through a file next to the kept originals.
+/// `virsh define` of `xml`, through a file next to the kept originals (mode 0600, as they:
+/// `--security-info` put the domain's passwords in).
 fn define(args: &LibvirtAdoptArgs, dir: &Path, uuid: &str, xml: &str) -> anyhow::Result<()> {
     let file = dir.join(format!(".{uuid}.define.xml"));
-    std::fs::write(&file, xml).with_context(|| format!("writing {}", file.display()))?;
+    kept::write_durably(&file, xml)?;
     let defined = virsh(args, &["define", &file.to_string_lossy()]);
     let _ = std::fs::remove_file(&file);
     defined.map(|_| ())
@@ -131,18 +142,35 @@ fn default_page_size() -> PageSize {
         .unwrap_or(PageSize::Size2M)
 }
 
-fn diff(name: &str, old: &str, new: &str) -> String {
+fn diff(name: &str, old_label: &str, old: &str, new_label: &str, new: &str) -> String {
     similar::TextDiff::from_lines(old, new)
         .unified_diff()
         .context_radius(3)
-        .header(&format!("{name} (defined)"), &format!("{name} (adopted)"))
+        .header(
+            &format!("{name} ({old_label})"),
+            &format!("{name} ({new_label})"),
+        )
         .to_string()
+}
+
+fn dumpxml(args: &LibvirtAdoptArgs, domain: &str) -> anyhow::Result<String> {
+    virsh(args, &["dumpxml", "--inactive", "--security-info", domain])
 }
 
 fn adopt_one(args: &LibvirtAdoptArgs, dir: &Path, domain: &str) -> anyhow::Result<String> {
     let config = HookConfig::load(&args.config)?;
     let uuid = virsh(args, &["domuuid", domain])?.trim().to_string();
-    let original = virsh(args, &["dumpxml", "--inactive", "--security-info", domain])?;
+    let original = dumpxml(args, domain)?;
+    let kept = Kept::new(dir, &uuid);
+    let record = kept.load()?;
+    if let Some(record) = &record {
+        if record.standing(&original) == Standing::AsAdopted {
+            return Ok(format!(
+                "{domain}: adopted already (original kept in {}), nothing to change",
+                kept.original_path().display()
+            ));
+        }
+    }
     let mbd = &config.memory_backing_dir;
     let page_size = backing_page_size(args, mbd)?;
     let xml = match adopt(
@@ -151,6 +179,12 @@ fn adopt_one(args: &LibvirtAdoptArgs, dir: &Path, domain: &str) -> anyhow::Resul
         default_page_size(),
         &mbd.to_string_lossy(),
     )? {
+        Adoption::AlreadyFileBacked if record.is_some() => {
+            return Ok(format!(
+                "{domain}: already file-backed shared memory, nothing to change (the original kept from its adoption stays in {}; the domain is no longer the definition adopt made, so `--revert` needs `--force`)",
+                kept.original_path().display()
+            ))
+        }
         Adoption::AlreadyFileBacked => {
             return Ok(format!(
                 "{domain}: already file-backed shared memory, nothing to change"
@@ -158,59 +192,93 @@ fn adopt_one(args: &LibvirtAdoptArgs, dir: &Path, domain: &str) -> anyhow::Resul
         }
         Adoption::Rewritten { xml, .. } => xml,
     };
-    if args.dry_run {
-        return Ok(diff(domain, &original, &xml));
-    }
-    let kept = dir.join(format!("{uuid}.xml"));
-    if kept.exists() {
+    // The domain asks for <hugepages> again. The original kept from its adoption may be the
+    // only copy of what it was before: never replace it unasked, unless it is this very
+    // definition (an adoption interrupted before its define, or a revert made by hand).
+    if record.as_ref().is_some_and(|r| r.original != original) {
         bail!(
-            "{}: an original is kept already in {} (revert first, or remove it if the domain was redefined since)",
-            domain,
-            kept.display()
+            "domain {domain} was adopted before and defined again since with <hugepages>; the original kept in {} is not replaced: `--revert --force {domain}` defines that original, or remove {} and {} to adopt the definition as it is now",
+            kept.original_path().display(),
+            kept.original_path().display(),
+            kept.adopted_path().display(),
         );
     }
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    write_durably(&kept, &original)?;
+    if args.dry_run {
+        return Ok(diff(domain, "defined", &original, "adopted", &xml));
+    }
+    kept.save_original(&original)?;
     if let Err(err) = define(args, dir, &uuid, &xml) {
-        let _ = std::fs::remove_file(&kept);
+        let _ = kept.forget();
         return Err(err);
+    }
+    // libvirt's own rendering of what was just defined, which a revert compares with.
+    if let Err(err) = dumpxml(args, domain).and_then(|x| Ok(kept.record_adopted(&x)?)) {
+        let undone = define(args, dir, &uuid, &original).and_then(|()| Ok(kept.forget()?));
+        return Err(match undone {
+            Ok(()) => err.context(format!(
+                "{domain}: recording the adopted definition; the original is defined again"
+            )),
+            Err(undo) => err.context(format!(
+                "{domain}: recording the adopted definition, and defining the original again failed too ({}); it is kept in {}",
+                super::render_error(&undo),
+                kept.original_path().display()
+            )),
+        });
     }
     Ok(format!(
         "{domain}: adopted ({page_size} pages, file-backed shared memory from hugeprep's hook) at its next start; original kept in {}",
-        kept.display()
+        kept.original_path().display()
     ))
 }
 
 fn revert_one(args: &LibvirtAdoptArgs, dir: &Path, domain: &str) -> anyhow::Result<String> {
     let uuid = virsh(args, &["domuuid", domain])?.trim().to_string();
-    let kept = dir.join(format!("{uuid}.xml"));
-    let original = std::fs::read_to_string(&kept).with_context(|| {
-        format!(
+    let kept = Kept::new(dir, &uuid);
+    let record = kept.load()?.ok_or_else(|| {
+        anyhow!(
             "{domain}: no original kept in {} (was it adopted with this --state-dir?)",
-            kept.display()
+            kept.original_path().display()
         )
     })?;
+    let current = dumpxml(args, domain)?;
+    let standing = record.standing(&current);
     if args.dry_run {
-        let current = virsh(args, &["dumpxml", "--inactive", "--security-info", domain])?;
-        return Ok(diff(domain, &current, &original));
+        if standing != Standing::AsAdopted {
+            eprintln!("hugeprep libvirt-adopt: {domain}: {}: this diff also undoes that change, and `--revert` needs `--force` to define it", why_not_as_adopted(domain, standing, &kept));
+        }
+        return Ok(diff(
+            domain,
+            "defined",
+            &current,
+            "original",
+            &record.original,
+        ));
     }
-    define(args, dir, &uuid, &original)?;
-    std::fs::remove_file(&kept).with_context(|| format!("removing {}", kept.display()))?;
+    if standing != Standing::AsAdopted && !args.force {
+        bail!(
+            "{}: reverting would throw that change away, so nothing was changed. `hugeprep libvirt-adopt --revert --dry-run {domain}` shows the difference to the original; `--revert --force {domain}` defines the original anyway, losing the later change",
+            why_not_as_adopted(domain, standing, &kept)
+        );
+    }
+    define(args, dir, &uuid, &record.original)?;
+    kept.forget()?;
     Ok(format!(
         "{domain}: original definition restored at its next start"
     ))
 }
 
-/// Writes `text` to `path` by a temporary file, `fsync` and `rename`: a crash leaves the old
-/// state or the whole original, never half of one.
-fn write_durably(path: &Path, text: &str) -> anyhow::Result<()> {
-    let tmp = path.with_extension("xml.tmp");
-    let mut f =
-        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-    Ok(())
+/// Why a domain's definition is not the one adopt made, for a refused revert.
+fn why_not_as_adopted(domain: &str, standing: Standing, kept: &Kept) -> String {
+    match standing {
+        Standing::Unrecorded => format!(
+            "domain {domain} may have been redefined after libvirt-adopt: the definition adopt made was not recorded ({} is missing)",
+            kept.adopted_path().display()
+        ),
+        Standing::Redefined | Standing::AsAdopted => format!(
+            "domain {domain} was redefined after libvirt-adopt: its inactive definition is no longer the one adopt made (recorded in {})",
+            kept.adopted_path().display()
+        ),
+    }
 }
 
 /// Runs `hugeprep libvirt-adopt`.
