@@ -24,6 +24,7 @@ mod world;
 use std::sync::atomic::Ordering;
 
 use super::{Result, VmStartBenchConfig, VmStartBenchError, Vmm};
+use crate::bench::cgroup::VmmCgroups;
 use crate::bench::daemon::BenchDaemon;
 use crate::bench::Summary;
 use crate::hugetlb::{MountOptions, OwnedMount, PoolTopUp};
@@ -67,6 +68,7 @@ pub fn run(
             vmms.retain(|&v| v != Vmm::Libvirt);
         }
     }
+    let cgroups = super::vmm_cgroups(&vmms, &mut not_measured, log)?;
     let mut storms = Vec::new();
     let mut skipped = Vec::new();
     for &count in counts {
@@ -82,7 +84,15 @@ pub fn run(
             skipped.push(why);
             continue;
         }
-        storms.extend(run_count(cfg, &vmms, count, size, with_refill, log)?);
+        storms.extend(run_count(
+            cfg,
+            &vmms,
+            count,
+            size,
+            with_refill,
+            cgroups.as_ref(),
+            log,
+        )?);
     }
     Ok(StormReport {
         page_size: cfg.page_size,
@@ -101,6 +111,7 @@ fn run_count(
     count: usize,
     size: u64,
     with_refill: bool,
+    cgroups: Option<&VmmCgroups>,
     log: &dyn Fn(&str),
 ) -> Result<Vec<StormResult>> {
     let ps = cfg.page_size;
@@ -150,6 +161,7 @@ fn run_count(
         tmp: tmp.0.clone(),
         daemon,
         policy,
+        cgroups: cgroups.cloned(),
     };
     // (VMM, case, refill free): every case with the free pages held back, and with
     // `--storm-refill` hugeprep's cases again with the pool free to refill behind the leases.

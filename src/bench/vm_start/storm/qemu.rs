@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::super::{Result, VmStartBenchError};
 use super::world::StormWorld;
 use super::StormCase;
+use crate::bench::cgroup::VmmCgroup;
 use crate::bench::qemu::{self as launcher, QemuConfig, QemuVm};
 use crate::client::Client;
 use crate::vmm::{qemu as handoff, GuestMemoryFile};
@@ -16,15 +17,21 @@ const READY_TIMEOUT: Duration = Duration::from_secs(300);
 impl StormWorld {
     /// N QEMUs at once.
     pub(super) fn storm_qemu(&self, case: StormCase, tag: usize) -> Result<Vec<f64>> {
+        // Made before the storm, as a host makes a VM's cgroup before it starts the VM.
+        let cgroups = (0..self.count)
+            .map(|i| super::super::vmm_cgroup(self.cgroups.as_ref(), &format!("storm-{i}")))
+            .collect::<Result<Vec<_>>>()?;
         let barrier = Arc::new(Barrier::new(self.count));
         let started = Instant::now();
         let outcomes: Vec<Result<(f64, QemuVm, Option<u64>)>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..self.count)
-                .map(|i| {
+            let handles: Vec<_> = cgroups
+                .into_iter()
+                .enumerate()
+                .map(|(i, cgroup)| {
                     let barrier = Arc::clone(&barrier);
                     s.spawn(move || {
                         barrier.wait();
-                        self.one(case, tag, i, started)
+                        self.one(case, tag, i, started, cgroup)
                     })
                 })
                 .collect();
@@ -64,13 +71,15 @@ impl StormWorld {
         }
     }
 
-    /// VM `i` of a storm: its memory prepared for `case`, QEMU started and ready.
+    /// VM `i` of a storm: its memory prepared for `case`, QEMU started (in `cgroup`, when
+    /// given) and ready.
     fn one(
         &self,
         case: StormCase,
         tag: usize,
         i: usize,
         started: Instant,
+        cgroup: Option<VmmCgroup>,
     ) -> Result<(f64, QemuVm, Option<u64>)> {
         let qmp = self.tmp.join(format!("qmp-{i}.sock"));
         match case {
@@ -84,7 +93,7 @@ impl StormWorld {
                     prealloc_threads: self.threads,
                     qmp_socket: qmp,
                 };
-                let mut vm = QemuVm::spawn(&config)?;
+                let mut vm = QemuVm::spawn_in(&config, cgroup)?;
                 vm.wait_ready(READY_TIMEOUT)?;
                 Ok((started.elapsed().as_secs_f64(), vm, None))
             }
@@ -107,10 +116,11 @@ impl StormWorld {
                     size: lease.size,
                     node: Some(lease.node),
                 }));
-                let ready = QemuVm::spawn_args(&self.qemu, &args, &qmp).and_then(|mut vm| {
-                    vm.wait_ready(READY_TIMEOUT)?;
-                    Ok(vm)
-                });
+                let ready =
+                    QemuVm::spawn_args_in(&self.qemu, &args, &qmp, cgroup).and_then(|mut vm| {
+                        vm.wait_ready(READY_TIMEOUT)?;
+                        Ok(vm)
+                    });
                 match ready {
                     Ok(vm) => Ok((started.elapsed().as_secs_f64(), vm, Some(lease.id))),
                     Err(e) => {

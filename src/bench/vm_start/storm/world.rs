@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::super::libvirt::LibvirtStarter;
 use super::super::{Result, Vmm, SETTLE};
 use super::StormCase;
+use crate::bench::cgroup::VmmCgroups;
 use crate::bench::daemon::BenchDaemon;
 use crate::page_size::PageSize;
 use crate::pool::PoolPolicy;
@@ -22,6 +23,8 @@ pub(super) struct StormWorld {
     pub(super) tmp: PathBuf,
     pub(super) daemon: BenchDaemon,
     pub(super) policy: PoolPolicy,
+    /// Where each QEMU the storm starts itself gets a cgroup of its own.
+    pub(super) cgroups: Option<VmmCgroups>,
 }
 
 impl StormWorld {
