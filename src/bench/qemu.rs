@@ -316,9 +316,12 @@ impl QemuVm {
             .map_err(|e| self.qmp_err(e.to_string()))?;
         let mut reader = BufReader::new(stream);
         let mut greeting = String::new();
-        reader
-            .read_line(&mut greeting)
-            .map_err(|e| self.qmp_err(format!("reading the greeting: {e}")))?;
+        if let Err(e) = reader.read_line(&mut greeting) {
+            // A QEMU that dies at start resets the socket: its stderr says why.
+            std::thread::sleep(Duration::from_millis(50));
+            self.exited()?;
+            return Err(self.qmp_err(format!("reading the greeting: {e}")));
+        }
         if !greeting.contains("QMP") {
             self.exited()?;
             return Err(self.qmp_err(format!("unexpected greeting {greeting:?}")));
