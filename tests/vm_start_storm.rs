@@ -27,6 +27,13 @@ fn bench_vm_start_storm_reports_every_case_and_rejects_bad_counts() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    // Each VMM runs in a cgroup of its own (the bench's for QEMU alone, libvirt's machine
+    // cgroup), so every release is proven and scrubbed: none takes the kernel's path, as
+    // each did while the bench's QEMUs shared its never-emptying cgroups.
+    assert!(
+        !stderr.contains("takes the kernel's path"),
+        "a release took the kernel's path: {stderr}"
+    );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let storms = report["storms"].as_array().unwrap();
     let vmms: Vec<&str> = storms.iter().map(|s| s["vmm"].as_str().unwrap()).collect();

@@ -1,6 +1,7 @@
 //! Benchmarks behind `hugeprep bench ...`: side-by-side comparisons in one run, warmed up,
 //! reported as median and range, in a table and as JSON.
 
+pub mod cgroup;
 pub mod clear;
 pub mod clear_config;
 pub mod clear_goals;

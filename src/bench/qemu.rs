@@ -13,7 +13,9 @@
 //! ```
 //!
 //! Each VM is started in its own process group, so a Ctrl-C at the terminal reaches only
-//! hugeprep, which then quits the VM through QMP (or kills it by pid) and removes its files.
+//! hugeprep, which then quits the VM through QMP (or kills it by pid) and removes its files;
+//! with [`QemuVm::spawn_args_in`] also in a cgroup of its own, as a host's QEMU runs (its
+//! released lease can then be proven unreachable and scrubbed in place).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -21,6 +23,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use super::cgroup::VmmCgroup;
 
 /// The QEMU binary name looked up in `PATH`.
 pub const QEMU_BINARY: &str = "qemu-system-x86_64";
@@ -159,12 +163,20 @@ pub struct QemuVm {
     socket: PathBuf,
     qmp: Option<(BufReader<UnixStream>, UnixStream)>,
     reaped: bool,
+    /// Removed (by its drop, after `drop` below reaped QEMU) once QEMU is gone.
+    _cgroup: Option<VmmCgroup>,
 }
 
 impl QemuVm {
     /// Starts QEMU with `config` in its own process group.
     pub fn spawn(config: &QemuConfig) -> Result<QemuVm, QemuError> {
-        QemuVm::spawn_args(&config.binary, &config.args(), &config.qmp_socket)
+        QemuVm::spawn_in(config, None)
+    }
+
+    /// Starts QEMU with `config` in its own process group and, when given, in `cgroup`
+    /// (removed after QEMU has exited).
+    pub fn spawn_in(config: &QemuConfig, cgroup: Option<VmmCgroup>) -> Result<QemuVm, QemuError> {
+        QemuVm::spawn_args_in(&config.binary, &config.args(), &config.qmp_socket, cgroup)
     }
 
     /// Starts `binary` with `args` (which must open QMP on `qmp_socket`, as [`vm_args`]
@@ -174,23 +186,38 @@ impl QemuVm {
         args: &[String],
         qmp_socket: &Path,
     ) -> Result<QemuVm, QemuError> {
+        QemuVm::spawn_args_in(binary, args, qmp_socket, None)
+    }
+
+    /// [`QemuVm::spawn_args`], and when given in `cgroup`, which QEMU joins before it execs
+    /// (so before it opens its memory) and which is removed after QEMU has exited.
+    pub fn spawn_args_in(
+        binary: &Path,
+        args: &[String],
+        qmp_socket: &Path,
+        cgroup: Option<VmmCgroup>,
+    ) -> Result<QemuVm, QemuError> {
         let _ = std::fs::remove_file(qmp_socket);
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .map_err(|source| QemuError::Spawn {
-                binary: binary.to_path_buf(),
-                source,
-            })?;
+            .process_group(0);
+        if let Some(cgroup) = &cgroup {
+            cgroup.enter_on_spawn(&mut command);
+        }
+        let child = command.spawn().map_err(|source| QemuError::Spawn {
+            binary: binary.to_path_buf(),
+            source,
+        })?;
         Ok(QemuVm {
             child,
             socket: qmp_socket.to_path_buf(),
             qmp: None,
             reaped: false,
+            _cgroup: cgroup,
         })
     }
 
@@ -289,9 +316,12 @@ impl QemuVm {
             .map_err(|e| self.qmp_err(e.to_string()))?;
         let mut reader = BufReader::new(stream);
         let mut greeting = String::new();
-        reader
-            .read_line(&mut greeting)
-            .map_err(|e| self.qmp_err(format!("reading the greeting: {e}")))?;
+        if let Err(e) = reader.read_line(&mut greeting) {
+            // A QEMU that dies at start resets the socket: its stderr says why.
+            std::thread::sleep(Duration::from_millis(50));
+            self.exited()?;
+            return Err(self.qmp_err(format!("reading the greeting: {e}")));
+        }
         if !greeting.contains("QMP") {
             self.exited()?;
             return Err(self.qmp_err(format!("unexpected greeting {greeting:?}")));

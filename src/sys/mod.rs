@@ -3,6 +3,7 @@
 
 pub mod activation;
 pub mod affinity;
+pub mod cgroup;
 pub mod fanotify;
 #[cfg(feature = "kvm")]
 pub mod kvm;

@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{Case, Result, Starter, VmStartBenchError, Vmm, World};
+use crate::bench::cgroup::VmmCgroup;
 use crate::client::Client;
 use crate::pool::LeaseRequest;
 use crate::vmm::{cloud_hypervisor as handoff, pvh_guest, GuestMemoryFile};
@@ -48,8 +49,9 @@ impl ChStarter {
         }
         let serial = world.tmp.join("ch-serial.out");
         let _ = std::fs::remove_file(&serial);
-        let start = Instant::now();
-        let child = Command::new(&self.binary)
+        let cgroup = world.vmm_cgroup("ch")?;
+        let mut command = Command::new(&self.binary);
+        command
             .args(["--cpus", "boot=1", "--kernel"])
             .arg(&kernel)
             .args(memory)
@@ -58,13 +60,19 @@ impl ChStarter {
             .args(["--console", "off"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| VmStartBenchError::Io {
-                op: "start cloud-hypervisor",
-                source,
-            })?;
-        let mut vm = Running(child);
+            .stderr(Stdio::piped());
+        if let Some(cgroup) = &cgroup {
+            cgroup.enter_on_spawn(&mut command);
+        }
+        let start = Instant::now();
+        let child = command.spawn().map_err(|source| VmStartBenchError::Io {
+            op: "start cloud-hypervisor",
+            source,
+        })?;
+        let mut vm = Running {
+            child,
+            _cgroup: cgroup,
+        };
         loop {
             let text = std::fs::read(&serial).unwrap_or_default();
             if text.ends_with(b"\n") {
@@ -78,9 +86,9 @@ impl ChStarter {
                 vm.stop();
                 return Ok(seconds);
             }
-            if let Ok(Some(status)) = vm.0.try_wait() {
+            if let Ok(Some(status)) = vm.child.try_wait() {
                 let mut stderr = String::new();
-                if let Some(mut e) = vm.0.stderr.take() {
+                if let Some(mut e) = vm.child.stderr.take() {
                     let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
                 }
                 return Err(failed(format!(
@@ -140,16 +148,20 @@ fn failed(what: String) -> VmStartBenchError {
     }
 }
 
-/// A started cloud-hypervisor; SIGTERM and reaped on drop, so no error path leaves it
-/// holding pages.
-struct Running(Child);
+/// A started cloud-hypervisor and its cgroup; SIGTERM and reaped on drop, so no error path
+/// leaves it holding pages, then its cgroup removed.
+struct Running {
+    child: Child,
+    /// Removed when dropped, after `drop` below reaped cloud-hypervisor.
+    _cgroup: Option<VmmCgroup>,
+}
 
 impl Running {
     fn stop(&mut self) {
-        if let Ok(Some(_)) = self.0.try_wait() {
+        if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }
-        if let Ok(pid) = i32::try_from(self.0.id()) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGTERM,
@@ -157,13 +169,13 @@ impl Running {
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
+            if let Ok(Some(_)) = self.child.try_wait() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(2));
         }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

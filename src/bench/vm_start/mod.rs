@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::cgroup::{VmmCgroup, VmmCgroupError, VmmCgroups};
 use super::daemon::{BenchDaemon, BenchDaemonError};
 use super::qemu::QemuError;
 use crate::clear::ClearPlan;
@@ -203,6 +204,9 @@ pub enum VmStartBenchError {
     /// QEMU failed.
     #[error("bench vm-start: {0}")]
     Qemu(#[from] QemuError),
+    /// A VMM's cgroup could not be made.
+    #[error("bench vm-start: {0}")]
+    Cgroup(#[from] VmmCgroupError),
     /// A directory or file of the run could not be made.
     #[error("bench vm-start: {op}: {source}")]
     Io {
@@ -235,9 +239,16 @@ pub(crate) struct World {
     pub tmp: PathBuf,
     /// hugeprep's daemon, its pool warm with one file of `size`.
     pub daemon: BenchDaemon,
+    /// Where each VMM the run starts itself gets a cgroup of its own (`None`: no cgroup v2).
+    pub cgroups: Option<VmmCgroups>,
 }
 
 impl World {
+    /// A fresh cgroup for one VMM, when the host has cgroup v2.
+    pub fn vmm_cgroup(&self, tag: &str) -> Result<Option<VmmCgroup>> {
+        vmm_cgroup(self.cgroups.as_ref(), tag)
+    }
+
     /// Waits until the pool is warm again (between starts, untimed).
     pub fn settle(&self) -> Result<()> {
         Ok(self.daemon.settle(SETTLE)?)
@@ -342,6 +353,29 @@ impl Drop for Ballast {
     }
 }
 
+/// A fresh cgroup in `cgroups`, if any.
+fn vmm_cgroup(cgroups: Option<&VmmCgroups>, tag: &str) -> Result<Option<VmmCgroup>> {
+    Ok(cgroups.map(|c| c.fresh(tag)).transpose()?)
+}
+
+/// Where the run's VMMs get cgroups of their own; without cgroup v2, says once (in `log`
+/// and `not_measured`) that releases then take the kernel's path.
+fn vmm_cgroups(
+    vmms: &[Vmm],
+    not_measured: &mut Vec<String>,
+    log: &dyn Fn(&str),
+) -> Result<Option<VmmCgroups>> {
+    let cgroups = VmmCgroups::detect()?;
+    // libvirt puts its QEMUs in machine cgroups of its own; only the VMMs the run starts
+    // itself need one from it.
+    let starts_its_own = vmms.iter().any(|&v| v != Vmm::Libvirt);
+    if cgroups.is_none() && starts_its_own {
+        log(&format!("not measured: {}", VmmCgroups::MISSING));
+        not_measured.push(VmmCgroups::MISSING.to_string());
+    }
+    Ok(cgroups)
+}
+
 fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
@@ -392,6 +426,7 @@ pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport
         not_measured.push(why.to_string());
         vmms.retain(|&v| v != Vmm::CloudHypervisor);
     }
+    let cgroups = vmm_cgroups(&vmms, &mut not_measured, log)?;
     let mut sizes = Vec::new();
     let mut skipped = Vec::new();
     for &size in &cfg.sizes {
@@ -415,7 +450,7 @@ pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport
                 crate::units::format_bytes(size)
             ));
         }
-        match run_size(cfg, &vmms, size, one_copy, log) {
+        match run_size(cfg, &vmms, size, one_copy, cgroups.as_ref(), log) {
             Ok(result) => sizes.push(result),
             // The kernel could not supply the pages (memory short or fragmented): the other
             // sizes' results still stand.
@@ -435,6 +470,7 @@ fn run_size(
     vmms: &[Vmm],
     size: u64,
     one_copy: bool,
+    cgroups: Option<&VmmCgroups>,
     log: &dyn Fn(&str),
 ) -> Result<SizeResult> {
     let ps = cfg.page_size;
@@ -470,6 +506,7 @@ fn run_size(
         pool_mount: pool_mount.path().to_path_buf(),
         tmp: tmp.0.clone(),
         daemon,
+        cgroups: cgroups.cloned(),
     };
     world.settle()?;
     let mut starters: Vec<Box<dyn Starter>> = Vec::new();

@@ -36,8 +36,9 @@ impl QemuStarter {
             prealloc_threads: world.threads,
             qmp_socket: qmp_socket(world),
         };
+        let cgroup = world.vmm_cgroup("qemu")?;
         let start = Instant::now();
-        let mut vm = QemuVm::spawn(&config)?;
+        let mut vm = QemuVm::spawn_in(&config, cgroup)?;
         vm.wait_ready(READY_TIMEOUT)?;
         let seconds = start.elapsed().as_secs_f64();
         vm.quit(Duration::from_secs(10));
@@ -97,8 +98,9 @@ impl QemuStarter {
             backend.push_str(backend_extra);
         }
         args.extend(memory);
+        let cgroup = world.vmm_cgroup("qemu")?;
         let start = Instant::now();
-        let mut vm = QemuVm::spawn_args(&self.binary, &args, &qmp)?;
+        let mut vm = QemuVm::spawn_args_in(&self.binary, &args, &qmp, cgroup)?;
         vm.wait_ready(READY_TIMEOUT)?;
         let seconds = start.elapsed().as_secs_f64();
         vm.quit(Duration::from_secs(10));

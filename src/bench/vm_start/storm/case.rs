@@ -1,0 +1,74 @@
+//! The storm's cases: how the memory of its VMs is prepared, and their row labels.
+
+use serde::Serialize;
+
+use super::super::{Case, Vmm};
+
+/// How the memory of a storm's VMs is prepared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StormCase {
+    /// QEMU `prealloc=on` on fresh files.
+    Immediate,
+    /// Fresh files, no preallocation.
+    Floor,
+    /// Leases from a pool warm for every VM.
+    Warm,
+    /// Leases from a pool warm for half of them; the rest cold.
+    HalfWarm,
+}
+
+impl StormCase {
+    /// Every case, in table order.
+    pub const ALL: [StormCase; 4] = [
+        StormCase::Immediate,
+        StormCase::Floor,
+        StormCase::Warm,
+        StormCase::HalfWarm,
+    ];
+
+    /// The row label for `vmm`.
+    pub fn label(self, vmm: Vmm, threads: usize) -> String {
+        match (vmm, self) {
+            (Vmm::Qemu, StormCase::Immediate) => format!("prealloc=on, prealloc-threads={threads}"),
+            (Vmm::Qemu, StormCase::Floor) => "file, prealloc=off (floor)".into(),
+            (Vmm::Qemu, StormCase::Warm) => "hugeprep, pool warm for all".into(),
+            (Vmm::Qemu, StormCase::HalfWarm) => "hugeprep, pool warm for half".into(),
+            (Vmm::Libvirt, StormCase::Immediate) => {
+                format!("<hugepages/> + immediate, threads={threads}")
+            }
+            (Vmm::Libvirt, StormCase::Floor) => "file-backed, hook cold (floor)".into(),
+            (Vmm::Libvirt, StormCase::Warm) => "hugeprep hook, pool warm for all".into(),
+            (Vmm::Libvirt, StormCase::HalfWarm) => "hugeprep hook, pool warm for half".into(),
+            // Storms start QEMU alone or through libvirt; `run` leaves cloud-hypervisor out.
+            (Vmm::CloudHypervisor, case) => format!("cloud-hypervisor ({case:?}, not stormed)"),
+        }
+    }
+
+    /// The one-at-a-time run's case with the same domain (libvirt storms reuse its XML).
+    pub(super) fn domain_case(self) -> Case {
+        match self {
+            StormCase::Immediate => Case::Immediate,
+            StormCase::Floor => Case::Floor,
+            StormCase::Warm | StormCase::HalfWarm => Case::Hugeprep,
+        }
+    }
+
+    pub(super) fn warm_vms(self, count: usize) -> usize {
+        match self {
+            StormCase::Warm => count,
+            StormCase::HalfWarm => count / 2,
+            _ => 0,
+        }
+    }
+}
+
+/// The row label, marked when the pool was free to refill during the storm.
+pub(super) fn label_of(case: StormCase, vmm: Vmm, threads: usize, refill_free: bool) -> String {
+    let label = case.label(vmm, threads);
+    if refill_free {
+        format!("{label}, refill free")
+    } else {
+        label
+    }
+}

@@ -1,0 +1,272 @@
+//! `hugeprep bench vm-start --concurrent N`: a boot storm. N VMs start at once, QEMU alone
+//! (exec to QMP ready, VM paused) and through libvirt (`virsh create --paused` until it
+//! returns, in a private libvirtd with hugeprep's hook; libvirt's cases are those of the
+//! one-at-a-time run: `<hugepages/>` + immediate allocation, file-backed with the hook cold,
+//! and the hook on the warm pool), their memory prepared four ways, side by side in one run:
+//! - **immediate**: each QEMU preallocates a fresh file (`prealloc=on`);
+//! - **floor**: fresh files, no preallocation (the VMMs' own start cost);
+//! - **warm**: each takes a lease from hugeprep's pool, warm for all N (the lease is inside
+//!   the timed span);
+//! - **half warm**: the pool is warm for N/2; the other leases are cold, faulted by the
+//!   daemon while the warm VMs start.
+//!
+//! Per case: the time until all N are ready, and each VM's own time to ready (p50, p99 over
+//! every VM of every repetition). The pool cannot refill behind the leases while a storm is
+//! timed: a mapped, unfaulted file holds every free page the cold leases do not need.
+
+mod case;
+mod holdback;
+mod libvirt;
+mod qemu;
+mod report;
+mod world;
+
+use std::sync::atomic::Ordering;
+
+use super::{Result, VmStartBenchConfig, VmStartBenchError, Vmm};
+use crate::bench::cgroup::VmmCgroups;
+use crate::bench::daemon::BenchDaemon;
+use crate::bench::Summary;
+use crate::hugetlb::{MountOptions, OwnedMount, PoolTopUp};
+use crate::pool::{PoolConfig, PoolPolicy, Verification};
+use crate::units::format_bytes;
+
+pub use case::StormCase;
+pub use report::{StormCaseResult, StormReport, StormResult};
+
+use super::libvirt::LibvirtStarter;
+use case::label_of;
+use holdback::Holdback;
+use world::StormWorld;
+
+/// Runs the storms of `counts` VMs of `size` each; `log` gets a line per storm.
+pub fn run(
+    cfg: &VmStartBenchConfig,
+    counts: &[usize],
+    size: u64,
+    with_refill: bool,
+    log: &dyn Fn(&str),
+) -> Result<StormReport> {
+    super::check(cfg)?;
+    if counts.is_empty() || counts.contains(&0) {
+        return Err(VmStartBenchError::Invalid {
+            field: "concurrent",
+            reason: "give VM counts of at least 1".into(),
+        });
+    }
+    let mut not_measured = Vec::new();
+    let mut vmms = cfg.vmms.clone();
+    if vmms.contains(&Vmm::CloudHypervisor) {
+        log("not measured: cloud-hypervisor: storms start QEMU alone and through libvirt");
+        not_measured.push("cloud-hypervisor: storms start QEMU alone and through libvirt".into());
+        vmms.retain(|&v| v != Vmm::CloudHypervisor);
+    }
+    if vmms.contains(&Vmm::Libvirt) {
+        if let Err(why) = super::libvirt::tools_present() {
+            log(&format!("not measured: libvirt: {why}"));
+            not_measured.push(format!("libvirt: {why}"));
+            vmms.retain(|&v| v != Vmm::Libvirt);
+        }
+    }
+    let cgroups = super::vmm_cgroups(&vmms, &mut not_measured, log)?;
+    let mut storms = Vec::new();
+    let mut skipped = Vec::new();
+    for &count in counts {
+        // The warm pool for all, and fresh files for all.
+        let needed = 2 * count as u64 * size;
+        if super::mem_available().is_some_and(|m| m < needed + cfg.headroom) {
+            let why = format!(
+                "{count} x {}: needs {} of hugepages, more than the memory available less the headroom",
+                format_bytes(size),
+                format_bytes(needed)
+            );
+            log(&format!("skipped {why}"));
+            skipped.push(why);
+            continue;
+        }
+        storms.extend(run_count(
+            cfg,
+            &vmms,
+            count,
+            size,
+            with_refill,
+            cgroups.as_ref(),
+            log,
+        )?);
+    }
+    Ok(StormReport {
+        page_size: cfg.page_size,
+        threads: cfg.threads,
+        reps: cfg.reps,
+        with_refill,
+        storms,
+        skipped,
+        not_measured,
+    })
+}
+
+fn run_count(
+    cfg: &VmStartBenchConfig,
+    vmms: &[Vmm],
+    count: usize,
+    size: u64,
+    with_refill: bool,
+    cgroups: Option<&VmmCgroups>,
+    log: &dyn Fn(&str),
+) -> Result<Vec<StormResult>> {
+    let ps = cfg.page_size;
+    let vm_pages = size / ps.bytes();
+    let all_pages = count as u64 * vm_pages;
+    let _top_up = PoolTopUp::ensure_free(None, ps, 2 * all_pages)?;
+    let scratch = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
+    let pool_mount = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
+    let tmp = super::TempDir::new(count as u64 * size)?;
+    let mut policy = PoolPolicy::embedded();
+    policy.set_warm(ps, all_pages * ps.bytes(), vec![size]);
+    policy.scrub_bandwidth = None;
+    policy.threads = cfg.threads;
+    policy.verify = Verification::Sample;
+    // The run's top-up holds every page; a raise by the daemon (when the hold-back leaves it
+    // no free page) would outlive the run's state directory. BenchDaemon::start turns it off
+    // for its own copy; the targets set between cases start from this one.
+    policy.reserve.enabled = false;
+    let daemon = BenchDaemon::start(
+        PoolConfig {
+            state_dir: tmp.0.join("state"),
+            mounts: vec![pool_mount.path().to_path_buf()],
+            policy: policy.clone(),
+            plan: cfg.plan,
+        },
+        &tmp.0.join("hugeprep.sock"),
+    )?;
+    let libvirt = if vmms.contains(&Vmm::Libvirt) {
+        log("starting a private libvirtd (about 10 s: it probes QEMU)");
+        Some(LibvirtStarter::up_on(
+            cfg,
+            pool_mount.path(),
+            &tmp.0,
+            daemon.socket(),
+        )?)
+    } else {
+        None
+    };
+    let world = StormWorld {
+        libvirt,
+        count,
+        size,
+        ps,
+        threads: cfg.threads,
+        qemu: cfg.qemu.clone(),
+        scratch: scratch.path().to_path_buf(),
+        tmp: tmp.0.clone(),
+        daemon,
+        policy,
+        cgroups: cgroups.cloned(),
+    };
+    // (VMM, case, refill free): every case with the free pages held back, and with
+    // `--storm-refill` hugeprep's cases again with the pool free to refill behind the leases.
+    let mut cases: Vec<(StormCase, bool)> = StormCase::ALL.iter().map(|&c| (c, false)).collect();
+    if with_refill {
+        cases.extend([(StormCase::Warm, true), (StormCase::HalfWarm, true)]);
+    }
+    let runs: Vec<(Vmm, StormCase, bool)> = vmms
+        .iter()
+        .flat_map(|&v| cases.iter().map(move |&(c, r)| (v, c, r)))
+        .collect();
+    let n = runs.len();
+    let mut all_ready: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut per_vm: Vec<Vec<f64>> = vec![Vec::new(); n];
+    for (rep, timed) in std::iter::once((0, false)).chain((0..cfg.reps).map(|r| (r, true))) {
+        for i in 0..n {
+            if cfg
+                .cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed))
+            {
+                return Err(VmStartBenchError::Cancelled);
+            }
+            let k = if timed { (rep + i) % n } else { i };
+            let (vmm, case, refill_free) = runs[k];
+            let warm = case.warm_vms(count);
+            // Fresh-file cases keep the pool warm for all: it holds the pages the fresh files
+            // must not take, and the next warm storm finds it ready.
+            world.set_warm(if case == StormCase::HalfWarm {
+                warm
+            } else {
+                count
+            })?;
+            // Every free page but the cold leases' is held back: no refill during the storm.
+            let cold_pages = (count - warm) as u64 * vm_pages;
+            let needed = if case == StormCase::Warm || case == StormCase::HalfWarm {
+                cold_pages
+            } else {
+                all_pages
+            };
+            let free = crate::hugetlb::pool::available(None, ps)?;
+            let held = if refill_free {
+                0
+            } else {
+                free.saturating_sub(needed)
+            };
+            let holdback = Holdback::reserve(&world.scratch, held, ps)?;
+            let seconds = world.storm(vmm, case, rep * n + k)?;
+            drop(holdback);
+            let slowest = seconds.iter().copied().fold(0.0, f64::max);
+            let label = label_of(case, vmm, cfg.threads, refill_free);
+            let vmm_name = format!("{vmm:?}").to_lowercase();
+            if timed {
+                all_ready[k].push(slowest);
+                per_vm[k].extend(&seconds);
+                log(&format!(
+                    "{count} x {} rep {}/{}  {vmm_name:<8} {label:<36} all ready {slowest:.3} s",
+                    format_bytes(size),
+                    rep + 1,
+                    cfg.reps
+                ));
+            } else {
+                log(&format!(
+                    "{count} x {} warm-up  {vmm_name:<8} {label:<36} all ready {slowest:.3} s",
+                    format_bytes(size)
+                ));
+            }
+        }
+    }
+    world.set_warm(0)?;
+    drop(world);
+    let per_vmm = cases.len();
+    let results = vmms
+        .iter()
+        .enumerate()
+        .map(|(v, &vmm)| {
+            let base = v * per_vmm;
+            let immediate = all_ready[base].clone();
+            let floor = all_ready[base + 1].clone();
+            let cases = cases
+                .iter()
+                .enumerate()
+                .filter_map(|(c, &(case, refill_free))| {
+                    let k = base + c;
+                    Some(StormCaseResult {
+                        case,
+                        refill_free,
+                        label: label_of(case, vmm, cfg.threads, refill_free),
+                        all_ready: Summary::of(&all_ready[k])?,
+                        all_ready_samples: all_ready[k].clone(),
+                        per_vm_p50: Summary::quantile(&per_vm[k], 0.5)?,
+                        per_vm_p99: Summary::quantile(&per_vm[k], 0.99)?,
+                        over_floor: Summary::paired_ratio(&all_ready[k], &floor),
+                        over_immediate: Summary::paired_ratio(&all_ready[k], &immediate),
+                    })
+                })
+                .collect();
+            StormResult {
+                vmm,
+                count,
+                vm_bytes: size,
+                total_bytes: count as u64 * size,
+                cases,
+            }
+        })
+        .collect();
+    Ok(results)
+}
