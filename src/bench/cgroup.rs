@@ -28,6 +28,9 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 /// Errors making a VMM's cgroup.
 #[derive(Debug, thiserror::Error)]
 pub enum VmmCgroupError {
+    /// No cgroup v2 hierarchy is mounted.
+    #[error("no cgroup v2 hierarchy is mounted (/proc/self/mountinfo has no cgroup2)")]
+    NoV2,
     /// The mount table could not be read.
     #[error("reading /proc/self/mountinfo for the cgroup v2 mount: {0}")]
     Mountinfo(io::Error),
@@ -56,17 +59,18 @@ pub struct VmmCgroups {
 }
 
 impl VmmCgroups {
-    /// The cgroup v2 mount of this mount namespace; `Ok(None)` when there is none (the
-    /// VMMs then stay in the benchmark's cgroups and no release can be proven).
-    pub fn detect() -> Result<Option<VmmCgroups>, VmmCgroupError> {
+    /// The cgroup v2 mount of this mount namespace, checked by making (and removing) one
+    /// cgroup there. Without it the VMMs stay in the benchmark's cgroups and no release can
+    /// be proven.
+    pub fn usable() -> Result<VmmCgroups, VmmCgroupError> {
         let hierarchies = Hierarchies::detect().map_err(VmmCgroupError::Mountinfo)?;
-        Ok(hierarchies.v2_mount().map(|root| VmmCgroups {
+        let root = hierarchies.v2_mount().ok_or(VmmCgroupError::NoV2)?;
+        let cgroups = VmmCgroups {
             root: root.to_path_buf(),
-        }))
+        };
+        drop(cgroups.fresh("probe")?);
+        Ok(cgroups)
     }
-
-    /// Why a run without a cgroup v2 mount leaves recycling unmeasured (for its report).
-    pub const MISSING: &'static str = "recycling: no cgroup v2 mount to give each VMM a cgroup of its own, so every release takes the kernel's path";
 
     /// A fresh, empty cgroup for one VMM, named after this process and `tag`.
     pub fn fresh(&self, tag: &str) -> Result<VmmCgroup, VmmCgroupError> {
@@ -145,7 +149,7 @@ mod tests {
 
     #[test]
     fn a_spawned_process_runs_in_its_cgroup_which_goes_with_it() {
-        let Some(cgroups) = VmmCgroups::detect().unwrap() else {
+        let Ok(cgroups) = VmmCgroups::usable() else {
             return;
         };
         let cg = cgroups.fresh("unit test/1").unwrap();
