@@ -63,12 +63,24 @@ impl StormCase {
     }
 }
 
+/// Whether the pool may refill behind the leases while a storm is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Refill {
+    /// Every free page the storm does not need is held back: no refill can run.
+    HeldBack,
+    /// The pool is free to refill; its start gate holds the refill while the VMs start.
+    Free,
+    /// The pool is free to refill and its start gate is off (as before the gate).
+    FreeUngated,
+}
+
 /// The row label, marked when the pool was free to refill during the storm.
-pub(super) fn label_of(case: StormCase, vmm: Vmm, threads: usize, refill_free: bool) -> String {
+pub(super) fn label_of(case: StormCase, vmm: Vmm, threads: usize, refill: Refill) -> String {
     let label = case.label(vmm, threads);
-    if refill_free {
-        format!("{label}, refill free")
-    } else {
-        label
+    match refill {
+        Refill::HeldBack => label,
+        Refill::Free => format!("{label}, refill free"),
+        Refill::FreeUngated => format!("{label}, refill free, no gate"),
     }
 }

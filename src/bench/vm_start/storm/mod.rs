@@ -33,7 +33,7 @@ use crate::hugetlb::{MountOptions, OwnedMount, PoolTopUp};
 use crate::pool::{PoolConfig, PoolPolicy, Verification};
 use crate::units::format_bytes;
 
-pub use case::StormCase;
+pub use case::{Refill, StormCase};
 pub use report::{StormCaseResult, StormReport, StormResult};
 
 use super::libvirt::LibvirtStarter;
@@ -165,13 +165,19 @@ fn run_count(
         policy,
         cgroups: cgroups.cloned(),
     };
-    // (VMM, case, refill free): every case with the free pages held back, and with
-    // `--storm-refill` hugeprep's cases again with the pool free to refill behind the leases.
-    let mut cases: Vec<(StormCase, bool)> = StormCase::ALL.iter().map(|&c| (c, false)).collect();
+    // (VMM, case, refill): every case with the free pages held back, and with
+    // `--storm-refill` hugeprep's cases again with the pool free to refill behind the leases,
+    // with its start gate and without.
+    let mut cases: Vec<(StormCase, Refill)> = StormCase::ALL
+        .iter()
+        .map(|&c| (c, Refill::HeldBack))
+        .collect();
     if with_refill {
-        cases.extend([(StormCase::Warm, true), (StormCase::HalfWarm, true)]);
+        for refill in [Refill::Free, Refill::FreeUngated] {
+            cases.extend([(StormCase::Warm, refill), (StormCase::HalfWarm, refill)]);
+        }
     }
-    let runs: Vec<(Vmm, StormCase, bool)> = vmms
+    let runs: Vec<(Vmm, StormCase, Refill)> = vmms
         .iter()
         .flat_map(|&v| cases.iter().map(move |&(c, r)| (v, c, r)))
         .collect();
@@ -188,7 +194,11 @@ fn run_count(
                 return Err(VmStartBenchError::Cancelled);
             }
             let k = if timed { (rep + i) % n } else { i };
-            let (vmm, case, refill_free) = runs[k];
+            let (vmm, case, refill) = runs[k];
+            world
+                .daemon
+                .pool()
+                .set_start_gate(refill != Refill::FreeUngated);
             let warm = case.warm_vms(count);
             // Fresh-file cases keep the pool warm for all: it holds the pages the fresh files
             // must not take, and the next warm storm finds it ready.
@@ -205,16 +215,15 @@ fn run_count(
                 all_pages
             };
             let free = crate::hugetlb::pool::available(None, ps)?;
-            let held = if refill_free {
-                0
-            } else {
-                free.saturating_sub(needed)
+            let held = match refill {
+                Refill::HeldBack => free.saturating_sub(needed),
+                Refill::Free | Refill::FreeUngated => 0,
             };
             let holdback = Holdback::reserve(&world.scratch, held, ps)?;
             let seconds = world.storm(vmm, case, rep * n + k)?;
             drop(holdback);
             let slowest = seconds.iter().copied().fold(0.0, f64::max);
-            let label = label_of(case, vmm, cfg.threads, refill_free);
+            let label = label_of(case, vmm, cfg.threads, refill);
             let vmm_name = format!("{vmm:?}").to_lowercase();
             if timed {
                 all_ready[k].push(slowest);
@@ -246,18 +255,25 @@ fn run_count(
             let cases = cases
                 .iter()
                 .enumerate()
-                .filter_map(|(c, &(case, refill_free))| {
+                .filter_map(|(c, &(case, refill))| {
                     let k = base + c;
+                    let held_back = cases
+                        .iter()
+                        .position(|&r| r == (case, Refill::HeldBack))
+                        .filter(|_| refill != Refill::HeldBack)
+                        .map(|h| all_ready[base + h].as_slice());
                     Some(StormCaseResult {
                         case,
-                        refill_free,
-                        label: label_of(case, vmm, cfg.threads, refill_free),
+                        refill,
+                        label: label_of(case, vmm, cfg.threads, refill),
                         all_ready: Summary::of(&all_ready[k])?,
                         all_ready_samples: all_ready[k].clone(),
                         per_vm_p50: Summary::quantile(&per_vm[k], 0.5)?,
                         per_vm_p99: Summary::quantile(&per_vm[k], 0.99)?,
                         over_floor: Summary::paired_ratio(&all_ready[k], &floor),
                         over_immediate: Summary::paired_ratio(&all_ready[k], &immediate),
+                        over_held_back: held_back
+                            .and_then(|h| Summary::paired_ratio(&all_ready[k], h)),
                     })
                 })
                 .collect();

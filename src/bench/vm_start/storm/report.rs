@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use super::super::Vmm;
-use super::StormCase;
+use super::{Refill, StormCase};
 use crate::bench::Summary;
 use crate::page_size::PageSize;
 use crate::units::format_bytes;
@@ -13,9 +13,9 @@ use crate::units::format_bytes;
 pub struct StormCaseResult {
     /// The case.
     pub case: StormCase,
-    /// Whether the pool was free to refill during the storm (`--storm-refill`); otherwise
-    /// the free pages were held back.
-    pub refill_free: bool,
+    /// Whether the pool was free to refill during the storm (`--storm-refill`), with its
+    /// start gate or without; otherwise the free pages were held back.
+    pub refill: Refill,
     /// Row label.
     pub label: String,
     /// Seconds until every VM was ready, per repetition summarised.
@@ -30,6 +30,9 @@ pub struct StormCaseResult {
     pub over_floor: Option<f64>,
     /// All-ready time over immediate preallocation's (paired per repetition).
     pub over_immediate: Option<f64>,
+    /// A refill-free row's all-ready time over the same case's with the free pages held
+    /// back (paired per repetition): what a refill behind the leases costs the storm.
+    pub over_held_back: Option<f64>,
 }
 
 /// One storm size.
@@ -73,14 +76,14 @@ impl StormReport {
     /// the ratios to the floor and to immediate preallocation.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "boot storm: N VMs at once (QEMU alone: exec to QMP ready; libvirt: virsh create --paused returned), {} pages, {} threads, {} reps; free pages held back unless a row says \"refill free\"\n",
+            "boot storm: N VMs at once (QEMU alone: exec to QMP ready; libvirt: virsh create --paused returned), {} pages, {} threads, {} reps; free pages held back unless a row says \"refill free\" (\"no gate\": the start gate off; /held: over the same case held back)\n",
             self.page_size,
             self.threads,
             self.reps,
         );
         for s in &self.storms {
             out.push_str(&format!(
-                "\n{} VMs x {} ({} in all), {}\n{:<44} {:>22} {:>9} {:>9} {:>8} {:>8}\n",
+                "\n{} VMs x {} ({} in all), {}\n{:<44} {:>22} {:>9} {:>9} {:>8} {:>8} {:>8}\n",
                 s.count,
                 format_bytes(s.vm_bytes),
                 format_bytes(s.total_bytes),
@@ -90,12 +93,13 @@ impl StormReport {
                 "vm p50",
                 "vm p99",
                 "/floor",
-                "/immed."
+                "/immed.",
+                "/held"
             ));
             for c in &s.cases {
                 let ratio = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}x"));
                 out.push_str(&format!(
-                    "{:<44} {:>7.3} ({:.3}-{:.3}) {:>9.3} {:>9.3} {:>8} {:>8}\n",
+                    "{:<44} {:>7.3} ({:.3}-{:.3}) {:>9.3} {:>9.3} {:>8} {:>8} {:>8}\n",
                     c.label,
                     c.all_ready.median,
                     c.all_ready.min,
@@ -103,7 +107,8 @@ impl StormReport {
                     c.per_vm_p50,
                     c.per_vm_p99,
                     ratio(c.over_floor),
-                    ratio(c.over_immediate)
+                    ratio(c.over_immediate),
+                    ratio(c.over_held_back)
                 ));
             }
         }
