@@ -9,7 +9,7 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use super::{FileRecord, FileState, Pool, Released};
@@ -68,7 +68,9 @@ impl Pool {
             // file is then only unlinked) instead of stalling the worker for lease-break-time.
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open(path)?;
-        let pages = file.metadata()?.len() / rec.page_size.bytes();
+        // The pages the file holds (hugetlbfs counts them in `st_blocks`), not its length:
+        // pages a VMM punched out (`discard-data`, a balloon) went back to the kernel already.
+        let pages = file.metadata()?.blocks() * 512 / rec.page_size.bytes();
         let before = node_free_pages(rec.node, rec.page_size);
         file.set_len(0)?;
         let after = node_free_pages(rec.node, rec.page_size);
