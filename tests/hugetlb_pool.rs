@@ -133,10 +133,8 @@ fn a_one_gib_raise_reports_what_the_kernel_gave() {
     assert!(resize.after <= before.total + 2);
     assert_eq!(resize.shortfall(), before.total + 2 - resize.after);
     if resize.after < before.total + 2 {
-        eprintln!(
-            "the kernel gave {} of 2 extra 1G pages",
-            resize.after - before.total
-        );
+        // Says which pages rule out each aligned GiB (hugeprep::hugetlb::contig).
+        eprintln!("{}", hugeprep::testing::shortfall_note(PageSize::Size1G, 2));
     }
     let back = pool::set_pages(Scope::System, PageSize::Size1G, before.total).unwrap();
     assert_eq!(back.after, before.total);
