@@ -73,6 +73,21 @@ impl HugepageReservation {
     }
 }
 
+/// Why the kernel gave fewer than `wanted` pages of `page_size`, for a test's skip note: for
+/// 1 GiB pages, which pages rule out every aligned range ([`crate::hugetlb::contig::Census`]).
+pub fn shortfall_note(page_size: PageSize, wanted: u64) -> String {
+    let free = crate::hugetlb::pool::available(None, page_size).unwrap_or(0);
+    let mut note =
+        format!("the kernel could not supply {wanted} free {page_size} pages ({free} free)");
+    if page_size != PageSize::Size2M {
+        match crate::hugetlb::contig::Census::take(page_size) {
+            Ok(census) => note.push_str(&format!(": {}", census.explain())),
+            Err(e) => note.push_str(&format!(" (cannot tell why: {e})")),
+        }
+    }
+    note
+}
+
 /// Reports that a tool a test talks to (QEMU, hugeadm, systemd-analyze) is missing. Under
 /// `scripts/test`, which installs them, `HUGEPREP_REQUIRE_TOOLS` is set and this panics: a
 /// suite that silently skips its real-VMM tests proves nothing. Elsewhere it prints why the

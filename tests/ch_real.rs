@@ -60,7 +60,8 @@ fn run(name: &str, launch: Launch, ps: PageSize, zone_bytes: u64, zones: usize) 
     // The mount holds exactly the leases: nothing refills behind them while the VM runs, so
     // the kernel's free count is the VM's alone to move.
     let Some(env) = Env::with_page_size(name, ps, total) else {
-        eprintln!("SKIPPED: the kernel cannot supply {total} bytes of {ps} pages");
+        let why = hugeprep::testing::shortfall_note(ps, total / ps.bytes());
+        eprintln!("SKIPPED: {why}");
         return;
     };
     let d = env.spawn(&[

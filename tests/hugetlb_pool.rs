@@ -133,10 +133,8 @@ fn a_one_gib_raise_reports_what_the_kernel_gave() {
     assert!(resize.after <= before.total + 2);
     assert_eq!(resize.shortfall(), before.total + 2 - resize.after);
     if resize.after < before.total + 2 {
-        eprintln!(
-            "the kernel gave {} of 2 extra 1G pages",
-            resize.after - before.total
-        );
+        // Says which pages rule out each aligned GiB (hugeprep::hugetlb::contig).
+        eprintln!("{}", hugeprep::testing::shortfall_note(PageSize::Size1G, 2));
     }
     let back = pool::set_pages(Scope::System, PageSize::Size1G, before.total).unwrap();
     assert_eq!(back.after, before.total);
@@ -144,4 +142,28 @@ fn a_one_gib_raise_reports_what_the_kernel_gave() {
         pool::read(Scope::System, PageSize::Size1G).unwrap().total,
         before.total
     );
+}
+
+/// The census behind every 1G shortfall note reads the kernel's page flags right: a 2M pool
+/// this test holds shows up as hugetlb pages, the kernel's own slab as slab pages, and all of
+/// memory is counted.
+#[test]
+fn the_one_gib_census_sees_a_two_meg_pool_and_the_kernels_slab() {
+    use hugeprep::hugetlb::contig::Census;
+    let env = HugeEnv::new(PageSize::Size2M, 64).unwrap();
+    let census = Census::take(PageSize::Size1G).unwrap();
+    let hugetlb: u64 = census.ranges.iter().map(|r| r.hugetlb).sum();
+    // 64 free 2M pages held (other pools may add more): 512 small pages each.
+    assert!(env.free() >= 64);
+    assert!(hugetlb >= 64 * 512, "{hugetlb} hugetlb pages counted");
+    assert!(census.ranges.iter().any(|r| r.slab > 0), "{census:?}");
+    let mem_total_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap();
+    let counted = census.ranges.len() as u64 * (1 << 30);
+    assert!(counted >= mem_total_kib * 1024, "{counted} bytes of ranges");
+    assert!(census.explain().contains("hugepagesz=1G hugepages=N"));
 }

@@ -180,7 +180,11 @@ fn one_gig(node: u32, needed: bool, message: String) -> Finding {
             CHECK,
             subject,
             unmet,
-            format!("{message}; the kernel cannot supply a 1 GiB page now (memory fragmented)"),
+            format!(
+                "{message}; the kernel cannot supply a 1 GiB page now ({})",
+                crate::hugetlb::contig::Census::take(PageSize::Size1G)
+                    .map_or_else(|_| "memory fragmented".to_string(), |c| c.cause())
+            ),
         )
         .remedy(boot)
     }

@@ -1,6 +1,7 @@
 //! The kernel's hugetlb facilities: per-node page pools, hugetlbfs mounts and the backing
 //! files that hold guest memory.
 
+pub mod contig;
 pub mod dir;
 mod file;
 pub mod free;

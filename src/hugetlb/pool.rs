@@ -117,7 +117,7 @@ pub enum PoolError {
     /// The kernel could not supply enough free pages.
     #[error(
         "{scope}: {wanted} free {page_size} pages needed, only {free} available after raising \
-         {path} (the kernel could not allocate more: memory is short or fragmented)"
+         {path} (the kernel could not allocate more: memory is short or fragmented{why})"
     )]
     Insufficient {
         /// The pool's scope.
@@ -130,6 +130,9 @@ pub enum PoolError {
         free: u64,
         /// The `nr_hugepages` file.
         path: PathBuf,
+        /// For 1 GiB pages, what rules out every aligned GiB (": ..."; see
+        /// [`crate::hugetlb::contig`]); empty for 2 MiB pages.
+        why: String,
     },
     /// The NUMA topology could not be read or has no such node.
     #[error(transparent)]
@@ -361,6 +364,17 @@ pub fn set_pages(scope: Scope, page_size: PageSize, pages: u64) -> Result<Resize
     })
 }
 
+/// ": " and what keeps the kernel from assembling pages of a gigantic `page_size` (read only
+/// on this failure path: it scans /proc/kpageflags), or nothing.
+fn gigantic_cause(page_size: PageSize) -> String {
+    if page_size == PageSize::Size2M {
+        return String::new();
+    }
+    crate::hugetlb::contig::Census::take(page_size)
+        .map(|c| format!(": {}", c.cause()))
+        .unwrap_or_default()
+}
+
 /// Pages added to a pool for one task and given back when it ends (on drop, or with
 /// [`PoolTopUp::release`]). It raises the pool only by the shortfall, so pages other
 /// processes use are never touched, and gives back exactly what it added (never below what
@@ -394,6 +408,7 @@ impl PoolTopUp {
                 wanted: pages,
                 free,
                 path: counter_path(top_up.scope, page_size, "nr_hugepages")?,
+                why: gigantic_cause(page_size),
             });
         }
         Ok(top_up)

@@ -30,10 +30,8 @@ impl HugeEnv {
                 PageSize::Size2M,
                 "the kernel cannot supply {pages} free 2M hugepages"
             );
-            eprintln!(
-                "SKIPPED: the kernel cannot supply {pages} free {page_size} hugepages \
-                 (memory fragmented or too small)"
-            );
+            let why = hugeprep::testing::shortfall_note(page_size, pages);
+            eprintln!("SKIPPED: {why}");
             return None;
         };
         let mount = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(page_size))
