@@ -21,7 +21,7 @@
 //! refilled rather than serve every lease cold.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,10 +29,12 @@ use super::reach::Reach;
 use crate::background::Yield;
 use crate::scrub::ScrubControl;
 
-/// How long after its commit a lease nobody has opened yet keeps its start under way.
+/// How long after its commit a lease nobody has opened yet keeps its start under way (at
+/// most the lessee grace: a grace of zero turns the gate off).
 pub const OPEN_WAIT: Duration = Duration::from_millis(1000);
 
-/// How long after the first open by its VMM a lease's start stays under way.
+/// How long after the first open by its VMM a lease's start stays under way (at most the
+/// lessee grace).
 pub const SETTLE: Duration = Duration::from_millis(1000);
 
 /// How long the gate stays shut at most before background work goes on anyway.
@@ -59,6 +61,8 @@ pub struct StartGate {
     control: Arc<ScrubControl>,
     /// Off: background work never waits for starts (as before the gate; benchmarks compare).
     enabled: AtomicBool,
+    /// The lessee grace, ms: the windows above are cut to it.
+    grace_ms: AtomicU64,
 }
 
 /// A lease being taken; dropping it ends that part of its start.
@@ -81,7 +85,14 @@ impl StartGate {
             reach,
             control,
             enabled: AtomicBool::new(true),
+            grace_ms: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// Cuts the gate's windows to the lessee grace (`lessee_grace_ms`; zero: no gate).
+    pub fn set_grace(&self, grace: Duration) {
+        let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        self.grace_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Turns the gate on or off (off: background work never waits for a start).
@@ -113,16 +124,18 @@ impl StartGate {
     /// Whether a start is under way (see the module documentation). Forgets starts that are
     /// over.
     pub fn under_way(&self) -> bool {
-        if !self.enabled.load(Ordering::Relaxed) {
+        let grace = Duration::from_millis(self.grace_ms.load(Ordering::Relaxed));
+        if !self.enabled.load(Ordering::Relaxed) || grace.is_zero() {
             return false;
         }
+        let (open_wait, settle) = (OPEN_WAIT.min(grace), SETTLE.min(grace));
         let now = Instant::now();
         let mut st = self.lock();
         let reach = &self.reach;
         st.leased
             .retain(|&id, &mut committed| match reach.first_open(id) {
-                Some(opened) => now < opened + SETTLE,
-                None => now < committed + OPEN_WAIT,
+                Some(opened) => now < opened + settle,
+                None => now < committed + open_wait,
             });
         let shut = st.in_flight > 0 || !st.leased.is_empty();
         if !shut {
@@ -181,6 +194,17 @@ mod tests {
         assert!(!g.open());
         g.forget(7);
         assert!(g.open());
+    }
+
+    #[test]
+    fn a_zero_grace_turns_the_gate_off() {
+        let g = gate();
+        g.set_grace(Duration::ZERO);
+        let _taking = g.taking();
+        g.leased(7);
+        assert!(g.open());
+        g.set_grace(Duration::from_millis(1));
+        assert!(!g.open());
     }
 
     #[test]

@@ -309,6 +309,7 @@ impl Pool {
             Arc::clone(&reach),
             Arc::clone(&control),
         ));
+        gate.set_grace(policy.lessee_grace);
         Ok(Arc::new(Pool {
             mounts,
             topology,
@@ -468,6 +469,7 @@ impl Pool {
     /// Sets how long the worker leaves a new lessee alone (zero: not at all, as before
     /// [`LESSEE_GRACE`] existed; benchmarks compare both).
     pub fn set_lessee_grace(&self, grace: Duration) {
+        self.gate.set_grace(grace);
         let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         self.grace_ms.store(ms, Ordering::Relaxed);
     }
