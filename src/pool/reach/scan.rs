@@ -233,16 +233,22 @@ mod tests {
 
     #[test]
     fn a_child_holding_an_o_path_descriptor_is_found() {
+        use std::os::fd::AsRawFd;
         use std::os::unix::fs::MetadataExt;
-        let path = std::env::temp_dir().join(format!("hugeprep-scan-{}", std::process::id()));
-        fs::write(&path, b"x").unwrap();
-        let meta = fs::metadata(&path).unwrap();
+        // A memfd: no mount namespace anywhere mounts its file system, so the only finding
+        // can be the child's descriptor (a file in /tmp shares its device with every bind
+        // mount of the root file system, e.g. a libvirt sandbox's).
+        let memfd = rustix::fs::memfd_create("hugeprep-scan", rustix::fs::MemfdFlags::CLOEXEC)
+            .unwrap();
+        let memfd = fs::File::from(memfd);
+        let path = format!("/proc/{}/fd/{}", std::process::id(), memfd.as_raw_fd());
+        let meta = memfd.metadata().unwrap();
         // `exec 3<` would be a real open; an O_PATH descriptor is what the scan adds.
         let mut child = std::process::Command::new("python3")
             .arg("-c")
             .arg(format!(
                 "import os,sys; fd=os.open({:?}, os.O_PATH); print('ready', flush=True); sys.stdin.read()",
-                path.display().to_string()
+                path
             ))
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -257,7 +263,6 @@ mod tests {
         let found = find(meta.dev(), meta.ino()).unwrap();
         drop(child.stdin.take());
         child.wait().unwrap();
-        fs::remove_file(&path).unwrap();
         assert!(
             matches!(found, Some(Finding::Descriptor { pid }) if pid == child.id()),
             "{found:?}"
