@@ -30,7 +30,21 @@ pub fn fault_range(
     node: u32,
     cpus: &[usize],
 ) -> Result<(), FaultError> {
-    fault_with(file, range, node, cpus, None)
+    fault_with(file, range, node, cpus, None, None)
+}
+
+/// [`fault_range`] for a fault that runs beside others (concurrent cold leases): one
+/// `fallocate` worker, which takes the file's inode lock only. Several workers on one file
+/// map it and populate, holding the daemon's `mmap_lock` for reading for each extent, and
+/// every other lease's `mmap`/`munmap` waits for that; one worker per file, the leases run
+/// in parallel instead.
+pub fn fault_range_beside_others(
+    file: &BackingFile,
+    range: Range<u64>,
+    node: u32,
+    cpus: &[usize],
+) -> Result<(), FaultError> {
+    fault_with(file, range, node, cpus, None, Some(1))
 }
 
 /// [`fault_range`] for background work (refills): in extents of [`BACKGROUND_EXTENT`], each
@@ -42,7 +56,7 @@ pub fn fault_range_background(
     cpus: &[usize],
     gate: Arc<dyn Yield>,
 ) -> Result<(), FaultError> {
-    fault_with(file, range, node, cpus, Some(gate))
+    fault_with(file, range, node, cpus, Some(gate), None)
 }
 
 fn fault_with(
@@ -51,11 +65,12 @@ fn fault_with(
     node: u32,
     cpus: &[usize],
     gate: Option<Arc<dyn Yield>>,
+    max_threads: Option<usize>,
 ) -> Result<(), FaultError> {
     if range.is_empty() {
         return Ok(());
     }
-    let threads = default_threads(range.end - range.start, cpus.len().max(1), None);
+    let threads = default_threads(range.end - range.start, cpus.len().max(1), max_threads);
     let opts = PrefaultOptions {
         threads: Some(threads),
         node: Some(node),

@@ -344,7 +344,7 @@ impl Pool {
                     f.set_len(v.size)?;
                     let t = Instant::now();
                     let _long = long_work(v.size - old_size);
-                    let grown = fault::fault_range(&f, old_size..v.size, v.node, &cpus);
+                    let grown = self.fault_lease(&f, old_size..v.size, v.node, &cpus);
                     if let Err(e) = grown {
                         let _ = f.set_len(old_size);
                         return Err(e.into());
@@ -356,7 +356,7 @@ impl Pool {
                     let f = BackingFile::create(&path, v.size, v.page_size, None)?;
                     let t = Instant::now();
                     let _long = long_work(v.size);
-                    if let Err(e) = fault::fault_range(&f, 0..v.size, v.node, &cpus) {
+                    if let Err(e) = self.fault_lease(&f, 0..v.size, v.node, &cpus) {
                         let _ = fs::remove_file(&path);
                         return Err(e.into());
                     }
@@ -382,6 +382,24 @@ impl Pool {
         }
         file.link(lease_path).map_err(|e| (e.into(), Some(false)))?;
         Ok(true)
+    }
+
+    /// Faults a lease's new pages: with the node's workers when the fault is alone, with
+    /// one `fallocate` worker beside other faults (see [`fault::fault_range_beside_others`]).
+    fn fault_lease(
+        &self,
+        file: &BackingFile,
+        range: std::ops::Range<u64>,
+        node: u32,
+        cpus: &[usize],
+    ) -> std::result::Result<(), fault::FaultError> {
+        // This lease's own fault is one of them.
+        let others = self.lock().faulting.len() > 1;
+        if others {
+            fault::fault_range_beside_others(file, range, node, cpus)
+        } else {
+            fault::fault_range(file, range, node, cpus)
+        }
     }
 
     /// Journals the lease and makes it visible.
