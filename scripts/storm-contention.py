@@ -1,4 +1,18 @@
-# Attribute lock waits and run-queue waits to storm windows (perf -k realtime + daemon log).
+#!/usr/bin/env python3
+"""What a boot storm waits on: kernel lock waits and run-queue waits per storm case.
+
+Usage (as root; docs/pool.md "VM starts first" shows a result):
+  off=$(python3 -c "import time;print(time.time()-time.clock_gettime(time.CLOCK_MONOTONIC))")
+  perf record -k mono -o storm.data -g -a \
+      -e lock:contention_begin,lock:contention_end,sched:sched_switch,sched:sched_wakeup -- \
+      hugeprep bench vm-start --concurrent 4 --sizes 512M --reps 4 --vmms qemu --storm-refill 2> storm.log
+  perf script -i storm.data -F comm,pid,tid,cpu,time,event,trace,ip,sym > storm.txt
+  scripts/storm-contention.py storm.txt storm.log 8 "$off"
+
+Each storm's window runs from its first lease's start to its first release (from the
+daemon's log); the third argument is the number of (VMM, case) rows per repetition (8 for
+QEMU alone with --storm-refill), the fourth the realtime - monotonic clock offset.
+"""
 import re, sys, collections, datetime, statistics as st
 perf_txt, log = sys.argv[1], sys.argv[2]
 N = int(sys.argv[3]); OFF = float(sys.argv[4])

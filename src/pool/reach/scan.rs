@@ -238,8 +238,8 @@ mod tests {
         // A memfd: no mount namespace anywhere mounts its file system, so the only finding
         // can be the child's descriptor (a file in /tmp shares its device with every bind
         // mount of the root file system, e.g. a libvirt sandbox's).
-        let memfd = rustix::fs::memfd_create("hugeprep-scan", rustix::fs::MemfdFlags::CLOEXEC)
-            .unwrap();
+        let memfd =
+            rustix::fs::memfd_create("hugeprep-scan", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
         let memfd = fs::File::from(memfd);
         let path = format!("/proc/{}/fd/{}", std::process::id(), memfd.as_raw_fd());
         let meta = memfd.metadata().unwrap();
