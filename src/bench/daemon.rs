@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::{self, ApiState, CpuReport};
 use crate::client::Client;
-use crate::pool::{Pool, PoolConfig, PoolError};
+use crate::pool::{Pool, PoolConfig, PoolError, PoolPolicy};
 
 /// Starting or waiting for the benchmark's daemon failed.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +132,25 @@ impl BenchDaemon {
 
     /// Waits until nothing is in flight and every kind is at or above its warm target.
     pub fn settle(&self, timeout: Duration) -> Result<(), BenchDaemonError> {
+        self.settle_until(timeout, |warm, target| warm >= target)
+    }
+
+    /// Sets the pool's policy and waits until it holds exactly its targets: filled up, or,
+    /// for a lowered target, trimmed down so that other files can have the pages.
+    pub fn set_policy_settled(
+        &self,
+        policy: PoolPolicy,
+        timeout: Duration,
+    ) -> Result<(), BenchDaemonError> {
+        self.pool.set_policy(policy);
+        self.settle_until(timeout, |warm, target| warm == target)
+    }
+
+    fn settle_until(
+        &self,
+        timeout: Duration,
+        met: impl Fn(u64, u64) -> bool,
+    ) -> Result<(), BenchDaemonError> {
         let deadline = Instant::now() + timeout;
         while !(self.pool.is_idle()
             && self
@@ -139,7 +158,7 @@ impl BenchDaemon {
                 .status()
                 .kinds
                 .iter()
-                .all(|k| k.warm_bytes >= k.target_bytes))
+                .all(|k| met(k.warm_bytes, k.target_bytes)))
         {
             if Instant::now() > deadline {
                 return Err(BenchDaemonError::Settle {

@@ -264,26 +264,7 @@ impl World {
     pub fn set_warm(&self, policy: &PoolPolicy, bytes: u64) -> Result<()> {
         let mut p = policy.clone();
         p.set_warm(self.page_size, bytes, vec![self.size]);
-        let pool = self.daemon.pool();
-        pool.set_policy(p);
-        self.settle()?;
-        let deadline = std::time::Instant::now() + SETTLE;
-        while !(pool.is_idle()
-            && pool
-                .status()
-                .kinds
-                .iter()
-                .all(|k| k.warm_bytes == k.target_bytes))
-        {
-            if std::time::Instant::now() > deadline {
-                return Err(crate::bench::daemon::BenchDaemonError::Settle {
-                    seconds: SETTLE.as_secs(),
-                }
-                .into());
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        Ok(())
+        Ok(self.daemon.set_policy_settled(p, SETTLE)?)
     }
 }
 

@@ -1,7 +1,6 @@
 //! One storm's world, and starting its VMs through the chosen VMM.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use super::super::libvirt::LibvirtStarter;
 use super::super::{Result, Vmm, SETTLE};
@@ -31,27 +30,7 @@ impl StormWorld {
     pub(super) fn set_warm(&self, vms: usize) -> Result<()> {
         let mut policy = self.policy.clone();
         policy.set_warm(self.ps, vms as u64 * self.size, vec![self.size]);
-        self.daemon.pool().set_policy(policy);
-        self.daemon.settle(SETTLE)?;
-        // A lowered target is met only once the worker trimmed the files above it.
-        let pool = self.daemon.pool();
-        let deadline = Instant::now() + SETTLE;
-        while !(pool.is_idle()
-            && pool
-                .status()
-                .kinds
-                .iter()
-                .all(|k| k.warm_bytes == k.target_bytes))
-        {
-            if Instant::now() > deadline {
-                return Err(crate::bench::daemon::BenchDaemonError::Settle {
-                    seconds: SETTLE.as_secs(),
-                }
-                .into());
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        Ok(())
+        Ok(self.daemon.set_policy_settled(policy, SETTLE)?)
     }
 
     /// Starts the storm's N VMs at once; returns each VM's seconds to ready (from the common
