@@ -47,17 +47,7 @@ impl StormWorld {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(VmStartBenchError::Invalid {
-                            field: "concurrent",
-                            reason: "a storm thread panicked".into(),
-                        })
-                    })
-                })
-                .collect()
+            handles.into_iter().map(super::joined).collect()
         });
         // `release end` gives each hook lease back before destroy returns.
         for (uuid, outcome) in uuids.iter().zip(&outcomes) {

@@ -41,6 +41,16 @@ use case::label_of;
 use holdback::Holdback;
 use world::StormWorld;
 
+/// A storm thread's outcome; a panic is an error of the run, not of the bench process.
+fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
+    handle.join().unwrap_or_else(|_| {
+        Err(VmStartBenchError::Invalid {
+            field: "concurrent",
+            reason: "a storm thread panicked".into(),
+        })
+    })
+}
+
 /// Runs the storms of `counts` VMs of `size` each; `log` gets a line per storm.
 pub fn run(
     cfg: &VmStartBenchConfig,

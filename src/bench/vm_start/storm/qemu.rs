@@ -3,7 +3,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use super::super::{Result, VmStartBenchError};
+use super::super::Result;
 use super::world::StormWorld;
 use super::StormCase;
 use crate::bench::cgroup::VmmCgroup;
@@ -35,17 +35,7 @@ impl StormWorld {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(VmStartBenchError::Invalid {
-                            field: "concurrent",
-                            reason: "a storm thread panicked".into(),
-                        })
-                    })
-                })
-                .collect()
+            handles.into_iter().map(super::joined).collect()
         });
         let client = Client::new(self.daemon.socket());
         let mut seconds = Vec::with_capacity(self.count);
