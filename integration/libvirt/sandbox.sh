@@ -71,8 +71,9 @@ start_libvirtd() {
 stop_pidfile() {
     local f pid pids=() i alive
     for f in "$@"; do
-        [ -f "$f" ] || continue
-        pid=$(cat "$f")
+        # A pid file may go between the glob and here (libvirtd removes its QEMU driver's
+        # driver.pid as the TERM to libvirtd above takes effect).
+        pid=$(cat "$f" 2>/dev/null) || continue
         rm -f "$f"
         if [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null; then
             pids+=("$pid")
