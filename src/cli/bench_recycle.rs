@@ -24,9 +24,9 @@ pub struct BenchRecycleArgs {
     /// Leases to time over the API (0: skip).
     #[arg(long, default_value_t = 1000)]
     pub leases: usize,
-    /// Bytes per lease.
-    #[arg(long, default_value = "64M", value_parser = parse_bytes)]
-    pub lease_size: u64,
+    /// Bytes per lease (default: 64M, or one page where pages are larger).
+    #[arg(long, value_parser = parse_bytes)]
+    pub lease_size: Option<u64>,
     /// Journal directory for the latency part (default: a temporary directory).
     #[arg(long)]
     pub state_dir: Option<std::path::PathBuf>,
@@ -71,7 +71,9 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
             threads,
             reps: args.reps,
             leases: if i == 0 { args.leases } else { 0 },
-            lease_size: args.lease_size,
+            lease_size: args
+                .lease_size
+                .unwrap_or_else(|| (64 << 20).max(args.page_size.bytes())),
             plan: resolution.plan,
             methods: hugeprep::clear::available_methods(),
             state_dir: args.state_dir.clone(),
