@@ -90,12 +90,7 @@ fn churn(
             let req = hugeprep::pool::LeaseRequest {
                 name: format!("vm{names}-{n}"),
                 size: (1 + rng.below(6)) * 2 * MIB,
-                page_size: None,
-                node: None,
-                owner: None,
-                pid: None,
-                pin: false,
-                recycle: None,
+                ..Default::default()
             };
             let Ok(lease) = d_client.blocking(d_client.lease(&req)) else {
                 return;

@@ -39,12 +39,7 @@ fn an_impossible_lease_during_a_fault_leaves_the_warm_pool_whole() {
                 let req = LeaseRequest {
                     name: format!("impossible-{i}"),
                     size: 16 << 40,
-                    page_size: None,
-                    node: None,
-                    owner: None,
-                    pid: None,
-                    pin: false,
-                    recycle: None,
+                    ..Default::default()
                 };
                 match d.lease_req(&req) {
                     Err(ClientError::Api { status: 422, .. }) => refused += 1,

@@ -13,7 +13,7 @@ mod daemon_util;
 mod libvirt_util;
 mod remote_util;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
@@ -109,22 +109,7 @@ fn hook_round(env: &Env, d: &daemon_util::Daemon, id: u32) {
         &format!("<domain type='kvm' id='{id}'>"),
     );
     for (op, sub) in [("prepare", "begin"), ("release", "end")] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
-            .args(["libvirt-hook", "--config"])
-            .arg(&config_path)
-            .args(["flooded", op, sub, "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(xml.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = libvirt_util::run_hook(&config_path, "flooded", op, sub, &xml);
         assert!(out.status.success(), "hook {op}: {out:?}");
         if op == "prepare" {
             let dir = backing.join(format!("libvirt/qemu/{id}-flooded"));

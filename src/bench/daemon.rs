@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::api::{self, ApiState, CpuReport};
+use crate::clear::ClearPlan;
 use crate::client::Client;
 use crate::pool::{Pool, PoolConfig, PoolError, PoolPolicy};
 
@@ -49,14 +50,25 @@ pub struct BenchDaemon {
 }
 
 impl BenchDaemon {
-    /// Opens the pool of `config`, starts its worker and serves the API on `socket`.
+    /// Opens a pool on the hugetlbfs `mount` with `policy`, its journal in `dir/state`,
+    /// starts its worker and serves the API on `dir/bench.sock`.
     ///
     /// A benchmark borrows its pages itself and gives back exactly those, so its pool never
-    /// raises the kernel's pools on top (`reserve` is turned off whatever `config` says).
-    pub fn start(mut config: PoolConfig, socket: &Path) -> Result<BenchDaemon, BenchDaemonError> {
-        config.policy.reserve.enabled = false;
-        let plan = config.plan;
-        let pool = Pool::open(config)?;
+    /// raises the kernel's pools on top (`reserve` is turned off whatever `policy` says).
+    pub fn start(
+        dir: &Path,
+        mount: &Path,
+        mut policy: PoolPolicy,
+        plan: ClearPlan,
+    ) -> Result<BenchDaemon, BenchDaemonError> {
+        policy.reserve.enabled = false;
+        let socket = &dir.join("bench.sock");
+        let pool = Pool::open(PoolConfig {
+            state_dir: dir.join("state"),
+            mounts: vec![mount.to_path_buf()],
+            policy,
+            plan,
+        })?;
         let worker = pool.spawn_worker().map_err(io("spawn the pool worker"))?;
         // As in the daemon: the API threads run above ordinary processes.
         let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -27,7 +27,7 @@ use crate::clear::ClearPlan;
 use crate::client::ClientError;
 use crate::hugetlb::{BackingFile, FileError, MountError, MountOptions, OwnedMount, PoolTopUp};
 use crate::page_size::PageSize;
-use crate::pool::{LeaseInfo, LeaseRequest, PoolConfig, PoolPolicy, LESSEE_GRACE};
+use crate::pool::{LeaseInfo, LeaseRequest, PoolPolicy, LESSEE_GRACE};
 use crate::sys::pin::{LongTermPin, PinError};
 use crate::units::format_bytes;
 
@@ -238,17 +238,9 @@ fn run_size(
     policy.scrub_bandwidth = None;
     let base = std::env::temp_dir().join(format!("hugeprep-bench-pin-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
-    let samples = BenchDaemon::start(
-        PoolConfig {
-            state_dir: base.join("state"),
-            mounts: vec![mount.to_path_buf()],
-            policy,
-            plan: cfg.plan,
-        },
-        &base.join("bench.sock"),
-    )
-    .map_err(PinBenchError::from)
-    .and_then(|daemon| sample(cfg, size, ps, mount, &daemon, log));
+    let samples = BenchDaemon::start(&base, mount, policy, cfg.plan)
+        .map_err(PinBenchError::from)
+        .and_then(|daemon| sample(cfg, size, ps, mount, &daemon, log));
     let _ = std::fs::remove_dir_all(&base);
     let cases: Vec<CaseResult> = samples?
         .into_iter()

@@ -20,7 +20,7 @@ use crate::client::{Client, ClientError};
 use crate::hugetlb::{BackingFile, FileError, MountError, MountOptions, OwnedMount, PoolTopUp};
 use crate::page_size::PageSize;
 use crate::policy::pool::Verification;
-use crate::pool::{fault, LeaseRequest, LeaseSource, PoolConfig, PoolPolicy};
+use crate::pool::{fault, LeaseRequest, LeaseSource, PoolPolicy};
 use crate::scrub::{ScrubControl, ScrubError, ScrubOptions, Scrubber};
 use crate::sys::mmap::MmapRegion;
 use crate::units::{format_bytes, gbps};
@@ -359,15 +359,7 @@ pub(crate) fn lease_daemon(
     );
     policy.scrub_bandwidth = None;
     policy.threads = cfg.threads;
-    let daemon = BenchDaemon::start(
-        PoolConfig {
-            state_dir: base.join("state"),
-            mounts: vec![mount.to_path_buf()],
-            policy,
-            plan: cfg.plan,
-        },
-        &base.join("bench.sock"),
-    )?;
+    let daemon = BenchDaemon::start(base, mount, policy, cfg.plan)?;
     daemon.pool().set_lessee_grace(Duration::ZERO);
     Ok(daemon)
 }

@@ -20,6 +20,14 @@ const PATH: &str = "HUGEPREP_LESSEE_PATH";
 const SIZE: &str = "HUGEPREP_LESSEE_SIZE";
 const SOCKET: &str = "HUGEPREP_LESSEE_SOCKET";
 const GONE: &str = "HUGEPREP_LESSEE_GONE";
+/// The test binary's arguments that run only `lessee_entry`, quietly.
+const ENTRY: [&str; 5] = [
+    "lessee_entry",
+    "--exact",
+    "--nocapture",
+    "--test-threads=1",
+    "-q",
+];
 
 /// The byte the next lessee writes everywhere: what the attacker looks for.
 pub const SECRET: u8 = 0xa5;
@@ -144,13 +152,7 @@ impl Lessee {
             .arg(format!("--regid={}", owner.gid()))
             .args(["--clear-groups", "--"])
             .arg(exe)
-            .args([
-                "lessee_entry",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-                "-q",
-            ])
+            .args(ENTRY)
             .env(MODE, mode)
             .env(PATH, path)
             .env(SIZE, size.to_string())
@@ -452,13 +454,7 @@ pub fn entry() {
                 .arg(&path)
                 .arg(&target)
                 .arg(std::env::current_exe().unwrap())
-                .args([
-                    "lessee_entry",
-                    "--exact",
-                    "--nocapture",
-                    "--test-threads=1",
-                    "-q",
-                ])
+                .args(ENTRY)
                 .env(MODE, "reopen")
                 .env(SOCKET, &target)
                 .env(GONE, "1")

@@ -295,12 +295,7 @@ impl Daemon {
         self.lease_req(&LeaseRequest {
             name: name.into(),
             size,
-            page_size: None,
-            node: None,
-            owner: None,
-            pid: None,
-            pin: false,
-            recycle: None,
+            ..Default::default()
         })
     }
 

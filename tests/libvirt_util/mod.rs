@@ -236,23 +236,7 @@ impl Lab {
 
     /// Runs the hook binary directly, as libvirt would.
     pub fn run_hook(&self, name: &str, op: &str, subop: &str, xml: &str) -> Output {
-        use std::io::Write;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
-            .args(["libvirt-hook", "--config"])
-            .arg(&self.config_path)
-            .args([name, op, subop, "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(xml.as_bytes())
-            .unwrap();
-        child.wait_with_output().unwrap()
+        run_hook(&self.config_path, name, op, subop, xml)
     }
 
     /// Nothing of the hook is left: no lease, no per-domain directory, the pool whole and
@@ -354,4 +338,26 @@ pub fn domain_xml(name: &str, uuid: &str, cells: u32, file_backed: bool, extra: 
         escape(name),
         cells.max(1)
     )
+}
+
+/// Runs `hugeprep libvirt-hook --config CONFIG NAME OP SUBOP -` with `xml` on its stdin, as
+/// libvirtd does.
+pub fn run_hook(config: &Path, name: &str, op: &str, subop: &str, xml: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .args(["libvirt-hook", "--config"])
+        .arg(config)
+        .args([name, op, subop, "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(xml.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
 }

@@ -29,6 +29,7 @@
 //! is then proven unreachable and scrubbed in place, the path "release to warm" times.
 
 mod cloud_hypervisor;
+mod holdback;
 mod libvirt;
 mod qemu;
 mod report;
@@ -46,12 +47,10 @@ use super::daemon::{BenchDaemon, BenchDaemonError};
 use super::qemu::QemuError;
 use crate::clear::ClearPlan;
 use crate::client::ClientError;
-use crate::hugetlb::{
-    BackingFile, FileError, MountError, MountOptions, OwnedMount, PoolError, PoolTopUp,
-};
+use crate::hugetlb::{FileError, MountError, MountOptions, OwnedMount, PoolError, PoolTopUp};
 use crate::page_size::PageSize;
-use crate::pool::{PoolConfig, PoolPolicy, Verification};
-use crate::sys::mmap::MmapRegion;
+use crate::pool::{PoolPolicy, Verification};
+use holdback::Holdback;
 
 pub use report::{CaseResult, Saving, SizeResult, VmStartReport};
 
@@ -305,39 +304,6 @@ impl Drop for TempDir {
     }
 }
 
-/// A mapped, untouched file of the world's size: it reserves that many free pages without
-/// faulting (or zeroing) any, so the pool sees none it could refill with.
-struct Ballast {
-    _region: MmapRegion,
-    file: Option<BackingFile>,
-}
-
-impl Ballast {
-    fn reserve(world: &World) -> Result<Ballast> {
-        let path = world.scratch.join("ballast");
-        let _ = std::fs::remove_file(&path);
-        let file = BackingFile::create(&path, world.size, world.page_size, None)?;
-        match file.map() {
-            Ok(region) => Ok(Ballast {
-                _region: region,
-                file: Some(file),
-            }),
-            Err(e) => {
-                let _ = file.remove();
-                Err(e.into())
-            }
-        }
-    }
-}
-
-impl Drop for Ballast {
-    fn drop(&mut self) {
-        if let Some(file) = self.file.take() {
-            let _ = file.remove();
-        }
-    }
-}
-
 /// A fresh cgroup in `cgroups`, if any.
 fn vmm_cgroup(cgroups: Option<&VmmCgroups>, tag: &str) -> Result<Option<VmmCgroup>> {
     Ok(cgroups.map(|c| c.fresh(tag)).transpose()?)
@@ -480,15 +446,7 @@ fn run_size(
     policy.scrub_bandwidth = None;
     policy.threads = cfg.threads;
     policy.verify = Verification::Sample;
-    let daemon = BenchDaemon::start(
-        PoolConfig {
-            state_dir: tmp.0.join("state"),
-            mounts: vec![pool_mount.path().to_path_buf()],
-            policy: policy.clone(),
-            plan: cfg.plan,
-        },
-        &tmp.0.join("hugeprep.sock"),
-    )?;
+    let daemon = BenchDaemon::start(&tmp.0, pool_mount.path(), policy.clone(), cfg.plan)?;
     let world = World {
         size,
         page_size: ps,
@@ -537,11 +495,8 @@ fn run_size(
             // The fresh pages stay reserved while hugeprep's cases run: the pool cannot
             // refill behind the lease while the start is timed (with one copy there are none
             // to refill with).
-            let ballast = if case.leased() && !one_copy {
-                Some(Ballast::reserve(&world)?)
-            } else {
-                None
-            };
+            let held = if case.leased() && !one_copy { pages } else { 0 };
+            let holdback = Holdback::reserve(&world.scratch, held, ps)?;
             if one_copy && !case.leased() {
                 world.set_warm(&policy, 0)?;
             }
@@ -554,7 +509,7 @@ fn run_size(
             let released = std::time::Instant::now();
             world.settle()?;
             let recycle = released.elapsed().as_secs_f64();
-            drop(ballast);
+            drop(holdback);
             let label = case.label(starter.vmm(), cfg.threads);
             let vmm = starter.vmm().name();
             if timed {

@@ -17,7 +17,6 @@
 //! release between storms is proven and scrubbed as a libvirt host's would be.
 
 mod case;
-mod holdback;
 mod libvirt;
 mod qemu;
 mod report;
@@ -30,15 +29,15 @@ use crate::bench::cgroup::VmmCgroups;
 use crate::bench::daemon::BenchDaemon;
 use crate::bench::Summary;
 use crate::hugetlb::{MountOptions, OwnedMount, PoolTopUp};
-use crate::pool::{PoolConfig, PoolPolicy, Verification};
+use crate::pool::{PoolPolicy, Verification};
 use crate::units::format_bytes;
 
 pub use case::{Refill, StormCase};
 pub use report::{StormCaseResult, StormReport, StormResult};
 
+use super::holdback::Holdback;
 use super::libvirt::LibvirtStarter;
 use case::label_of;
-use holdback::Holdback;
 use world::StormWorld;
 
 /// A storm thread's outcome; a panic is an error of the run, not of the bench process.
@@ -142,15 +141,7 @@ fn run_count(
     // no free page) would outlive the run's state directory. BenchDaemon::start turns it off
     // for its own copy; the targets set between cases start from this one.
     policy.reserve.enabled = false;
-    let daemon = BenchDaemon::start(
-        PoolConfig {
-            state_dir: tmp.0.join("state"),
-            mounts: vec![pool_mount.path().to_path_buf()],
-            policy: policy.clone(),
-            plan: cfg.plan,
-        },
-        &tmp.0.join("hugeprep.sock"),
-    )?;
+    let daemon = BenchDaemon::start(&tmp.0, pool_mount.path(), policy.clone(), cfg.plan)?;
     let libvirt = if vmms.contains(&Vmm::Libvirt) {
         log("starting a private libvirtd (about 10 s: it probes QEMU)");
         Some(LibvirtStarter::up_on(

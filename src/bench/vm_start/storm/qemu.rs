@@ -90,14 +90,10 @@ impl StormWorld {
             StormCase::Warm | StormCase::HalfWarm => {
                 let client = Client::new(self.daemon.socket());
                 let lease = client.blocking(client.lease(&crate::pool::LeaseRequest {
-                    recycle: None,
                     name: format!("storm-{tag}-{i}"),
                     size: self.size,
                     page_size: Some(self.ps),
-                    node: None,
-                    owner: None,
-                    pid: None,
-                    pin: false,
+                    ..Default::default()
                 }))?;
                 let mut args = launcher::vm_args(&qmp);
                 args.extend(handoff::machine_args(&GuestMemoryFile {

@@ -1,12 +1,12 @@
-//! Holding the kernel's free pages back from the pool while a storm is timed.
+//! Holding the kernel's free pages back from the pool while a start or a storm is timed.
 
-use super::super::Result;
+use super::Result;
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;
 use crate::sys::mmap::MmapRegion;
 
-/// Maps (without faulting) a file of `pages` pages, so that the kernel's free pages it
-/// reserves cannot be taken by a refill while a storm is timed.
+/// Maps (without faulting or zeroing) a file of `pages` pages, so that the kernel's free
+/// pages it reserves cannot be taken by a refill while a start or a storm is timed.
 pub(super) struct Holdback {
     _region: Option<MmapRegion>,
     file: Option<BackingFile>,
