@@ -225,6 +225,9 @@ impl Pool {
                 });
             }
             if v.size > supply {
+                // Waits for faults in progress (a refill among them): urgent, so that the
+                // start gate and the scrub's cap let that work finish (see `gate`).
+                self.wait_urgently(&mut waiting);
                 st = st.wait_timeout(&self.changed, Duration::from_millis(50));
                 continue;
             }
@@ -262,11 +265,7 @@ impl Pool {
                     continue;
                 }
                 if settling && Instant::now() < deadline {
-                    if !waiting {
-                        waiting = true;
-                        self.control.begin_urgent();
-                        self.changed.notify_all();
-                    }
+                    self.wait_urgently(&mut waiting);
                     st = st.wait_timeout(&self.changed, Duration::from_millis(50));
                     continue;
                 }
@@ -316,6 +315,16 @@ impl Pool {
             self.control.end_urgent();
         }
         result
+    }
+
+    /// A lease starts waiting for background work (once per lease; `reserve` ends it):
+    /// scrubs and refills run at full speed and through the start gate meanwhile.
+    fn wait_urgently(&self, waiting: &mut bool) {
+        if !*waiting {
+            *waiting = true;
+            self.control.begin_urgent();
+            self.changed.notify_all();
+        }
     }
 
     /// Resizes or creates and faults the file, links the lease path and hands it to the
