@@ -41,6 +41,19 @@ pub enum KeptError {
         /// The error.
         source: std::io::Error,
     },
+    /// The directory is not one only this user can write (a link, another owner, or
+    /// writable by others): the kept definitions hold the domain's secrets.
+    #[error("{path} must be a directory owned by uid {uid} and writable by it alone (mode {mode:o}, owner {owner}): the kept definitions hold the domain's secrets")]
+    UnsafeDir {
+        /// The directory.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// Its mode bits.
+        mode: u32,
+        /// The user hugeprep runs as.
+        uid: u32,
+    },
     /// Removing one of the files after a revert.
     #[error("removing {path}: {source}")]
     Remove {
@@ -133,13 +146,36 @@ impl Kept {
                 path: self.dir.clone(),
                 source,
             })?;
+        self.check_dir()?;
         remove_if_present(&self.adopted)?;
         write_durably(&self.original, original)
     }
 
     /// Records libvirt's rendering of the definition adopt made.
     pub fn record_adopted(&self, adopted: &str) -> Result<(), KeptError> {
+        self.check_dir()?;
         write_durably(&self.adopted, adopted)
+    }
+
+    /// Refuses a directory that another user could have put there or can write into (a
+    /// link in it would send root's writes elsewhere): an existing one keeps its mode, so it
+    /// is checked rather than trusted.
+    fn check_dir(&self) -> Result<(), KeptError> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::symlink_metadata(&self.dir).map_err(|source| KeptError::CreateDir {
+            path: self.dir.clone(),
+            source,
+        })?;
+        let uid = nix::unistd::geteuid().as_raw();
+        if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
+            return Err(KeptError::UnsafeDir {
+                path: self.dir.clone(),
+                owner: meta.uid(),
+                mode: meta.mode() & 0o7777,
+                uid,
+            });
+        }
+        Ok(())
     }
 
     /// Forgets the domain: the original first, so that an interrupted forget leaves only a
@@ -177,11 +213,17 @@ fn remove_if_present(path: &Path) -> Result<(), KeptError> {
 pub fn write_durably(path: &Path, text: &str) -> Result<(), KeptError> {
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<()> {
+        // A leftover of a crash goes first; then a new file only (`O_EXCL`: never through a
+        // link someone left in its place).
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let mut f = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)?;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
@@ -206,6 +248,40 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn a_directory_others_can_write_or_a_link_is_refused_and_no_link_is_followed() {
+        let tmp = scratch("unsafe");
+        let dir = tmp.join("libvirt-adopt");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let kept = Kept::new(&dir, "u-3");
+        assert!(matches!(
+            kept.save_original("<domain/>"),
+            Err(KeptError::UnsafeDir { .. })
+        ));
+        assert!(!kept.original_path().exists());
+
+        std::fs::remove_dir(&dir).unwrap();
+        let elsewhere = tmp.join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+        assert!(matches!(
+            kept.save_original("<domain/>"),
+            Err(KeptError::UnsafeDir { .. })
+        ));
+
+        // A link left where the temporary file goes is replaced, never written through.
+        let safe = tmp.join("safe");
+        let target = tmp.join("target");
+        std::fs::write(&target, "keep").unwrap();
+        std::fs::create_dir(&safe).unwrap();
+        std::os::unix::fs::symlink(&target, safe.join("x.tmp")).unwrap();
+        write_durably(&safe.join("x.xml"), "new").unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(safe.join("x.xml")).unwrap(), "new");
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 
     #[test]
