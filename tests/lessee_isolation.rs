@@ -341,6 +341,52 @@ fn a_lessee_that_simply_exits_is_scrubbed_in_place() {
     assert_eq!(env.mount_used(), SIZE);
 }
 
+/// A lessee that opens its file and exits at once, while the daemon cannot read the open
+/// event (stopped, as a busy host may keep it off a CPU): its open waits for the daemon's
+/// answer, so its cgroup is read while it runs and the release is proven. With open events
+/// that did not wait, it exited unread and the release took the kernel's path (a CI flake
+/// of `libvirt_hook`'s write through a lease).
+#[test]
+fn a_lessee_that_opens_and_exits_while_the_daemon_is_stopped_is_recorded() {
+    let (env, d) = world("reach-quick", &[]);
+    let lease = lease_for_nobody(&d, "vm");
+    let first = ino(&lease);
+    let cgroup = daemon_util::lessee::TestCgroup::new("quick");
+    let argv: Vec<String> = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+        "sh",
+        "-c",
+        r#"exec 3<"$0""#,
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .chain([lease.path.display().to_string()])
+    .collect();
+    let daemon = rustix::process::Pid::from_raw(d.pid() as i32).unwrap();
+    rustix::process::kill_process(daemon, rustix::process::Signal::STOP).unwrap();
+    let mut opener = std::process::Command::new("sh")
+        .args(daemon_util::lessee::in_cgroup(&cgroup, &argv))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let waited = opener.try_wait().unwrap().is_none();
+    rustix::process::kill_process(daemon, rustix::process::Signal::CONT).unwrap();
+    assert!(waited, "the open did not wait for the stopped daemon");
+    assert!(opener.wait().unwrap().success());
+    d.release(lease.id).unwrap();
+    d.settle(SIZE);
+    let c = d.counters();
+    assert_eq!(c.proven_releases, 1, "{c:?}\n{}", env.log());
+    assert_eq!(c.kernel_path_releases, 0, "{c:?}");
+    let again = lease_for_nobody(&d, "vm");
+    assert_eq!(ino(&again), first, "not recycled in place");
+    d.release(again.id).unwrap();
+}
+
 #[test]
 fn a_lease_that_asks_for_the_kernels_path_gets_it() {
     let (env, d) = world("reach-trust", &[]);

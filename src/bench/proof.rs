@@ -7,8 +7,6 @@
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::time::Duration;
 
 use serde::Serialize;
 
@@ -42,8 +40,7 @@ pub fn time_proofs(
     };
     let path = dir.join("proof");
     let file = BackingFile::create(&path, page_size.bytes(), page_size, None)?;
-    let reach = Arc::new(Reach::new());
-    reach.spawn_reader().map_err(proof_error)?;
+    let reach = Reach::new();
     let cgroup = root.join(format!("hugeprep-bench-proof-{}", std::process::id()));
     let _ = std::fs::remove_dir(&cgroup);
     std::fs::create_dir(&cgroup).map_err(proof_error)?;
@@ -60,8 +57,6 @@ pub fn time_proofs(
                 .stdin(Stdio::piped())
                 .spawn()
                 .map_err(proof_error)?;
-            // Let the watch read the opener's cgroups while it runs, as a VMM's would be.
-            std::thread::sleep(Duration::from_millis(20));
             if let Some(mut stdin) = lessee.stdin.take() {
                 let _ = writeln!(stdin);
             }
@@ -88,7 +83,7 @@ pub fn time_proofs(
             ms,
         }))
     })();
-    reach.stop();
+    drop(reach);
     let _ = std::fs::remove_dir(&cgroup);
     drop(file);
     let _ = std::fs::remove_file(&path);

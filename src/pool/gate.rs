@@ -174,7 +174,7 @@ mod tests {
     use super::*;
 
     fn gate() -> StartGate {
-        StartGate::new(Arc::new(Reach::new()), Arc::new(ScrubControl::default()))
+        StartGate::new(Reach::new(), Arc::new(ScrubControl::default()))
     }
 
     #[test]
@@ -210,7 +210,7 @@ mod tests {
     #[test]
     fn urgency_and_cancellation_open_the_gate() {
         let control = Arc::new(ScrubControl::default());
-        let g = StartGate::new(Arc::new(Reach::new()), Arc::clone(&control));
+        let g = StartGate::new(Reach::new(), Arc::clone(&control));
         let _taking = g.taking();
         assert!(!g.open());
         control.begin_urgent();

@@ -304,7 +304,7 @@ impl Pool {
         let grace_ms = u64::try_from(policy.lessee_grace.as_millis()).unwrap_or(u64::MAX);
         let supply = kernel::Supply::open(&topology.node_ids(), mounts.keys().copied());
         let control = Arc::new(ScrubControl::default());
-        let reach = Arc::new(reach::Reach::new());
+        let reach = reach::Reach::new();
         let gate = Arc::new(gate::StartGate::new(
             Arc::clone(&reach),
             Arc::clone(&control),
@@ -491,7 +491,6 @@ impl Pool {
     /// Stops the worker and running scrubs; requests fail with `ShuttingDown`.
     pub fn shutdown(&self) {
         self.shutdown.store(true, Ordering::SeqCst);
-        self.reach.stop();
         self.control.cancel();
         self.unpin_all();
         self.changed.notify_all();

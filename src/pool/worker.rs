@@ -40,8 +40,6 @@ enum Job {
 impl Pool {
     /// Starts the background worker thread; it runs until [`Pool::shutdown`].
     pub fn spawn_worker(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
-        // Openers' cgroups are read as their opens come, while they run.
-        self.reach.spawn_reader()?;
         let pool = Arc::clone(self);
         std::thread::Builder::new()
             .name("hugeprep-pool".into())

@@ -1,12 +1,17 @@
-//! Who opens a file (fanotify open events on single inodes, with a pidfd for each opener,
-//! Linux 5.15 or later).
+//! Who opens a file (fanotify open permission events on single inodes, with a pidfd for
+//! each opener, Linux 5.15 or later).
 //!
 //! The daemon marks each pool file before its lease path exists and reads, for every open
 //! of it by any process through any name, the opener's pidfd: unlike a pid it never names
 //! another process later, so the opener's cgroups can be read without a pid-reuse race.
+//! The events are permission events: the opener waits in `open(2)` until the daemon has
+//! answered, so it is still running (and its cgroups readable) however briefly it holds the
+//! file. Every event is answered "allow" (the daemon never refuses an open) when its
+//! [`Permission`] is dropped; if the daemon dies the kernel allows what is pending.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// `FANOTIFY_METADATA_VERSION` of the event layout this parser reads.
@@ -28,22 +33,60 @@ pub enum Event {
         /// A pidfd of the opener; `None` when it had exited before the event was read or
         /// the kernel could not make one.
         pidfd: Option<OwnedFd>,
+        /// The opener waits until this is dropped (then its open goes on).
+        permission: Permission,
     },
     /// The kernel dropped events: what was opened meanwhile is not known.
     Overflow,
 }
 
-/// A fanotify group that reports opens of the inodes it marks.
+/// An open waiting for the group's answer; dropping it answers "allow".
+#[derive(Debug)]
+pub struct Permission {
+    group: Arc<OwnedFd>,
+    /// The event's descriptor of the file (it names the event in the answer).
+    file: OwnedFd,
+}
+
+impl Drop for Permission {
+    fn drop(&mut self) {
+        let answer = libc::fanotify_response {
+            fd: self.file.as_raw_fd(),
+            response: libc::FAN_ALLOW,
+        };
+        let size = std::mem::size_of::<libc::fanotify_response>();
+        // SAFETY: writes one fanotify_response that lives for the call to the group's
+        // descriptor; the event's descriptor is closed only after (when `file` drops).
+        let n = unsafe {
+            libc::write(
+                self.group.as_raw_fd(),
+                (&answer as *const libc::fanotify_response).cast(),
+                size,
+            )
+        };
+        if n < 0 {
+            // ENOENT: the opener was killed while it waited; nothing waits any more.
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::ENOENT) {
+                tracing::error!(%err, "cannot answer an open permission event");
+            }
+        }
+    }
+}
+
+/// A fanotify group that reports opens of the inodes it marks, and holds each open until
+/// the event is read and answered.
 #[derive(Debug)]
 pub struct OpenWatch {
-    fd: OwnedFd,
+    fd: Arc<OwnedFd>,
 }
 
 impl OpenWatch {
-    /// Makes the group (needs CAP_SYS_ADMIN). Its queue is unlimited, so events are lost
-    /// only when the kernel cannot allocate them, which [`Event::Overflow`] reports.
+    /// Makes the group (needs CAP_SYS_ADMIN and `CONFIG_FANOTIFY_ACCESS_PERMISSIONS`). Its
+    /// queue is unlimited: a permission event is never dropped (the open fails with
+    /// `ENOMEM` where the kernel cannot allocate one).
     pub fn new() -> io::Result<OpenWatch> {
-        let flags = libc::FAN_CLASS_NOTIF
+        let flags = libc::FAN_CLASS_CONTENT
             | libc::FAN_CLOEXEC
             | libc::FAN_NONBLOCK
             | libc::FAN_UNLIMITED_QUEUE
@@ -56,19 +99,29 @@ impl OpenWatch {
         }
         // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(OpenWatch { fd })
+        Ok(OpenWatch { fd: Arc::new(fd) })
     }
 
-    /// Reports every later open of the inode behind `file` (through any of its names, or
-    /// through `/proc/PID/fd`). The mark lives as long as the inode.
+    /// Holds and reports every later open of the inode behind `file` (through any of its
+    /// names, or through `/proc/PID/fd`), until [`OpenWatch::unwatch`] or the inode goes.
+    /// The daemon's own opens wait for an answer too: some thread must read the events.
     pub fn watch(&self, file: BorrowedFd<'_>) -> io::Result<()> {
+        self.mark(libc::FAN_MARK_ADD, file)
+    }
+
+    /// Stops watching the inode behind `file`.
+    pub fn unwatch(&self, file: BorrowedFd<'_>) -> io::Result<()> {
+        self.mark(libc::FAN_MARK_REMOVE, file)
+    }
+
+    fn mark(&self, how: libc::c_uint, file: BorrowedFd<'_>) -> io::Result<()> {
         // SAFETY: with a null path fanotify_mark marks the object `file` refers to; no
         // memory is passed.
         let rc = unsafe {
             libc::fanotify_mark(
                 self.fd.as_raw_fd(),
-                libc::FAN_MARK_ADD,
-                libc::FAN_OPEN,
+                how,
+                libc::FAN_OPEN_PERM,
                 file.as_raw_fd(),
                 std::ptr::null(),
             )
@@ -121,7 +174,7 @@ impl OpenWatch {
             if n == 0 {
                 return Ok(events);
             }
-            parse(&buf[..n as usize], &mut events)?;
+            parse(&self.fd, &buf[..n as usize], &mut events)?;
         }
     }
 }
@@ -145,8 +198,9 @@ fn owned(fd: i32) -> Option<OwnedFd> {
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-/// Parses the events in `buf` (struct fanotify_event_metadata, then info records).
-fn parse(buf: &[u8], out: &mut Vec<Event>) -> io::Result<()> {
+/// Parses the events in `buf` (struct fanotify_event_metadata, then info records) read from
+/// `group`.
+fn parse(group: &Arc<OwnedFd>, buf: &[u8], out: &mut Vec<Event>) -> io::Result<()> {
     const META: usize = std::mem::size_of::<libc::fanotify_event_metadata>();
     let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed fanotify event");
     let mut at = 0;
@@ -180,12 +234,18 @@ fn parse(buf: &[u8], out: &mut Vec<Event>) -> io::Result<()> {
         if mask & libc::FAN_Q_OVERFLOW != 0 {
             out.push(Event::Overflow);
         } else if let Some(file) = file {
-            let st = nix::sys::stat::fstat(file.as_raw_fd()).map_err(io::Error::from)?;
+            let st = nix::sys::stat::fstat(file.as_raw_fd());
+            let permission = Permission {
+                group: Arc::clone(group),
+                file,
+            };
+            let st = st.map_err(io::Error::from)?;
             out.push(Event::Open {
                 dev: st.st_dev,
                 ino: st.st_ino,
                 pid,
                 pidfd,
+                permission,
             });
         }
         at += event_len;
@@ -197,8 +257,24 @@ fn parse(buf: &[u8], out: &mut Vec<Event>) -> io::Result<()> {
 mod tests {
     use super::*;
 
+    /// The pidfd of `child`'s open of the file at `path` among `events` (taken out of it).
+    fn opener(events: &mut [Event], path: &std::path::Path, child: u32) -> Option<OwnedFd> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).unwrap();
+        events.iter_mut().find_map(|e| match e {
+            Event::Open {
+                dev,
+                ino,
+                pid,
+                pidfd,
+                ..
+            } if *dev == meta.dev() && *ino == meta.ino() && *pid == child => pidfd.take(),
+            _ => None,
+        })
+    }
+
     #[test]
-    fn an_open_of_a_marked_file_names_the_opener() {
+    fn an_open_of_a_marked_file_names_the_opener_and_waits_for_the_answer() {
         let Ok(watch) = OpenWatch::new() else {
             // Not root, or no fanotify: nothing to check here (the daemon tests run as root).
             return;
@@ -208,30 +284,32 @@ mod tests {
         let f = std::fs::File::open(&path).unwrap();
         watch.watch(f.as_fd()).unwrap();
         assert!(watch.read().unwrap().is_empty());
+        // A process that opens the file and exits at once: it cannot exit before its open
+        // was read, so it is still running when the event is.
         let mut child = std::process::Command::new("sh")
             .arg("-c")
-            .arg(format!("exec 3<{}; read x", path.display()))
-            .stdin(std::process::Stdio::piped())
+            .arg(format!("exec 3<{}", path.display()))
             .spawn()
             .unwrap();
         assert!(watch.wait(Duration::from_secs(10)).unwrap());
-        let events = watch.read().unwrap();
-        let meta = std::fs::metadata(&path).unwrap();
-        use std::os::unix::fs::MetadataExt;
-        let seen = events.iter().find_map(|e| match e {
-            Event::Open {
-                dev,
-                ino,
-                pid,
-                pidfd,
-            } if *dev == meta.dev() && *ino == meta.ino() && *pid == child.id() => pidfd.as_ref(),
-            _ => None,
-        });
-        let pidfd = seen.expect("the child's open is reported with a pidfd");
+        let mut events = watch.read().unwrap();
+        let pidfd = opener(&mut events, &path, child.id())
+            .expect("the child's open is reported with a pidfd");
+        std::thread::sleep(Duration::from_millis(50));
         assert!(!crate::sys::pidfd::exited(pidfd.as_fd()).unwrap());
-        drop(child.stdin.take());
-        child.wait().unwrap();
+        // Answered: the open goes on and the child exits.
+        drop(events);
+        assert!(child.wait().unwrap().success());
         assert!(crate::sys::pidfd::exited(pidfd.as_fd()).unwrap());
+        // Unwatched: an open is neither held nor reported.
+        watch.unwatch(f.as_fd()).unwrap();
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec 3<{}", path.display()))
+            .spawn()
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+        assert!(watch.read().unwrap().is_empty());
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -142,6 +142,16 @@ pub fn set_current_thread_api_nice() -> io::Result<()> {
     set_current_thread_nice(API_NICE)
 }
 
+/// Puts the calling thread in `SCHED_OTHER` at nice 0 with a slice of [`API_SLICE_NS`]:
+/// woken, it preempts what runs, but it weighs no more than an ordinary process. For a
+/// thread whose work another process can cause at will (the open watch's reader).
+pub fn set_current_thread_short_slice() -> io::Result<()> {
+    if set_attr(libc::SCHED_OTHER, 0, 0, 0, API_SLICE_NS) {
+        return Ok(());
+    }
+    Err(io::Error::last_os_error())
+}
+
 /// Whether the calling thread runs in a real-time class.
 pub fn current_thread_is_realtime() -> bool {
     // SAFETY: sched_getscheduler takes a pid only.

@@ -31,7 +31,6 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,7 +67,8 @@ pub enum Unproven {
         /// The opener.
         pid: u32,
     },
-    /// An opener's cgroups are not known (it exited before its event was read).
+    /// An opener's cgroups are not known (it was killed while its open waited for the
+    /// answer, or they could not be read).
     #[error("the cgroups of process {pid}, which opened it, are not known")]
     OpenerUnknown {
         /// The opener.
@@ -182,25 +182,24 @@ pub struct Proof {
     pub took: Duration,
 }
 
-impl Default for Reach {
-    fn default() -> Reach {
-        Reach::new()
-    }
-}
-
 /// The open watch over leased files and the proofs made from it.
 #[derive(Debug)]
 pub struct Reach {
     watch: Option<OpenWatch>,
     hierarchies: cgroup::Hierarchies,
     watched: Mutex<Watched>,
-    stop: AtomicBool,
+    /// Held from reading events until their openers are recorded: a proof's drain waits for
+    /// one in flight, so no event read before the proof is missing from its record.
+    draining: Mutex<()>,
 }
 
 impl Reach {
-    /// Starts the watch. Without fanotify (no CAP_SYS_ADMIN, an old kernel) every proof
-    /// fails and released memory takes the kernel's path; the log says so once.
-    pub fn new() -> Reach {
+    /// Starts the watch and the thread that reads its events as they come (each opener's
+    /// open waits for it; see [`crate::sys::fanotify`]). Without fanotify (no
+    /// CAP_SYS_ADMIN, an old kernel) or that thread, every proof fails and released memory
+    /// takes the kernel's path; the log says so once. The thread ends once the last
+    /// reference is gone.
+    pub fn new() -> Arc<Reach> {
         let watch = match OpenWatch::new() {
             Ok(w) => Some(w),
             Err(err) => {
@@ -212,50 +211,36 @@ impl Reach {
             tracing::warn!(%err, "cannot read the cgroup mounts: no opener can be proven gone");
             cgroup::Hierarchies::default()
         });
-        Reach {
+        let reach = Arc::new(Reach {
             watch,
             hierarchies,
             watched: Mutex::new(Watched::default()),
-            stop: AtomicBool::new(false),
+            draining: Mutex::new(()),
+        });
+        if reach.watch.is_none() {
+            return reach;
+        }
+        let weak = Arc::downgrade(&reach);
+        let reader = std::thread::Builder::new()
+            .name("hugeprep-reach".into())
+            .spawn(move || read_events(weak));
+        match reader {
+            Ok(_) => reach,
+            Err(err) => {
+                // No thread would answer the opens of a marked file: mark none.
+                tracing::warn!(%err, "cannot start the open watch's reader: released leases take the kernel's path");
+                Arc::new(Reach {
+                    watch: None,
+                    hierarchies: reach.hierarchies.clone(),
+                    watched: Mutex::new(Watched::default()),
+                    draining: Mutex::new(()),
+                })
+            }
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Watched> {
         self.watched.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Starts the thread that reads open events as they come, so that each opener's
-    /// cgroups are read while it runs.
-    pub fn spawn_reader(self: &Arc<Self>) -> std::io::Result<()> {
-        if self.watch.is_none() {
-            return Ok(());
-        }
-        let reach = Arc::clone(self);
-        std::thread::Builder::new()
-            .name("hugeprep-reach".into())
-            .spawn(move || {
-                while !reach.stop.load(Ordering::SeqCst) {
-                    let ready = reach
-                        .watch
-                        .as_ref()
-                        .map_or(Ok(false), |w| w.wait(Duration::from_millis(250)));
-                    match ready {
-                        Ok(true) => reach.drain(),
-                        Ok(false) => {}
-                        Err(err) => {
-                            tracing::error!(%err, "open watch failed: every watched file loses its proof");
-                            reach.lose_all();
-                            std::thread::sleep(Duration::from_secs(1));
-                        }
-                    }
-                }
-            })?;
-        Ok(())
-    }
-
-    /// Stops the reader thread.
-    pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
     }
 
     fn lose_all(&self) {
@@ -304,9 +289,12 @@ impl Reach {
         st.by_inode.retain(|_, v| *v != id);
     }
 
-    /// Reads every queued event and records the openers of watched files.
+    /// Reads every queued event, lets each open go on once its opener's cgroups are read
+    /// (the opener waits in `open(2)` until then, so it still runs), and records the
+    /// openers of watched files.
     fn drain(&self) {
         let Some(w) = &self.watch else { return };
+        let _draining = self.draining.lock().unwrap_or_else(|e| e.into_inner());
         let events = match w.read() {
             Ok(e) => e,
             Err(err) => {
@@ -319,55 +307,65 @@ impl Reach {
             return;
         }
         let me = std::process::id();
-        let mut st = self.lock();
+        let mut lost = false;
+        let mut opens = Vec::with_capacity(events.len());
         for event in events {
             match event {
-                Event::Overflow => {
-                    tracing::error!("open events lost: every watched file loses its proof");
-                    for r in st.files.values_mut() {
-                        r.complete = false;
-                    }
-                }
+                Event::Overflow => lost = true,
+                // The daemon's own opens: let them go on (dropping the permission).
+                Event::Open { pid, .. } if pid == me => {}
                 Event::Open {
                     dev,
                     ino,
                     pid,
                     pidfd,
+                    permission,
                 } => {
-                    if pid == me {
-                        continue;
-                    }
-                    let Some(&id) = st.by_inode.get(&(dev, ino)) else {
-                        continue;
-                    };
-                    // Read while the opener runs: only then does its pid name it.
+                    // Read while the opener waits for the answer: only then does its pid
+                    // name it (a pidfd that says it exited was killed while waiting).
                     let cgroups = pidfd.as_ref().and_then(|fd| {
                         let cg = self.hierarchies.containing(pid).ok()?;
                         (!crate::sys::pidfd::exited(fd.as_fd()).ok()?).then_some(cg)
                     });
-                    let Some(record) = st.files.get_mut(&id) else {
-                        continue;
-                    };
-                    record.first_open.get_or_insert_with(Instant::now);
-                    if record
-                        .openers
-                        .iter()
-                        .any(|o| o.pid == pid && o.cgroups == cgroups)
-                    {
-                        continue;
-                    }
-                    if record.openers.len() >= MAX_OPENERS {
-                        record.complete = false;
-                        continue;
-                    }
-                    tracing::debug!(id, pid, ?cgroups, "leased file opened");
-                    record.openers.push(Opener {
-                        pid,
-                        pidfd,
-                        cgroups,
-                    });
+                    // Answered before the record's lock is taken: no daemon thread that
+                    // holds it waits for its own open.
+                    drop(permission);
+                    opens.push((dev, ino, pid, pidfd, cgroups));
                 }
             }
+        }
+        let mut st = self.lock();
+        if lost {
+            tracing::error!("open events lost: every watched file loses its proof");
+            for r in st.files.values_mut() {
+                r.complete = false;
+            }
+        }
+        for (dev, ino, pid, pidfd, cgroups) in opens {
+            let Some(&id) = st.by_inode.get(&(dev, ino)) else {
+                continue;
+            };
+            let Some(record) = st.files.get_mut(&id) else {
+                continue;
+            };
+            record.first_open.get_or_insert_with(Instant::now);
+            if record
+                .openers
+                .iter()
+                .any(|o| o.pid == pid && o.cgroups == cgroups)
+            {
+                continue;
+            }
+            if record.openers.len() >= MAX_OPENERS {
+                record.complete = false;
+                continue;
+            }
+            tracing::debug!(id, pid, ?cgroups, "leased file opened");
+            record.openers.push(Opener {
+                pid,
+                pidfd,
+                cgroups,
+            });
         }
     }
 
@@ -441,9 +439,43 @@ impl Reach {
             Some(scan::Finding::Mount { pid }) => return Err(Unproven::Mount { pid }),
             Some(scan::Finding::IoUring { pid }) => return Err(Unproven::IoUring { pid }),
         }
+        // Out of everyone's reach: the daemon's own opens until the next lease need no
+        // answer from the reader (the next lease marks it again).
+        if let Some(w) = &self.watch {
+            if let Err(err) = w.unwatch(file.as_fd()) {
+                tracing::warn!(id, %err, "cannot unmark a recycled pool file: the daemon's opens of it wait for the reader");
+            }
+        }
         Ok(Proof {
             openers,
             took: started.elapsed(),
         })
+    }
+}
+
+/// The reader thread: answers and records opens as they come, until the [`Reach`] is gone
+/// (then the group's descriptor closes and the kernel lets any open still waiting go on).
+fn read_events(reach: std::sync::Weak<Reach>) {
+    // An open waits for this thread: a short slice, so that it runs as soon as an open
+    // wakes it. No more weight than an ordinary process: a lessee opening its file in a
+    // loop makes it work, and must not make it crowd out others.
+    if let Err(err) = crate::sys::priority::set_current_thread_short_slice() {
+        tracing::debug!(%err, "open watch reader keeps the default priority");
+    }
+    while let Some(reach) = reach.upgrade() {
+        let ready = reach
+            .watch
+            .as_ref()
+            .map_or(Ok(false), |w| w.wait(Duration::from_millis(250)));
+        match ready {
+            Ok(true) => reach.drain(),
+            Ok(false) => {}
+            Err(err) => {
+                tracing::error!(%err, "open watch failed: every watched file loses its proof");
+                reach.lose_all();
+                drop(reach);
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
     }
 }
