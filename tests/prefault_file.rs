@@ -341,3 +341,68 @@ fn bad_arguments_name_the_argument_and_leave_nothing_behind() {
     s.target = Target::Path(env.dir().join("taken"));
     assert_eq!(prepare(&s, None).unwrap_err().field(), Some("path"));
 }
+
+/// The pool subtracts from the kernel's free counts what a fault in progress was promised
+/// and the counts do not show yet (`prefault::Taken`): at every progress report of a
+/// mapped run and of a `fallocate` run, what the run says is reserved is gone from the
+/// mount's free blocks (a limited mount: its count is this test's alone) and what it says
+/// is allocated is in the file; at the end both are the whole range.
+#[test]
+fn taken_never_runs_ahead_of_the_kernels_counters() {
+    let Some(env) = HugeEnv::new(PageSize::Size2M, 128) else {
+        return;
+    };
+    let dir = env.dir().join("limited");
+    std::fs::create_dir(&dir).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "hugetlbfs", "-o", "pagesize=2M,size=256M", "none"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&dir);
+    let used = || {
+        let st = nix::sys::statfs::statfs(&dir).unwrap();
+        (st.blocks() - st.blocks_free()) * 2 * MIB
+    };
+    for (name, populate, threads) in [
+        ("mapped", Populate::Auto, 2),
+        ("fallocate", Populate::Fallocate, 1),
+    ] {
+        let file =
+            BackingFile::create(&dir.join(name), 256 * MIB, PageSize::Size2M, None).unwrap();
+        let taken = Arc::new(hugeprep::prefault::Taken::default());
+        let opts = PrefaultOptions {
+            threads: Some(threads),
+            node: Some(0),
+            extent: 16 * MIB,
+            lock: false,
+            populate,
+            taken: Some(Arc::clone(&taken)),
+            ..PrefaultOptions::default()
+        };
+        let reports = std::cell::Cell::new(0);
+        let check = |_: u64| {
+            // Read the run's figures first: they only move after the kernel's counters.
+            let reserved = taken.reserved();
+            let allocated = taken.allocated();
+            assert!(reserved <= used(), "{name}: {reserved} reserved");
+            let blocks = std::fs::metadata(file.path()).unwrap().blocks() * 512;
+            assert!(allocated <= blocks, "{name}: {allocated} allocated");
+            reports.set(reports.get() + 1);
+        };
+        prefault(&file, 0..file.size(), &opts, Some(&check)).unwrap();
+        assert!(reports.get() >= 1, "{name}");
+        assert_eq!(taken.reserved(), 256 * MIB, "{name}");
+        assert_eq!(taken.allocated(), 256 * MIB, "{name}");
+        assert_eq!(used(), 256 * MIB, "{name}");
+        drop(file);
+        std::fs::remove_file(dir.join(name)).unwrap();
+    }
+}

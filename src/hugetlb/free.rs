@@ -84,12 +84,19 @@ impl FreePages {
 
     /// The free, unreserved pages now.
     pub fn pages(&self) -> Result<u64> {
+        let (system, node_free) = self.parts()?;
+        Ok(pool::node_capped(system, node_free))
+    }
+
+    /// What [`FreePages::pages`] is made of: the machine's free unreserved pages, and the
+    /// node's free pages (reservations are machine-wide; `None` for no node).
+    pub fn parts(&self) -> Result<(u64, Option<u64>)> {
         let ps = self.page_size;
         let system = self
             .system_free
             .read(ps)?
             .saturating_sub(self.system_reserved.read(ps)?);
         let node_free = self.node_free.as_ref().map(|c| c.read(ps)).transpose()?;
-        Ok(pool::node_capped(system, node_free))
+        Ok((system, node_free))
     }
 }

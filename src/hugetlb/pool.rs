@@ -301,16 +301,23 @@ pub fn read_all() -> Result<Vec<PoolCounts>> {
 /// for `None`) can get. Reservations are system-wide, so a node's figure is its free count
 /// capped by the machine's unreserved count.
 pub fn available(node: Option<u32>, page_size: PageSize) -> Result<u64> {
+    let (system, node_free) = available_parts(node, page_size)?;
+    Ok(node_capped(system, node_free))
+}
+
+/// What [`available`] is made of: the machine's free unreserved pages, and `node`'s free
+/// pages (`None` for no node).
+pub fn available_parts(node: Option<u32>, page_size: PageSize) -> Result<(u64, Option<u64>)> {
     let system = read(Scope::System, page_size)?.available();
     let node_free = node
         .map(|n| read(Scope::Node(n), page_size).map(|c| c.free))
         .transpose()?;
-    Ok(node_capped(system, node_free))
+    Ok((system, node_free))
 }
 
 /// The rule of [`available`]: a node's free pages, capped by the machine's unreserved ones
 /// (reservations are system-wide); the machine's alone for no node.
-pub(super) fn node_capped(system_unreserved: u64, node_free: Option<u64>) -> u64 {
+pub fn node_capped(system_unreserved: u64, node_free: Option<u64>) -> u64 {
     node_free.map_or(system_unreserved, |n| n.min(system_unreserved))
 }
 

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use crate::background::Yield;
 use crate::hugetlb::BackingFile;
-use crate::prefault::{default_threads, prefault, Populate, PrefaultError, PrefaultOptions};
+use crate::prefault::{
+    default_threads, prefault, Populate, PrefaultError, PrefaultOptions, Taken,
+};
 
 /// Bytes per call of a background fault: the start gate is looked at between calls, so a
 /// refill stands aside for a VM start within one of these (a few ms).
@@ -30,33 +32,38 @@ pub fn fault_range(
     node: u32,
     cpus: &[usize],
 ) -> Result<(), FaultError> {
-    fault_with(file, range, node, cpus, None, None)
+    fault_with(file, range, node, cpus, None, None, None)
 }
 
-/// [`fault_range`] for a fault that runs beside others (concurrent cold leases): one
-/// `fallocate` worker, which takes the file's inode lock only. Several workers on one file
-/// map it and populate, holding the daemon's `mmap_lock` for reading for each extent, and
-/// every other lease's `mmap`/`munmap` waits for that; one worker per file, the leases run
-/// in parallel instead.
-pub fn fault_range_beside_others(
+/// [`fault_range`] for a lease, recording in `taken` how much of it the kernel's counters
+/// show (the pool's promise of the rest, see `State::promised`). Beside other faults
+/// (concurrent cold leases): one `fallocate` worker, which takes the file's inode lock
+/// only. Several workers on one file map it and populate, holding the daemon's
+/// `mmap_lock` for reading for each extent, and every other lease's `mmap`/`munmap` waits
+/// for that; one worker per file, the leases run in parallel instead.
+pub fn fault_lease_range(
     file: &BackingFile,
     range: Range<u64>,
     node: u32,
     cpus: &[usize],
+    beside_others: bool,
+    taken: Arc<Taken>,
 ) -> Result<(), FaultError> {
-    fault_with(file, range, node, cpus, None, Some(1))
+    let max_threads = beside_others.then_some(1);
+    fault_with(file, range, node, cpus, None, max_threads, Some(taken))
 }
 
 /// [`fault_range`] for background work (refills): in extents of [`BACKGROUND_EXTENT`], each
-/// after `gate` lets it go on.
+/// after `gate` lets it go on; records its progress in `taken` as [`fault_lease_range`].
 pub fn fault_range_background(
     file: &BackingFile,
     range: Range<u64>,
     node: u32,
     cpus: &[usize],
     gate: Arc<dyn Yield>,
+    taken: Arc<Taken>,
 ) -> Result<(), FaultError> {
-    fault_with(file, range, node, cpus, Some(gate), None)
+    fault_with(file, range, node, cpus, Some(gate), None, Some(taken))
 }
 
 fn fault_with(
@@ -66,6 +73,7 @@ fn fault_with(
     cpus: &[usize],
     gate: Option<Arc<dyn Yield>>,
     max_threads: Option<usize>,
+    taken: Option<Arc<Taken>>,
 ) -> Result<(), FaultError> {
     if range.is_empty() {
         return Ok(());
@@ -87,6 +95,7 @@ fn fault_with(
             crate::prefault::DEFAULT_EXTENT
         },
         yield_to: gate,
+        taken,
         ..PrefaultOptions::default()
     };
     prefault(file, range, &opts, None)?;

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use crate::hugetlb::free::FreePages;
 use crate::hugetlb::pool::{self, Scope};
+use super::state::Promised;
 use crate::page_size::PageSize;
 
 /// Free pages of `page_size` on `node` (`.../nodeN/hugepages/.../free_hugepages`).
@@ -74,6 +75,32 @@ impl Supply {
             }
         }
         Supply { counters }
+    }
+
+    /// Bytes of new pages a file on `mount` can get on `node` now, less what faults in
+    /// progress were `promised` and the counters do not show yet: the machine's unreserved
+    /// pages and the mount's free blocks lack what those faults reserved, the node's free
+    /// pages what they allocated.
+    pub fn available_after(
+        &self,
+        node: u32,
+        page_size: PageSize,
+        mount: &Path,
+        promised: &Promised,
+    ) -> u64 {
+        let page = page_size.bytes();
+        let (system, node_free) = match self.counters.get(&(node, page_size)) {
+            Some(counter) => counter.parts().unwrap_or((0, Some(0))),
+            None => pool::available_parts(Some(node), page_size).unwrap_or((0, Some(0))),
+        };
+        let system = system.saturating_sub(promised.unreserved / page);
+        let node_free = node_free.map(|n| n.saturating_sub(promised.unallocated / page));
+        let pages = pool::node_capped(system, node_free);
+        let pages = match mount_free_pages(mount) {
+            Some(m) => pages.min(m.saturating_sub(promised.unreserved / page)),
+            None => pages,
+        };
+        pages * page
     }
 
     /// Bytes of new pages a file on `mount` can get on `node` now (see [`available_bytes`]).

@@ -194,11 +194,11 @@ impl Pool {
                     name: v.name.clone(),
                 });
             }
-            let faulting = st.faulting(v.node, v.page_size);
-            let avail = self
-                .supply
-                .available_bytes(v.node, v.page_size, &mount.root)
-                .saturating_sub(faulting);
+            let promised = st.promised(v.node, v.page_size);
+            let faulting = promised.bytes;
+            let avail =
+                self.supply
+                    .available_after(v.node, v.page_size, &mount.root, &promised);
             let warm: Vec<(u64, u64)> = st
                 .of_kind(v.node, v.page_size)
                 .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
@@ -227,6 +227,15 @@ impl Pool {
             if v.size > supply {
                 // Waits for faults in progress (a refill among them): urgent, so that the
                 // start gate and the scrub's cap let that work finish (see `gate`).
+                if !waiting {
+                    tracing::debug!(
+                        name = %v.name,
+                        size = v.size,
+                        supply,
+                        promised = faulting,
+                        "lease waits for faults in progress"
+                    );
+                }
                 self.wait_urgently(&mut waiting);
                 st = st.wait_timeout(&self.changed, Duration::from_millis(50));
                 continue;
@@ -353,7 +362,7 @@ impl Pool {
                     f.set_len(v.size)?;
                     let t = Instant::now();
                     let _long = long_work(v.size - old_size);
-                    let grown = self.fault_lease(&f, old_size..v.size, v.node, &cpus);
+                    let grown = self.fault_lease(id, &f, old_size..v.size, v.node, &cpus);
                     if let Err(e) = grown {
                         let _ = f.set_len(old_size);
                         return Err(e.into());
@@ -365,7 +374,7 @@ impl Pool {
                     let f = BackingFile::create(&path, v.size, v.page_size, None)?;
                     let t = Instant::now();
                     let _long = long_work(v.size);
-                    if let Err(e) = self.fault_lease(&f, 0..v.size, v.node, &cpus) {
+                    if let Err(e) = self.fault_lease(id, &f, 0..v.size, v.node, &cpus) {
                         let _ = fs::remove_file(&path);
                         return Err(e.into());
                     }
@@ -397,18 +406,18 @@ impl Pool {
     /// one `fallocate` worker beside other faults (see [`fault::fault_range_beside_others`]).
     fn fault_lease(
         &self,
+        id: u64,
         file: &BackingFile,
         range: std::ops::Range<u64>,
         node: u32,
         cpus: &[usize],
     ) -> std::result::Result<(), fault::FaultError> {
-        // This lease's own fault is one of them.
-        let others = self.lock().faulting.len() > 1;
-        if others {
-            fault::fault_range_beside_others(file, range, node, cpus)
-        } else {
-            fault::fault_range(file, range, node, cpus)
-        }
+        let (others, taken) = {
+            let st = self.lock();
+            // This lease's own fault is one of them.
+            (st.faulting.len() > 1, st.taken(id).unwrap_or_default())
+        };
+        fault::fault_lease_range(file, range, node, cpus, others, taken)
     }
 
     /// Journals the lease and makes it visible.

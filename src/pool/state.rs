@@ -2,7 +2,10 @@
 //! bookkeeping that the lease path and the worker share.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Instant;
+
+use crate::prefault::Taken;
 
 use super::{idempotency, shape, Entry, FileState, PageSize, ScrubReport, Work};
 
@@ -30,25 +33,80 @@ pub(super) struct State {
     pub(super) demand: BTreeMap<(u32, PageSize), shape::History>,
     /// Leases with an idempotency key in progress, by key.
     pub(super) keyed: BTreeMap<String, idempotency::Idempotency>,
-    /// Bytes per kind that leases and refills have been promised but not faulted yet: the
-    /// kernel still counts them free, so every decision subtracts them (concurrent cold
-    /// leases would otherwise promise the same free pages twice).
-    pub(super) faulting: BTreeMap<u64, (u32, PageSize, u64)>,
+    /// Free pages that leases and refills have been promised, per file being faulted: the
+    /// kernel counts them free until the fault reserves or allocates them, so every
+    /// decision subtracts what it does not show yet (concurrent cold leases would otherwise
+    /// promise the same free pages twice).
+    pub(super) faulting: BTreeMap<u64, Promise>,
+}
+
+/// Free pages promised to the fault of one file.
+#[derive(Debug)]
+pub(super) struct Promise {
+    pub(super) node: u32,
+    pub(super) page_size: PageSize,
+    pub(super) bytes: u64,
+    /// How much of it the kernel's counters show so far (the fault records it).
+    pub(super) taken: Arc<Taken>,
+}
+
+/// What faults in progress of one kind were promised, and how much of it the kernel's
+/// counters do not show yet: the part of the free pages they read that is not free.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Promised {
+    /// Bytes promised in all (they come back free should the faults fail).
+    pub bytes: u64,
+    /// Not yet gone from the machine's unreserved free pages and the mount's free blocks.
+    pub unreserved: u64,
+    /// Not yet gone from the node's free pages.
+    pub unallocated: u64,
 }
 
 impl State {
-    /// Bytes of the kind promised to a fault in progress (see `faulting`).
-    pub(super) fn faulting(&self, node: u32, ps: PageSize) -> u64 {
-        self.faulting
+    /// What faults in progress of the kind were promised (see `faulting`). Read before the
+    /// kernel's counters: a fault's progress is recorded after the kernel's counter moved,
+    /// so the two read in this order never count a page as free twice.
+    pub(super) fn promised(&self, node: u32, ps: PageSize) -> Promised {
+        let mut p = Promised::default();
+        for f in self
+            .faulting
             .values()
-            .filter(|f| f.0 == node && f.1 == ps)
-            .map(|f| f.2)
-            .sum()
+            .filter(|f| f.node == node && f.page_size == ps)
+        {
+            let reserved = f.taken.reserved().min(f.bytes);
+            let allocated = f.taken.allocated().min(f.bytes);
+            p.bytes += f.bytes;
+            p.unreserved += f.bytes - reserved;
+            p.unallocated += f.bytes - allocated;
+        }
+        p
     }
 
-    /// Promises `bytes` of the kind's free pages to the fault of file `id` about to start.
-    pub(super) fn start_faulting(&mut self, id: u64, node: u32, ps: PageSize, bytes: u64) {
-        self.faulting.insert(id, (node, ps, bytes));
+    /// Promises `bytes` of the kind's free pages to the fault of file `id` about to start;
+    /// the fault records its progress in what this returns.
+    pub(super) fn start_faulting(
+        &mut self,
+        id: u64,
+        node: u32,
+        page_size: PageSize,
+        bytes: u64,
+    ) -> Arc<Taken> {
+        let taken = Arc::new(Taken::default());
+        self.faulting.insert(
+            id,
+            Promise {
+                node,
+                page_size,
+                bytes,
+                taken: Arc::clone(&taken),
+            },
+        );
+        taken
+    }
+
+    /// The progress record of file `id`'s fault, if one is promised.
+    pub(super) fn taken(&self, id: u64) -> Option<Arc<Taken>> {
+        self.faulting.get(&id).map(|f| Arc::clone(&f.taken))
     }
 
     /// The fault of file `id` is over (done or failed): the kernel's count is right again.
@@ -121,5 +179,35 @@ impl State {
             })
             .map(|e| e.rec.size)
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn promised_counts_what_the_kernel_does_not_show_yet() {
+        let mut st = State::default();
+        let ps = PageSize::Size2M;
+        // A mapped fault: all of it reserved at the mmap, nothing allocated yet.
+        st.start_faulting(1, 0, ps, 64 << 20).mapped_for_test(64 << 20);
+        // One that has not begun, and one whose mapping covers more than was promised
+        // (clamped).
+        st.start_faulting(2, 0, ps, 32 << 20);
+        st.start_faulting(3, 0, ps, 16 << 20).mapped_for_test(64 << 20);
+        // Another node's fault counts for its own kind only.
+        st.start_faulting(4, 1, ps, 128 << 20);
+        assert_eq!(
+            st.promised(0, ps),
+            Promised {
+                bytes: 112 << 20,
+                unreserved: 32 << 20,
+                unallocated: 112 << 20,
+            }
+        );
+        st.end_faulting(1);
+        assert_eq!(st.promised(0, ps).bytes, 48 << 20);
+        assert_eq!(st.promised(1, ps).unreserved, 128 << 20);
     }
 }

@@ -227,10 +227,10 @@ impl Pool {
                 if size == 0 {
                     continue;
                 }
+                let promised = st.promised(node, *ps);
                 let free = self
                     .supply
-                    .available_bytes(node, *ps, &mount.root)
-                    .saturating_sub(st.faulting(node, *ps));
+                    .available_after(node, *ps, &mount.root, &promised);
                 if free < size {
                     if let Some(pages) = self.shortfall(st, node, *ps, mount, deficit, size) {
                         return Some(Job::Reserve {
@@ -522,11 +522,12 @@ impl Pool {
         let path = mount.file_path(id);
         let cpus = self.cpus(rec.node);
         let t = Instant::now();
+        let taken = self.lock().taken(id).unwrap_or_default();
         let made = BackingFile::create(&path, rec.size, rec.page_size, None)
             .map_err(|e| e.to_string())
             .and_then(|f| {
                 let gate = Arc::clone(&self.gate) as Arc<dyn Yield>;
-                fault::fault_range_background(&f, 0..rec.size, rec.node, &cpus, gate)
+                fault::fault_range_background(&f, 0..rec.size, rec.node, &cpus, gate, taken)
                     .map_err(|e| e.to_string())
             });
         if made.is_ok() {

@@ -116,6 +116,9 @@ fn start(
     range: &Range<u64>,
     opts: &PrefaultOptions,
 ) -> Result<Plan, PrefaultError> {
+    if let Some(taken) = &opts.taken {
+        taken.begin(file);
+    }
     let page_size = file.page_size();
     let page = page_size.bytes();
     if range.start >= range.end
@@ -172,6 +175,10 @@ pub fn prefault_mapped(
             page_size,
             source,
         })?;
+    // The mapping reserved every page of the range it did not have.
+    if let Some(taken) = &opts.taken {
+        taken.mapped(bytes);
+    }
     if let Some(node) = opts.node {
         numa::bind_region(&region, 0, region.len(), node)?;
     }

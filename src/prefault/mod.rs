@@ -22,8 +22,8 @@
 mod engine;
 mod prepare;
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 
@@ -89,6 +89,64 @@ pub struct PrefaultOptions {
     pub cancel: Option<Arc<AtomicBool>>,
     /// What the workers wait on before each extent (the pool's start gate, for refills).
     pub yield_to: Option<Arc<dyn crate::background::Yield>>,
+    /// Where the run records how much of the range the kernel's counters already show as
+    /// taken (the pool subtracts the rest from what it may still promise).
+    pub taken: Option<Arc<Taken>>,
+}
+
+/// How much of a prefault in progress the kernel's hugepage counters already show as
+/// taken. A shared mapping reserves every page of its range when it is made: the
+/// machine's unreserved free pages and the mount's free blocks drop by the whole range at
+/// once, and a node's free pages only as each page is allocated; `fallocate` takes both a
+/// page at a time. Allocated pages are read from the file's block count, which the kernel
+/// raises just after it took each page from its free pool: neither figure ever runs ahead
+/// of the counters.
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// Bytes a mapping of the range reserved when it was made.
+    mapped: AtomicU64,
+    /// The file being faulted, and its bytes allocated before the run.
+    file: OnceLock<(std::fs::File, u64)>,
+}
+
+impl Taken {
+    /// The run begins on `file` (its descriptor is kept until this is dropped).
+    fn begin(&self, file: &crate::hugetlb::BackingFile) {
+        if let Ok(f) = file.file().try_clone() {
+            let before = allocated_bytes(&f);
+            let _ = self.file.set((f, before));
+        }
+    }
+
+    /// A mapping of `bytes` of the range was made (and reserved its pages).
+    fn mapped(&self, bytes: u64) {
+        self.mapped.fetch_max(bytes, Ordering::Relaxed);
+    }
+
+    /// [`Taken::mapped`], for the pool's unit tests.
+    #[cfg(test)]
+    pub(crate) fn mapped_for_test(&self, bytes: u64) {
+        self.mapped(bytes);
+    }
+
+    /// Bytes the run allocated so far (gone from the node's free pages).
+    pub fn allocated(&self) -> u64 {
+        self.file
+            .get()
+            .map_or(0, |(f, before)| allocated_bytes(f).saturating_sub(*before))
+    }
+
+    /// Bytes the run reserved or allocated so far (gone from the machine's unreserved free
+    /// pages and from the mount's free blocks).
+    pub fn reserved(&self) -> u64 {
+        self.mapped.load(Ordering::Relaxed).max(self.allocated())
+    }
+}
+
+/// Bytes of pages in `file` (its block count; 0 where it cannot be read).
+fn allocated_bytes(file: &std::fs::File) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().map_or(0, |m| m.blocks() * 512)
 }
 
 impl Default for PrefaultOptions {
@@ -103,6 +161,7 @@ impl Default for PrefaultOptions {
             cpus: None,
             cancel: None,
             yield_to: None,
+            taken: None,
         }
     }
 }
