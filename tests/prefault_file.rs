@@ -375,8 +375,7 @@ fn taken_never_runs_ahead_of_the_kernels_counters() {
         ("mapped", Populate::Auto, 2),
         ("fallocate", Populate::Fallocate, 1),
     ] {
-        let file =
-            BackingFile::create(&dir.join(name), 256 * MIB, PageSize::Size2M, None).unwrap();
+        let file = BackingFile::create(&dir.join(name), 256 * MIB, PageSize::Size2M, None).unwrap();
         let taken = Arc::new(hugeprep::prefault::Taken::default());
         let opts = PrefaultOptions {
             threads: Some(threads),

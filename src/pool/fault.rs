@@ -8,9 +8,7 @@ use std::sync::Arc;
 
 use crate::background::Yield;
 use crate::hugetlb::BackingFile;
-use crate::prefault::{
-    default_threads, prefault, Populate, PrefaultError, PrefaultOptions, Taken,
-};
+use crate::prefault::{default_threads, prefault, Populate, PrefaultError, PrefaultOptions, Taken};
 
 /// Bytes per call of a background fault: the start gate is looked at between calls, so a
 /// refill stands aside for a VM start within one of these (a few ms).

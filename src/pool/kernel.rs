@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use super::state::Promised;
 use crate::hugetlb::free::FreePages;
 use crate::hugetlb::pool::{self, Scope};
-use super::state::Promised;
 use crate::page_size::PageSize;
 
 /// Free pages of `page_size` on `node` (`.../nodeN/hugepages/.../free_hugepages`).

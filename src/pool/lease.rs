@@ -196,9 +196,9 @@ impl Pool {
             }
             let promised = st.promised(v.node, v.page_size);
             let faulting = promised.bytes;
-            let avail =
-                self.supply
-                    .available_after(v.node, v.page_size, &mount.root, &promised);
+            let avail = self
+                .supply
+                .available_after(v.node, v.page_size, &mount.root, &promised);
             let warm: Vec<(u64, u64)> = st
                 .of_kind(v.node, v.page_size)
                 .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)

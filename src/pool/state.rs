@@ -191,11 +191,13 @@ mod tests {
         let mut st = State::default();
         let ps = PageSize::Size2M;
         // A mapped fault: all of it reserved at the mmap, nothing allocated yet.
-        st.start_faulting(1, 0, ps, 64 << 20).mapped_for_test(64 << 20);
+        st.start_faulting(1, 0, ps, 64 << 20)
+            .mapped_for_test(64 << 20);
         // One that has not begun, and one whose mapping covers more than was promised
         // (clamped).
         st.start_faulting(2, 0, ps, 32 << 20);
-        st.start_faulting(3, 0, ps, 16 << 20).mapped_for_test(64 << 20);
+        st.start_faulting(3, 0, ps, 16 << 20)
+            .mapped_for_test(64 << 20);
         // Another node's fault counts for its own kind only.
         st.start_faulting(4, 1, ps, 128 << 20);
         assert_eq!(

@@ -16,8 +16,12 @@ use std::time::Duration;
 
 /// `FANOTIFY_METADATA_VERSION` of the event layout this parser reads.
 const METADATA_VERSION: u8 = 3;
-/// Room for a few hundred events per `read`.
-const BUFFER: usize = 16 * 1024;
+/// Events per `read`: each holds two descriptors (the file, the opener's pidfd) until it is
+/// answered, so a batch is answered before the next is read. Where the kernel cannot make
+/// a descriptor it refuses that open itself.
+const BATCH: usize = 64;
+/// Bytes of one event: the metadata and one pidfd record.
+const EVENT_BYTES: usize = std::mem::size_of::<libc::fanotify_event_metadata>() + 8;
 
 /// One event read from an [`OpenWatch`].
 #[derive(Debug)]
@@ -46,13 +50,22 @@ pub struct Permission {
     group: Arc<OwnedFd>,
     /// The event's descriptor of the file (it names the event in the answer).
     file: OwnedFd,
+    answered: bool,
 }
 
-impl Drop for Permission {
-    fn drop(&mut self) {
+impl Permission {
+    /// Refuses the open: it fails with `EPERM`.
+    pub fn deny(mut self) {
+        self.answer(libc::FAN_DENY);
+    }
+
+    fn answer(&mut self, response: u32) {
+        if std::mem::replace(&mut self.answered, true) {
+            return;
+        }
         let answer = libc::fanotify_response {
             fd: self.file.as_raw_fd(),
-            response: libc::FAN_ALLOW,
+            response,
         };
         let size = std::mem::size_of::<libc::fanotify_response>();
         // SAFETY: writes one fanotify_response that lives for the call to the group's
@@ -71,6 +84,12 @@ impl Drop for Permission {
                 tracing::error!(%err, "cannot answer an open permission event");
             }
         }
+    }
+}
+
+impl Drop for Permission {
+    fn drop(&mut self) {
+        self.answer(libc::FAN_ALLOW);
     }
 }
 
@@ -156,10 +175,12 @@ impl OpenWatch {
         }
     }
 
-    /// Reads every event queued now, without blocking.
+    /// Reads up to a batch of the events queued now, without blocking (none: the queue is
+    /// empty). Every open in it waits until its [`Permission`] is answered or dropped. An
+    /// error loses no open: the kernel refuses an open whose event it could not deliver.
     pub fn read(&self) -> io::Result<Vec<Event>> {
         let mut events = Vec::new();
-        let mut buf = vec![0u8; BUFFER];
+        let mut buf = vec![0u8; BATCH * EVENT_BYTES];
         loop {
             // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
             let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -171,10 +192,8 @@ impl OpenWatch {
                     _ => return Err(err),
                 }
             }
-            if n == 0 {
-                return Ok(events);
-            }
-            parse(&self.fd, &buf[..n as usize], &mut events)?;
+            parse(&self.fd, &buf[..n as usize], &mut events);
+            return Ok(events);
         }
     }
 }
@@ -199,58 +218,69 @@ fn owned(fd: i32) -> Option<OwnedFd> {
 }
 
 /// Parses the events in `buf` (struct fanotify_event_metadata, then info records) read from
-/// `group`.
-fn parse(group: &Arc<OwnedFd>, buf: &[u8], out: &mut Vec<Event>) -> io::Result<()> {
+/// `group`. Each event's descriptor is owned (and its open answered) before anything else
+/// is read of it; an event that cannot be understood is refused. A malformed buffer ends
+/// with [`Event::Overflow`]: what follows cannot be found.
+fn parse(group: &Arc<OwnedFd>, buf: &[u8], out: &mut Vec<Event>) {
     const META: usize = std::mem::size_of::<libc::fanotify_event_metadata>();
-    let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed fanotify event");
     let mut at = 0;
     while at + META <= buf.len() {
         let event_len = read_u32(buf, at) as usize;
         let vers = buf[at + 4];
         let metadata_len = u16::from_ne_bytes([buf[at + 6], buf[at + 7]]) as usize;
         if vers != METADATA_VERSION || event_len < META || at + event_len > buf.len() {
-            return Err(bad());
+            tracing::error!(vers, event_len, "malformed fanotify event");
+            out.push(Event::Overflow);
+            return;
         }
         let mut mask = [0u8; 8];
         mask.copy_from_slice(&buf[at + 8..at + 16]);
         let mask = u64::from_ne_bytes(mask);
-        let fd = read_u32(buf, at + 16) as i32;
+        let permission = owned(read_u32(buf, at + 16) as i32).map(|file| Permission {
+            group: Arc::clone(group),
+            file,
+            answered: false,
+        });
         let pid = read_u32(buf, at + 20);
-        let file = owned(fd);
         // Info records: a pidfd record (header: type, pad, len; then the pidfd).
         let mut pidfd = None;
         let mut info = at + metadata_len;
+        let mut understood = true;
         while info + 4 <= at + event_len {
             let kind = buf[info];
             let len = u16::from_ne_bytes([buf[info + 2], buf[info + 3]]) as usize;
             if len < 4 || info + len > at + event_len {
-                return Err(bad());
+                understood = false;
+                break;
             }
             if kind == libc::FAN_EVENT_INFO_TYPE_PIDFD && len >= 8 {
                 pidfd = owned(read_u32(buf, info + 4) as i32);
             }
             info += len;
         }
+        at += event_len;
         if mask & libc::FAN_Q_OVERFLOW != 0 {
             out.push(Event::Overflow);
-        } else if let Some(file) = file {
-            let st = nix::sys::stat::fstat(file.as_raw_fd());
-            let permission = Permission {
-                group: Arc::clone(group),
-                file,
-            };
-            let st = st.map_err(io::Error::from)?;
-            out.push(Event::Open {
+            continue;
+        }
+        let Some(permission) = permission else {
+            continue;
+        };
+        let st = nix::sys::stat::fstat(permission.file.as_raw_fd());
+        match st {
+            Ok(st) if understood => out.push(Event::Open {
                 dev: st.st_dev,
                 ino: st.st_ino,
                 pid,
                 pidfd,
                 permission,
-            });
+            }),
+            _ => {
+                tracing::error!(pid, "an open permission event that cannot be read: refused");
+                permission.deny();
+            }
         }
-        at += event_len;
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -7,6 +7,15 @@
 //! everything and proves nothing, and so does a cgroup below a subtree delegated to the
 //! opener's user (a `cgroup.procs` it may write, as in a systemd user session): it could have
 //! moved its children out.
+//!
+//! A process's threads may sit in other cgroups than its main thread, which is all that
+//! `/proc/PID/cgroup` shows, and a child forked by a thread starts in the thread's cgroup:
+//! libvirt puts each vCPU thread in a `vcpuN` cgroup beside `emulator`. In cgroup v2 the
+//! threads of a process stay inside one threaded subtree, so a v2 cgroup of type
+//! `threaded` stands for its threaded domain (the nearest ancestor that is not threaded).
+//! cgroup v1 puts no bound on where a thread is placed in a controller's hierarchy, so only
+//! systemd's own `name=systemd` hierarchy, where systemd and libvirt place whole processes,
+//! stands for a process there; the controllers' hierarchies prove nothing.
 
 use std::fs;
 use std::io;
@@ -69,15 +78,49 @@ impl Hierarchies {
 
     /// The cgroups `pid` is in that hold it: leaving out the root of each hierarchy and any
     /// cgroup that the process's user may move processes out of ([`delegated`]).
+    /// A v2 cgroup of type `threaded` is replaced by its threaded domain, and v1 cgroups
+    /// count only in the `name=systemd` hierarchy (see the module's notes).
     pub fn containing(&self, pid: u32) -> io::Result<Vec<Cgroup>> {
         let uids = uids(pid)?;
         let mut out = Vec::new();
         for cg in self.of_process(pid)? {
-            if !delegated(&cg, &uids)? {
+            let Some(cg) = self.whole_process(cg)? else {
+                continue;
+            };
+            if !delegated(&cg, &uids)? && !out.contains(&cg) {
                 out.push(cg);
             }
         }
         Ok(out)
+    }
+
+    /// The cgroup that holds every thread of a process whose main thread is in `cg`, and
+    /// what they fork; `None` where none below the hierarchy's root is known to.
+    fn whole_process(&self, cg: Cgroup) -> io::Result<Option<Cgroup>> {
+        if !cg.v2 {
+            let systemd = self
+                .v1
+                .iter()
+                .find(|(names, _, _)| names.iter().any(|n| n == "name=systemd"));
+            return Ok(systemd
+                .filter(|(_, point, _)| cg.dir.starts_with(point))
+                .map(|_| cg));
+        }
+        let Some(point) = self.v2_mount() else {
+            return Ok(None);
+        };
+        let mut dir = cg.dir;
+        loop {
+            let kind = fs::read_to_string(dir.join("cgroup.type"))?;
+            if kind.trim() != "threaded" {
+                return Ok(Some(Cgroup { dir, v2: true }));
+            }
+            match dir.parent() {
+                Some(up) if up != point && up.starts_with(point) => dir = up.to_path_buf(),
+                // A threaded subtree whose domain is the hierarchy's root.
+                _ => return Ok(None),
+            }
+        }
     }
 
     /// The cgroups `pid` is in, leaving out the root of each hierarchy.
@@ -124,7 +167,7 @@ fn below(point: &Path, root: &str, path: &str) -> Option<PathBuf> {
 }
 
 /// The real, effective, saved and filesystem uids of `pid`.
-fn uids(pid: u32) -> io::Result<Vec<u32>> {
+pub(super) fn uids(pid: u32) -> io::Result<Vec<u32>> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status
         .lines()
@@ -233,6 +276,35 @@ mod tests {
         assert_eq!(below(p, "/a", "/ab"), None);
         assert_eq!(below(p, "/", "/a/../b"), None);
         assert_eq!(unescape("/a\\040b"), "/a b");
+    }
+
+    /// A threaded cgroup stands for its threaded domain: a thread moved to a sibling
+    /// threaded cgroup forks children there.
+    #[test]
+    fn a_threaded_cgroup_stands_for_its_domain() {
+        let h = Hierarchies::detect().unwrap();
+        let Some(point) = h.v2_mount() else { return };
+        let domain = point.join(format!("hugeprep-unit-threaded-{}", std::process::id()));
+        let _ = fs::create_dir(&domain);
+        let Ok(()) = fs::create_dir(domain.join("emulator")) else {
+            let _ = fs::remove_dir(&domain);
+            return; // not root
+        };
+        let made = fs::write(domain.join("emulator/cgroup.type"), "threaded");
+        let found = h.whole_process(Cgroup {
+            dir: domain.join("emulator"),
+            v2: true,
+        });
+        let _ = fs::remove_dir(domain.join("emulator"));
+        let _ = fs::remove_dir(&domain);
+        made.unwrap();
+        assert_eq!(
+            found.unwrap(),
+            Some(Cgroup {
+                dir: domain,
+                v2: true
+            })
+        );
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! when each of these holds; otherwise the file takes the kernel's path (`Pool::give_back`):
 //!
 //! 1. the file was watched from before its lease path existed until now (fanotify open
-//!    events, [`crate::sys::fanotify`]), with no event lost;
+//!    permission events, [`crate::sys::fanotify`]: each opener is recorded before its open
+//!    returns), with no event lost;
 //! 2. it has one name, the daemon's own (`st_nlink == 1`): no hard link elsewhere;
 //! 3. it has no open file but the daemon's anywhere (a write lease is granted,
 //!    [`crate::sys::lease`]): no descriptor in any process or in flight, no mapping, no
@@ -16,7 +17,9 @@
 //! 5. no process but the daemon holds a descriptor of it (an `O_PATH` one is no open file
 //!    and makes no open event), a mount inside its hugetlbfs (a bind mount in a user
 //!    namespace), or an io_uring with registered buffers, the page reference that can outlive
-//!    all of the above in a process outside the openers' cgroups ([`scan`]).
+//!    all of the above in a process outside the openers' cgroups ([`scan`]);
+//! 6. no process opened it while the proof ran; from then until the next lease, opens by
+//!    anyone but the daemon and root are refused.
 //!
 //! Page references (a long-term pin, pages `vmsplice`d into a pipe, a DMA mapping) can only
 //! be taken through a mapping, and a mapping only through an open file: 1-4 bound who can
@@ -61,6 +64,9 @@ pub enum Unproven {
     /// Some process, somewhere, still has it open or mapped, or in flight.
     #[error("another open file or mapping of it exists")]
     OpenElsewhere,
+    /// A process opened it while the proof ran.
+    #[error("a process opened it while the proof ran")]
+    OpenedMeanwhile,
     /// An opener is still running.
     #[error("process {pid}, which opened it, is still running")]
     OpenerAlive {
@@ -122,6 +128,7 @@ impl Unproven {
             Unproven::Lost => "lost-events",
             Unproven::Links { .. } => "links",
             Unproven::OpenElsewhere => "open-elsewhere",
+            Unproven::OpenedMeanwhile => "opened-meanwhile",
             Unproven::OpenerAlive { .. } => "opener-alive",
             Unproven::OpenerUnknown { .. } => "opener-unknown",
             Unproven::OpenerCgroup { .. } => "opener-cgroup",
@@ -133,12 +140,13 @@ impl Unproven {
     }
 
     /// Every label, for metrics that list them all.
-    pub const LABELS: [&'static str; 12] = [
+    pub const LABELS: [&'static str; 13] = [
         "trust",
         "not-watched",
         "lost-events",
         "links",
         "open-elsewhere",
+        "opened-meanwhile",
         "opener-alive",
         "opener-unknown",
         "opener-cgroup",
@@ -165,6 +173,10 @@ struct Record {
     openers: Vec<Opener>,
     /// When a process other than the daemon first opened the file (its VMM starting).
     first_open: Option<Instant>,
+    /// Proven out of reach and recycled: until the next lease, an open by anyone but the
+    /// daemon and root is refused (one that passed its permission check before the lease
+    /// path went would otherwise reach the next lessee's memory).
+    recycled: bool,
 }
 
 #[derive(Debug, Default)]
@@ -188,9 +200,6 @@ pub struct Reach {
     watch: Option<OpenWatch>,
     hierarchies: cgroup::Hierarchies,
     watched: Mutex<Watched>,
-    /// Held from reading events until their openers are recorded: a proof's drain waits for
-    /// one in flight, so no event read before the proof is missing from its record.
-    draining: Mutex<()>,
 }
 
 impl Reach {
@@ -215,7 +224,6 @@ impl Reach {
             watch,
             hierarchies,
             watched: Mutex::new(Watched::default()),
-            draining: Mutex::new(()),
         });
         if reach.watch.is_none() {
             return reach;
@@ -233,7 +241,6 @@ impl Reach {
                     watch: None,
                     hierarchies: reach.hierarchies.clone(),
                     watched: Mutex::new(Watched::default()),
-                    draining: Mutex::new(()),
                 })
             }
         }
@@ -250,30 +257,37 @@ impl Reach {
     }
 
     /// Begins a lease's watch of file `id` (call before anyone else can open it): opens
-    /// from now on are recorded; earlier records of the file are dropped.
+    /// from now on are recorded; earlier records of the file are dropped. Events of the
+    /// file's earlier life still queued can only add openers.
     pub fn watch(&self, id: u64, file: &File) {
         let Some(w) = &self.watch else { return };
-        let inode = match (w.watch(file.as_fd()), file.metadata()) {
-            (Ok(()), Ok(m)) => Some((m.dev(), m.ino())),
-            (Err(err), _) | (_, Err(err)) => {
+        let inode = match file.metadata() {
+            Ok(m) => Some((m.dev(), m.ino())),
+            Err(err) => {
                 tracing::warn!(id, %err, "cannot watch a leased file's opens: it will take the kernel's path");
                 None
             }
         };
-        // Opens queued before this point are of the file's earlier life.
-        self.drain();
-        let mut st = self.lock();
-        if let Some(inode) = inode {
-            st.by_inode.insert(inode, id);
+        {
+            let mut st = self.lock();
+            if let Some(inode) = inode {
+                st.by_inode.insert(inode, id);
+            }
+            st.files.insert(
+                id,
+                Record {
+                    complete: inode.is_some(),
+                    ..Record::default()
+                },
+            );
         }
-        st.files.insert(
-            id,
-            Record {
-                complete: inode.is_some(),
-                openers: Vec::new(),
-                first_open: None,
-            },
-        );
+        // Marked once the record is there: the first open finds it.
+        if let Err(err) = w.watch(file.as_fd()) {
+            tracing::warn!(id, %err, "cannot watch a leased file's opens: it will take the kernel's path");
+            if let Some(r) = self.lock().files.get_mut(&id) {
+                r.complete = false;
+            }
+        }
     }
 
     /// When a process other than the daemon first opened file `id` since its lease began,
@@ -289,51 +303,83 @@ impl Reach {
         st.by_inode.retain(|_, v| *v != id);
     }
 
-    /// Reads every queued event, lets each open go on once its opener's cgroups are read
-    /// (the opener waits in `open(2)` until then, so it still runs), and records the
-    /// openers of watched files.
-    fn drain(&self) {
+    /// Answers every queued open, batch by batch (the reader thread's work).
+    fn serve(&self) {
         let Some(w) = &self.watch else { return };
-        let _draining = self.draining.lock().unwrap_or_else(|e| e.into_inner());
-        let events = match w.read() {
-            Ok(e) => e,
-            Err(err) => {
-                tracing::error!(%err, "cannot read open events: every watched file loses its proof");
-                self.lose_all();
-                return;
-            }
-        };
-        if events.is_empty() {
-            return;
-        }
-        let me = std::process::id();
-        let mut lost = false;
-        let mut opens = Vec::with_capacity(events.len());
-        for event in events {
-            match event {
-                Event::Overflow => lost = true,
-                // The daemon's own opens: let them go on (dropping the permission).
-                Event::Open { pid, .. } if pid == me => {}
-                Event::Open {
-                    dev,
-                    ino,
-                    pid,
-                    pidfd,
-                    permission,
-                } => {
-                    // Read while the opener waits for the answer: only then does its pid
-                    // name it (a pidfd that says it exited was killed while waiting).
-                    let cgroups = pidfd.as_ref().and_then(|fd| {
-                        let cg = self.hierarchies.containing(pid).ok()?;
-                        (!crate::sys::pidfd::exited(fd.as_fd()).ok()?).then_some(cg)
-                    });
-                    // Answered before the record's lock is taken: no daemon thread that
-                    // holds it waits for its own open.
-                    drop(permission);
-                    opens.push((dev, ino, pid, pidfd, cgroups));
+        loop {
+            match w.read() {
+                Ok(events) if events.is_empty() => return,
+                Ok(events) => self.answer(events),
+                // Nothing is lost: the kernel refused the open it could not report.
+                Err(err) => {
+                    tracing::warn!(%err, "cannot read open events");
+                    return;
                 }
             }
         }
+    }
+
+    /// Records the openers of watched files, then lets their opens go on: an open that
+    /// returned is in the record, so a proof needs no events still queued (an open not
+    /// answered yet is an open file, which the proof's write lease sees). Opens of a
+    /// recycled file are refused, except the daemon's and root's.
+    fn answer(&self, events: Vec<Event>) {
+        let me = std::process::id();
+        let mut lost = false;
+        let mut refuse = Vec::new();
+        let mut new = Vec::new();
+        {
+            let st = self.lock();
+            for event in events {
+                match event {
+                    Event::Overflow => lost = true,
+                    // The daemon's own opens: let them go on (dropping the permission).
+                    Event::Open { pid, .. } if pid == me => {}
+                    Event::Open {
+                        dev,
+                        ino,
+                        pid,
+                        pidfd,
+                        permission,
+                    } => {
+                        let Some((&id, record)) = st
+                            .by_inode
+                            .get(&(dev, ino))
+                            .and_then(|id| st.files.get(id).map(|r| (id, r)))
+                        else {
+                            continue;
+                        };
+                        if record.recycled {
+                            refuse.push((pid, pidfd, permission));
+                        } else if !record.complete || record.openers.iter().any(|o| o.same(pid)) {
+                            // Nothing to learn: the proof fails anyway, or this process is
+                            // recorded and still runs. Answered at once, however many come.
+                        } else {
+                            new.push((id, pid, pidfd, permission));
+                        }
+                    }
+                }
+            }
+        }
+        for (pid, pidfd, permission) in refuse {
+            if !runs_as_root(pid, pidfd.as_ref()) {
+                tracing::warn!(pid, "refused an open of a recycled pool file");
+                permission.deny();
+            }
+        }
+        // Read while each opener waits for its answer, so it still runs: only then does its
+        // pid name it (a pidfd that says it exited was killed while waiting).
+        let new: Vec<_> = new
+            .into_iter()
+            .map(|(id, pid, pidfd, permission)| {
+                let cgroups = pidfd.as_ref().and_then(|fd| {
+                    let cg = self.hierarchies.containing(pid).ok()?;
+                    (!crate::sys::pidfd::exited(fd.as_fd()).ok()?).then_some(cg)
+                });
+                (id, pid, pidfd, cgroups, permission)
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(new.len());
         let mut st = self.lock();
         if lost {
             tracing::error!("open events lost: every watched file loses its proof");
@@ -341,18 +387,23 @@ impl Reach {
                 r.complete = false;
             }
         }
-        for (dev, ino, pid, pidfd, cgroups) in opens {
-            let Some(&id) = st.by_inode.get(&(dev, ino)) else {
-                continue;
-            };
+        for (id, pid, pidfd, cgroups, permission) in new {
             let Some(record) = st.files.get_mut(&id) else {
+                answers.push(permission);
                 continue;
             };
+            if record.recycled {
+                // Proven meanwhile: the open came too late.
+                tracing::warn!(pid, "refused an open of a recycled pool file");
+                permission.deny();
+                continue;
+            }
+            answers.push(permission);
             record.first_open.get_or_insert_with(Instant::now);
             if record
                 .openers
                 .iter()
-                .any(|o| o.pid == pid && o.cgroups == cgroups)
+                .any(|o| o.same(pid) && o.cgroups == cgroups)
             {
                 continue;
             }
@@ -367,6 +418,8 @@ impl Reach {
                 cgroups,
             });
         }
+        drop(st);
+        drop(answers);
     }
 
     /// Proves that file `id`, opened by the daemon as `file` and out of every lessee's
@@ -377,8 +430,8 @@ impl Reach {
         if self.watch.is_none() {
             return Err(Unproven::NotWatched);
         }
-        // Every open made before the file went out of reach is queued by now.
-        self.drain();
+        // Every open that returned is recorded; one still waiting for its answer is an
+        // open file, which the write lease below sees.
         let fail = |step: &'static str| {
             move |e: std::io::Error| Unproven::Error {
                 step,
@@ -439,18 +492,40 @@ impl Reach {
             Some(scan::Finding::Mount { pid }) => return Err(Unproven::Mount { pid }),
             Some(scan::Finding::IoUring { pid }) => return Err(Unproven::IoUring { pid }),
         }
-        // Out of everyone's reach: the daemon's own opens until the next lease need no
-        // answer from the reader (the next lease marks it again).
-        if let Some(w) = &self.watch {
-            if let Err(err) = w.unwatch(file.as_fd()) {
-                tracing::warn!(id, %err, "cannot unmark a recycled pool file: the daemon's opens of it wait for the reader");
+        // An open that passed its permission check before the lease path went may have
+        // counted itself only after the write lease: recorded by now, or refused from now.
+        {
+            let mut st = self.lock();
+            let record = st.files.get_mut(&id).ok_or(Unproven::NotWatched)?;
+            if !record.complete || record.openers.len() != openers {
+                return Err(Unproven::OpenedMeanwhile);
             }
+            record.recycled = true;
         }
         Ok(Proof {
             openers,
             took: started.elapsed(),
         })
     }
+}
+
+impl Opener {
+    /// Whether this is process `pid`, still running (a pidfd names one process for good).
+    fn same(&self, pid: u32) -> bool {
+        self.pid == pid
+            && self
+                .pidfd
+                .as_ref()
+                .is_some_and(|fd| crate::sys::pidfd::exited(fd.as_fd()).is_ok_and(|gone| !gone))
+    }
+}
+
+/// Whether process `pid`, waiting in `open(2)`, accesses files as root (its filesystem uid
+/// is 0): the trusted base. `false` when that cannot be read.
+fn runs_as_root(pid: u32, pidfd: Option<&OwnedFd>) -> bool {
+    let Some(pidfd) = pidfd else { return false };
+    let root = cgroup::uids(pid).is_ok_and(|u| u.get(3) == Some(&0));
+    root && crate::sys::pidfd::exited(pidfd.as_fd()).is_ok_and(|gone| !gone)
 }
 
 /// The reader thread: answers and records opens as they come, until the [`Reach`] is gone
@@ -468,7 +543,7 @@ fn read_events(reach: std::sync::Weak<Reach>) {
             .as_ref()
             .map_or(Ok(false), |w| w.wait(Duration::from_millis(250)));
         match ready {
-            Ok(true) => reach.drain(),
+            Ok(true) => reach.serve(),
             Ok(false) => {}
             Err(err) => {
                 tracing::error!(%err, "open watch failed: every watched file loses its proof");
@@ -477,5 +552,59 @@ fn read_events(reach: std::sync::Weak<Reach>) {
                 std::thread::sleep(Duration::from_secs(1));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `cat PATH` as uid `uid`; whether it could open the file.
+    fn opens_as(uid: u32, path: &std::path::Path) -> bool {
+        std::process::Command::new("setpriv")
+            .arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={uid}"))
+            .args(["--clear-groups", "--", "cat"])
+            .arg(path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// A file proven out of reach refuses opens but the daemon's and root's until its next
+    /// lease: an open that passed its permission check before the lease path went never
+    /// reaches the next lessee's memory.
+    #[test]
+    fn a_recycled_file_refuses_opens_until_leased_again() {
+        use std::os::unix::fs::PermissionsExt;
+        let reach = Reach::new();
+        if reach.watch.is_none() {
+            return; // not root, or no fanotify
+        }
+        let path = std::env::temp_dir().join(format!("hugeprep-recycled-{}", std::process::id()));
+        std::fs::write(&path, b"memory").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let file = File::open(&path).unwrap();
+        reach.watch(7, &file);
+        // Leased: anyone with access opens it (and is recorded).
+        assert!(opens_as(65534, &path));
+        std::thread::sleep(Duration::from_millis(50));
+        // The opener exited; not in a cgroup of its own, so not proven gone.
+        assert!(matches!(
+            reach.prove(7, &file),
+            Err(Unproven::OpenerCgroup { .. })
+        ));
+        // A lease no other process opened is proven and recycled.
+        reach.watch(8, &file);
+        reach.prove(8, &file).unwrap();
+        assert!(!opens_as(65534, &path), "a recycled file was opened");
+        assert!(opens_as(0, &path), "root is refused");
+        assert!(File::open(&path).is_ok(), "the daemon is refused");
+        // Leased again: opens go on.
+        reach.watch(9, &file);
+        assert!(opens_as(65534, &path));
+        drop(file);
+        std::fs::remove_file(&path).unwrap();
     }
 }
