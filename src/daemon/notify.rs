@@ -3,9 +3,10 @@
 //! STOPPING on shutdown, and WATCHDOG pings at half the watchdog interval. Without
 //! `$NOTIFY_SOCKET` these do nothing.
 //!
-//! A ping is sent only after the pool answered a status query: a daemon whose pool lock is
-//! stuck stops pinging, and systemd kills and restarts it (result `watchdog`). Tests inject
-//! such a stall with [`STALL_FILE_ENV`].
+//! A ping is sent only after the pool answered a status query and while the open watch's
+//! reader thread keeps turning (every open of a leased file waits for it): a daemon whose
+//! pool lock or reader is stuck stops pinging, and systemd kills and restarts it (result
+//! `watchdog`). Tests inject such a stall with [`STALL_FILE_ENV`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -70,6 +71,13 @@ pub fn spawn_status_and_watchdog(pool: Arc<Pool>) {
         let mut stalled = false;
         loop {
             tick.tick().await;
+            if let Some(for_) = pool.reader_stalled() {
+                tracing::error!(
+                    stalled_s = for_.as_secs(),
+                    "the open watch's reader is stalled (opens of leased files wait): no watchdog ping"
+                );
+                continue;
+            }
             let p = Arc::clone(&pool);
             let Ok(status) = tokio::task::spawn_blocking(move || p.status()).await else {
                 continue;

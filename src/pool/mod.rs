@@ -488,6 +488,12 @@ impl Pool {
         (ms > 0).then(|| Instant::now() + Duration::from_millis(ms))
     }
 
+    /// How long the open watch's reader has been stalled, if it is (see
+    /// [`reach::Reach::reader_stalled`]).
+    pub fn reader_stalled(&self) -> Option<Duration> {
+        self.reach.reader_stalled()
+    }
+
     /// Stops the worker and running scrubs; requests fail with `ShuttingDown`.
     pub fn shutdown(&self) {
         self.shutdown.store(true, Ordering::SeqCst);

@@ -34,6 +34,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,10 @@ use crate::sys::fanotify::{Event, OpenWatch};
 
 /// Openers recorded per file before the record stops proving anything (each keeps a pidfd).
 const MAX_OPENERS: usize = 64;
+
+/// How long the reader thread may go without finishing a turn (a wait of at most 250 ms, or
+/// a batch of answers) before it is called stalled: opens of leased files wait for it.
+pub const READER_STALL: Duration = Duration::from_secs(10);
 
 /// Why a released file takes the kernel's path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -200,6 +205,9 @@ pub struct Reach {
     watch: Option<OpenWatch>,
     hierarchies: cgroup::Hierarchies,
     watched: Mutex<Watched>,
+    /// Milliseconds after `born` at which the reader thread last finished a turn.
+    beat_ms: AtomicU64,
+    born: Instant,
 }
 
 impl Reach {
@@ -224,6 +232,8 @@ impl Reach {
             watch,
             hierarchies,
             watched: Mutex::new(Watched::default()),
+            beat_ms: AtomicU64::new(0),
+            born: Instant::now(),
         });
         if reach.watch.is_none() {
             return reach;
@@ -241,9 +251,27 @@ impl Reach {
                     watch: None,
                     hierarchies: reach.hierarchies.clone(),
                     watched: Mutex::new(Watched::default()),
+                    beat_ms: AtomicU64::new(0),
+                    born: Instant::now(),
                 })
             }
         }
+    }
+
+    /// The reader thread finished a turn.
+    fn beat(&self) {
+        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.beat_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long the reader thread has gone without finishing a turn, when that is longer
+    /// than [`READER_STALL`]: every open of a leased file waits meanwhile. The daemon stops
+    /// its systemd watchdog pings then, so that systemd restarts it (the kernel lets the
+    /// waiting opens go on once the watch is closed).
+    pub fn reader_stalled(&self) -> Option<Duration> {
+        self.watch.as_ref()?;
+        let beat = Duration::from_millis(self.beat_ms.load(Ordering::Relaxed));
+        stalled(self.born.elapsed(), beat)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Watched> {
@@ -307,6 +335,7 @@ impl Reach {
     fn serve(&self) {
         let Some(w) = &self.watch else { return };
         loop {
+            self.beat();
             match w.read() {
                 Ok(events) if events.is_empty() => return,
                 Ok(events) => self.answer(events),
@@ -509,6 +538,13 @@ impl Reach {
     }
 }
 
+/// How long since the reader's last turn at `beat`, `now` after it started, when that is
+/// longer than [`READER_STALL`].
+fn stalled(now: Duration, beat: Duration) -> Option<Duration> {
+    let since = now.saturating_sub(beat);
+    (since > READER_STALL).then_some(since)
+}
+
 impl Opener {
     /// Whether this is process `pid`, still running (a pidfd names one process for good).
     fn same(&self, pid: u32) -> bool {
@@ -538,6 +574,7 @@ fn read_events(reach: std::sync::Weak<Reach>) {
         tracing::debug!(%err, "open watch reader keeps the default priority");
     }
     while let Some(reach) = reach.upgrade() {
+        reach.beat();
         let ready = reach
             .watch
             .as_ref()
@@ -570,6 +607,16 @@ mod tests {
             .stderr(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
+    }
+
+    #[test]
+    fn a_running_reader_is_not_stalled() {
+        let reach = Reach::new();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(reach.reader_stalled(), None);
+        let s = Duration::from_secs;
+        assert_eq!(stalled(s(20), s(15)), None);
+        assert_eq!(stalled(s(30), s(15)), Some(s(15)));
     }
 
     /// A file proven out of reach refuses opens but the daemon's and root's until its next
