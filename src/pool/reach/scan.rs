@@ -106,20 +106,49 @@ pub fn find(dev: u64, ino: u64) -> io::Result<Option<Finding>> {
             continue;
         }
         let base = entry.path();
-        match process(
-            &base,
-            pid,
-            dev,
-            ino,
-            &dev_text,
-            &mut namespaces_in_use,
-            &mut namespaces_held,
-        ) {
-            Ok(Some(f)) => return Ok(Some(f)),
-            Ok(None) => {}
-            Err(ProcError(_, e)) if vanished(&e) => {}
-            Err(ProcError(_, e)) if denied(&e) && runs_as_root(&base) => {}
-            Err(e) => return Err(e.into_io()),
+        // Every thread: one may have a descriptor table or a mount namespace of its own
+        // (`unshare`), and the leader may have exited while others run.
+        let tasks_dir = base.join("task");
+        let tasks = match fs::read_dir(&tasks_dir) {
+            Ok(t) => t,
+            Err(e) if vanished(&e) => continue,
+            Err(e) if denied(&e) && runs_as_root(&base) => continue,
+            Err(e) => return Err(at(&tasks_dir, e).into_io()),
+        };
+        for task in tasks {
+            let task = match task {
+                Ok(t) => t,
+                Err(e) if vanished(&e) => continue,
+                Err(e) => return Err(at(&tasks_dir, e).into_io()),
+            };
+            let Some(tid) = task
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let scan = Scan {
+                pid,
+                fds: tid == pid || !shares_files(pid, tid),
+            };
+            match process(
+                &task.path(),
+                &scan,
+                dev,
+                ino,
+                &dev_text,
+                &mut namespaces_in_use,
+                &mut namespaces_held,
+            ) {
+                Ok(Some(f)) => return Ok(Some(f)),
+                Ok(None) => {}
+                // A thread that exited (a leader that called `exit` while others run has
+                // no namespace or descriptors left to read): the others are read.
+                Err(ProcError(_, e)) if vanished(&e) => {}
+                Err(ProcError(_, e)) if denied(&e) && runs_as_root(&base) => {}
+                Err(e) => return Err(e.into_io()),
+            }
         }
     }
     // A namespace kept alive by a descriptor alone was not read through any process.
@@ -131,16 +160,46 @@ pub fn find(dev: u64, ino: u64) -> io::Result<Option<Finding>> {
     Ok(None)
 }
 
-/// One process: its mount namespace (read once per namespace) and its descriptors.
+/// What to read of one thread.
+struct Scan {
+    /// Its process.
+    pid: u32,
+    /// Its descriptor table may differ from its leader's.
+    fds: bool,
+}
+
+/// Whether thread `tid` shares process `pid`'s leader's descriptor table (`kcmp`); `false`
+/// when that cannot be told, so that its table is read.
+fn shares_files(pid: u32, tid: u32) -> bool {
+    // SAFETY: kcmp takes plain integers and compares kernel objects; no memory is passed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid as libc::pid_t,
+            tid as libc::pid_t,
+            KCMP_FILES,
+            0usize,
+            0usize,
+        )
+    };
+    rc == 0
+}
+
+/// `KCMP_FILES` of `linux/kcmp.h`: the descriptor tables.
+const KCMP_FILES: libc::c_int = 2;
+
+/// One thread (`base` is `/proc/PID/task/TID`): its mount namespace (read once per
+/// namespace) and, unless it shares its leader's, its descriptor table.
 fn process(
     base: &Path,
-    pid: u32,
+    scan: &Scan,
     dev: u64,
     ino: u64,
     dev_text: &str,
     in_use: &mut BTreeSet<String>,
     held: &mut Vec<(u32, String)>,
 ) -> Result<Option<Finding>, ProcError> {
+    let pid = scan.pid;
     let ns = fs::read_link(base.join("ns/mnt")).map_err(|e| at(&base.join("ns/mnt"), e))?;
     let ns = ns.to_string_lossy().into_owned();
     if in_use.insert(ns) {
@@ -154,6 +213,9 @@ fn process(
                 }
             }
         }
+    }
+    if !scan.fds {
+        return Ok(None);
     }
     let fd_dir = base.join("fd");
     let dir = fs::File::open(&fd_dir).map_err(|e| at(&fd_dir, e))?;
@@ -260,6 +322,54 @@ mod tests {
             &mut line,
         )
         .unwrap();
+        let found = find(meta.dev(), meta.ino()).unwrap();
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        assert!(
+            matches!(found, Some(Finding::Descriptor { pid }) if pid == child.id()),
+            "{found:?}"
+        );
+    }
+
+    /// A thread with a descriptor table of its own (`unshare(CLONE_FILES)`) holds the
+    /// descriptor: its leader's table, all that `/proc/PID/fd` shows, has none.
+    #[test]
+    fn a_thread_with_a_descriptor_table_of_its_own_is_read() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let memfd =
+            rustix::fs::memfd_create("hugeprep-scan-thread", rustix::fs::MemfdFlags::CLOEXEC)
+                .unwrap();
+        let memfd = fs::File::from(memfd);
+        let path = format!("/proc/{}/fd/{}", std::process::id(), memfd.as_raw_fd());
+        let meta = memfd.metadata().unwrap();
+        let script = format!(
+            "import ctypes,os,sys,threading\n\
+             ready=threading.Event()\n\
+             def hold():\n\
+             \x20   assert ctypes.CDLL(None,use_errno=True).unshare(0x400)==0\n\
+             \x20   fd=os.open({path:?}, os.O_PATH)\n\
+             \x20   ready.set()\n\
+             \x20   threading.Event().wait()\n\
+             threading.Thread(target=hold,daemon=True).start()\n\
+             ready.wait()\n\
+             print('ready', flush=True)\n\
+             sys.stdin.read()\n"
+        );
+        let mut child = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ready");
         let found = find(meta.dev(), meta.ino()).unwrap();
         drop(child.stdin.take());
         child.wait().unwrap();
