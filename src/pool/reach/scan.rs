@@ -293,72 +293,22 @@ mod tests {
         assert_eq!(registered_buffers("pos:\t0\n"), None);
     }
 
-    #[test]
-    fn a_child_holding_an_o_path_descriptor_is_found() {
+    /// Runs the Python `script` (given `PATH`, a path that reaches a fresh memfd, and
+    /// printing `ready` once it holds what it holds) and asserts that the scan finds it
+    /// holding a descriptor of the memfd. A memfd: no mount namespace anywhere mounts its
+    /// file system, so the only finding can be the child's descriptor (a file in /tmp shares
+    /// its device with every bind mount of the root file system, e.g. a libvirt sandbox's).
+    fn assert_found_holding(script: &str) {
         use std::os::fd::AsRawFd;
         use std::os::unix::fs::MetadataExt;
-        // A memfd: no mount namespace anywhere mounts its file system, so the only finding
-        // can be the child's descriptor (a file in /tmp shares its device with every bind
-        // mount of the root file system, e.g. a libvirt sandbox's).
         let memfd =
             rustix::fs::memfd_create("hugeprep-scan", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
         let memfd = fs::File::from(memfd);
         let path = format!("/proc/{}/fd/{}", std::process::id(), memfd.as_raw_fd());
         let meta = memfd.metadata().unwrap();
-        // `exec 3<` would be a real open; an O_PATH descriptor is what the scan adds.
         let mut child = std::process::Command::new("python3")
             .arg("-c")
-            .arg(format!(
-                "import os,sys; fd=os.open({:?}, os.O_PATH); print('ready', flush=True); sys.stdin.read()",
-                path
-            ))
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let found = find(meta.dev(), meta.ino()).unwrap();
-        drop(child.stdin.take());
-        child.wait().unwrap();
-        assert!(
-            matches!(found, Some(Finding::Descriptor { pid }) if pid == child.id()),
-            "{found:?}"
-        );
-    }
-
-    /// A thread with a descriptor table of its own (`unshare(CLONE_FILES)`) holds the
-    /// descriptor: its leader's table, all that `/proc/PID/fd` shows, has none.
-    #[test]
-    fn a_thread_with_a_descriptor_table_of_its_own_is_read() {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::fs::MetadataExt;
-        let memfd =
-            rustix::fs::memfd_create("hugeprep-scan-thread", rustix::fs::MemfdFlags::CLOEXEC)
-                .unwrap();
-        let memfd = fs::File::from(memfd);
-        let path = format!("/proc/{}/fd/{}", std::process::id(), memfd.as_raw_fd());
-        let meta = memfd.metadata().unwrap();
-        let script = format!(
-            "import ctypes,os,sys,threading\n\
-             ready=threading.Event()\n\
-             def hold():\n\
-             \x20   assert ctypes.CDLL(None,use_errno=True).unshare(0x400)==0\n\
-             \x20   fd=os.open({path:?}, os.O_PATH)\n\
-             \x20   ready.set()\n\
-             \x20   threading.Event().wait()\n\
-             threading.Thread(target=hold,daemon=True).start()\n\
-             ready.wait()\n\
-             print('ready', flush=True)\n\
-             sys.stdin.read()\n"
-        );
-        let mut child = std::process::Command::new("python3")
-            .arg("-c")
-            .arg(script)
+            .arg(format!("PATH={path:?}\n{script}"))
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -376,6 +326,33 @@ mod tests {
         assert!(
             matches!(found, Some(Finding::Descriptor { pid }) if pid == child.id()),
             "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_child_holding_an_o_path_descriptor_is_found() {
+        // `exec 3<` would be a real open; an O_PATH descriptor is what the scan adds.
+        assert_found_holding(
+            "import os,sys\nfd=os.open(PATH, os.O_PATH)\nprint('ready', flush=True)\nsys.stdin.read()\n",
+        );
+    }
+
+    /// A thread with a descriptor table of its own (`unshare(CLONE_FILES)`) holds the
+    /// descriptor: its leader's table, all that `/proc/PID/fd` shows, has none.
+    #[test]
+    fn a_thread_with_a_descriptor_table_of_its_own_is_read() {
+        assert_found_holding(
+            "import ctypes,os,sys,threading\n\
+             ready=threading.Event()\n\
+             def hold():\n\
+             \x20   assert ctypes.CDLL(None,use_errno=True).unshare(0x400)==0\n\
+             \x20   fd=os.open(PATH, os.O_PATH)\n\
+             \x20   ready.set()\n\
+             \x20   threading.Event().wait()\n\
+             threading.Thread(target=hold,daemon=True).start()\n\
+             ready.wait()\n\
+             print('ready', flush=True)\n\
+             sys.stdin.read()\n",
         );
     }
 }
