@@ -1,0 +1,189 @@
+//! The reader thread of the open watch: it answers each open of a watched file once its
+//! opener is recorded (or refuses it, for a recycled file), and keeps the heartbeat the
+//! watchdog looks at.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use super::{cgroup, Opener, Reach, MAX_OPENERS, READER_STALL};
+use crate::sys::fanotify::Event;
+
+impl Reach {
+    /// Answers every queued open, batch by batch (the reader thread's work).
+    fn serve(&self) {
+        let Some(w) = &self.watch else { return };
+        loop {
+            self.beat();
+            match w.read() {
+                Ok(events) if events.is_empty() => return,
+                Ok(events) => self.answer(events),
+                // Nothing is lost: the kernel refused the open it could not report.
+                Err(err) => {
+                    tracing::warn!(%err, "cannot read open events");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Records the openers of watched files, then lets their opens go on: an open that
+    /// returned is in the record, so a proof needs no events still queued (an open not
+    /// answered yet is an open file, which the proof's write lease sees). Opens of a
+    /// recycled file are refused, except the daemon's and root's.
+    fn answer(&self, events: Vec<Event>) {
+        let me = std::process::id();
+        let mut lost = false;
+        let mut refuse = Vec::new();
+        let mut new = Vec::new();
+        {
+            let st = self.lock();
+            for event in events {
+                match event {
+                    Event::Overflow => lost = true,
+                    // The daemon's own opens: let them go on (dropping the permission).
+                    Event::Open { pid, .. } if pid == me => {}
+                    Event::Open {
+                        dev,
+                        ino,
+                        pid,
+                        pidfd,
+                        permission,
+                    } => {
+                        let Some((&id, record)) = st
+                            .by_inode
+                            .get(&(dev, ino))
+                            .and_then(|id| st.files.get(id).map(|r| (id, r)))
+                        else {
+                            continue;
+                        };
+                        if record.recycled {
+                            refuse.push((pid, pidfd, permission));
+                        } else if !record.complete || record.openers.iter().any(|o| o.same(pid)) {
+                            // Nothing to learn: the proof fails anyway, or this process is
+                            // recorded and still runs. Answered at once, however many come.
+                        } else {
+                            new.push((id, pid, pidfd, permission));
+                        }
+                    }
+                }
+            }
+        }
+        for (pid, pidfd, permission) in refuse {
+            if !runs_as_root(pid, pidfd.as_ref()) {
+                tracing::warn!(pid, "refused an open of a recycled pool file");
+                permission.deny();
+            }
+        }
+        // Read while each opener waits for its answer, so it still runs: only then does its
+        // pid name it (a pidfd that says it exited was killed while waiting).
+        let new: Vec<_> = new
+            .into_iter()
+            .map(|(id, pid, pidfd, permission)| {
+                let cgroups = pidfd.as_ref().and_then(|fd| {
+                    let cg = self.hierarchies.containing(pid).ok()?;
+                    (!crate::sys::pidfd::exited(fd.as_fd()).ok()?).then_some(cg)
+                });
+                (id, pid, pidfd, cgroups, permission)
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(new.len());
+        let mut st = self.lock();
+        if lost {
+            tracing::error!("open events lost: every watched file loses its proof");
+            for r in st.files.values_mut() {
+                r.complete = false;
+            }
+        }
+        for (id, pid, pidfd, cgroups, permission) in new {
+            let Some(record) = st.files.get_mut(&id) else {
+                answers.push(permission);
+                continue;
+            };
+            if record.recycled {
+                // Proven meanwhile: the open came too late.
+                if runs_as_root(pid, pidfd.as_ref()) {
+                    answers.push(permission);
+                } else {
+                    tracing::warn!(pid, "refused an open of a recycled pool file");
+                    permission.deny();
+                }
+                continue;
+            }
+            answers.push(permission);
+            record.first_open.get_or_insert_with(Instant::now);
+            if record
+                .openers
+                .iter()
+                .any(|o| o.same(pid) && o.cgroups == cgroups)
+            {
+                continue;
+            }
+            if record.openers.len() >= MAX_OPENERS {
+                record.complete = false;
+                continue;
+            }
+            tracing::debug!(id, pid, ?cgroups, "leased file opened");
+            record.openers.push(Opener {
+                pid,
+                pidfd,
+                cgroups,
+            });
+        }
+        drop(st);
+        drop(answers);
+    }
+}
+
+/// How long since the reader's last turn at `beat`, `now` after it started, when that is
+/// longer than [`READER_STALL`].
+pub(super) fn stalled(now: Duration, beat: Duration) -> Option<Duration> {
+    let since = now.saturating_sub(beat);
+    (since > READER_STALL).then_some(since)
+}
+
+impl Opener {
+    /// Whether this is process `pid`, still running (a pidfd names one process for good).
+    fn same(&self, pid: u32) -> bool {
+        self.pid == pid
+            && self
+                .pidfd
+                .as_ref()
+                .is_some_and(|fd| crate::sys::pidfd::exited(fd.as_fd()).is_ok_and(|gone| !gone))
+    }
+}
+
+/// Whether process `pid`, waiting in `open(2)`, accesses files as root (its filesystem uid
+/// is 0): the trusted base. `false` when that cannot be read.
+fn runs_as_root(pid: u32, pidfd: Option<&OwnedFd>) -> bool {
+    let Some(pidfd) = pidfd else { return false };
+    let root = cgroup::uids(pid).is_ok_and(|u| u.get(3) == Some(&0));
+    root && crate::sys::pidfd::exited(pidfd.as_fd()).is_ok_and(|gone| !gone)
+}
+
+/// The reader thread: answers and records opens as they come, until the [`Reach`] is gone
+/// (then the group's descriptor closes and the kernel lets any open still waiting go on).
+pub(super) fn read_events(reach: std::sync::Weak<Reach>) {
+    // An open waits for this thread: a short slice, so that it runs as soon as an open
+    // wakes it. No more weight than an ordinary process: a lessee opening its file in a
+    // loop makes it work, and must not make it crowd out others.
+    if let Err(err) = crate::sys::priority::set_current_thread_short_slice() {
+        tracing::debug!(%err, "open watch reader keeps the default priority");
+    }
+    while let Some(reach) = reach.upgrade() {
+        reach.beat();
+        let ready = reach
+            .watch
+            .as_ref()
+            .map_or(Ok(false), |w| w.wait(Duration::from_millis(250)));
+        match ready {
+            Ok(true) => reach.serve(),
+            Ok(false) => {}
+            Err(err) => {
+                tracing::error!(%err, "open watch failed: every watched file loses its proof");
+                reach.lose_all();
+                drop(reach);
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    }
+}
