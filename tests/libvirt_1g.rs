@@ -90,7 +90,17 @@ fn warm_leases_for_libvirt_and_qemu(mut lab: Lab, page_size: PageSize, size: u64
     lab.assert_clean();
 
     // QEMU alone, with what `hugeprep qemu-args` prints for a 1G lease.
-    let lease = lab.daemon.lease("qemu-1g", size).unwrap();
+    // The daemon serves only `page_size` pages: the request names it (a request without one
+    // asks for 2M pages, which a 1G daemon refuses with 400).
+    let lease = lab
+        .daemon
+        .lease_req(&hugeprep::pool::LeaseRequest {
+            name: "qemu-1g".into(),
+            size,
+            page_size: Some(page_size),
+            ..Default::default()
+        })
+        .unwrap();
     assert_eq!(lease.source, hugeprep::pool::LeaseSource::WarmExact);
     let at = (size / 4) as usize;
     write_at(&lease, at, b"qemu-one-gig");
