@@ -1,0 +1,1053 @@
+//! A deterministic simulator of the pool's core (TigerBeetle's VOPR, FoundationDB's
+//! simulation): one seed drives leases, releases, the worker's jobs, drains and clean
+//! restarts, interleaved as concurrent requests and the worker interleave, through the
+//! core's transitions; a fake driver performs each action on a fake journal and fake mounts
+//! and injects, from the same seed, an error or a crash at any action. A crash drops the
+//! core (as SIGKILL drops the daemon) and recovers from the fake journal and mounts with
+//! the daemon's own plan ([`recovery::plan`]), crashing inside recovery too.
+//!
+//! What it checks, after every step:
+//! - the core's invariants ([`Core::check`]);
+//! - never dirty handed out: a lease path is only ever linked to a file holding no other
+//!   lessee's bytes, and a file the core says is warm holds none;
+//! - the kernel's path after a restart: a file is only scrubbed in place while the open
+//!   watch of the daemon that leased it still runs (a restart loses it);
+//! - the core agrees with the journal for every idle file (what a crash would recover);
+//! - after recovery: the pool directory, the journal and the kept records name the same
+//!   files at the same sizes, lease paths belong to kept leases, and no warm file holds a
+//!   lessee's bytes.
+//!
+//! What it does not check: the proof itself (`reach`, tested against the kernel by
+//! `tests/lessee_isolation.rs`), sizes the kernel cannot supply, and timing (the worker's
+//! grace and gate): those decide *which* transition comes next, never whether it is allowed.
+//!
+//! A failing seed prints the one command that replays it:
+//! `HUGEPREP_SIM_SEED=<seed> cargo test --lib pool::core::sim -- --nocapture`.
+//! `HUGEPREP_SIM_SEEDS=<n>` runs more seeds than the suite's fixed count.
+
+use std::collections::BTreeMap;
+
+use super::recovery::{self, Facts, PoolFileFact, Step};
+use super::{Action, Core, Phase, Released};
+use crate::page_size::PageSize;
+use crate::policy::pool::Recycle;
+use crate::pool::record::{file_key, FileRecord, FileState, LeaseRecord, LeaseSource};
+
+/// Seeds the suite runs (a failing one prints how to replay it alone).
+pub const SEEDS: u64 = 3000;
+/// Steps per seed.
+const STEPS: usize = 250;
+const PS: PageSize = PageSize::Size2M;
+const PAGE: u64 = 2 << 20;
+
+/// splitmix64: one seed, one stream, the same on every machine.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+}
+
+/// A file on the fake mount.
+#[derive(Debug, Clone)]
+struct FakeFile {
+    size: u64,
+    /// The lease whose lessee may have written to it (`None`: zeroed).
+    bytes_of: Option<u64>,
+    /// The daemon run whose open watch has seen every open since its lease path was linked.
+    watched_by: Option<u64>,
+}
+
+/// The fake journal and mounts: what survives a crash.
+#[derive(Debug, Default)]
+struct World {
+    journal: BTreeMap<String, FileRecord>,
+    clean: bool,
+    pool: BTreeMap<u64, FakeFile>,
+    /// Lease paths: name to the file (inode) they link.
+    links: BTreeMap<String, u64>,
+    /// Which daemon run this is (a restart starts a new one).
+    run: u64,
+}
+
+/// What the fake driver does with an action: perform it, fail it, or crash before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    Error,
+    Crash,
+}
+
+/// One request or job in flight, at the step it will take next.
+#[derive(Debug, Clone)]
+enum Op {
+    Lease {
+        name: String,
+        size: u64,
+        at: LeaseAt,
+    },
+    Release {
+        lease: u64,
+        at: ReleaseAt,
+    },
+    Scrub {
+        id: u64,
+        journal: Option<Action>,
+        at: u8,
+    },
+    Delete {
+        id: u64,
+        remove: Action,
+    },
+    Fill {
+        id: u64,
+        journal: Option<Action>,
+        faulted: bool,
+    },
+    Cut {
+        id: u64,
+        size: u64,
+        journal: Action,
+        cut: bool,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum LeaseAt {
+    Choose,
+    ColdJournal {
+        id: u64,
+        journal: Action,
+    },
+    Prepare {
+        id: u64,
+        source: LeaseSource,
+    },
+    Commit {
+        id: u64,
+        source: LeaseSource,
+        rec: Option<FileRecord>,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum ReleaseAt {
+    Begin,
+    Journal { id: u64, dirty: FileRecord },
+    Unlink { id: u64, name: String },
+}
+
+/// The simulation of one seed.
+pub struct Sim {
+    rng: Rng,
+    world: World,
+    core: Core,
+    ops: Vec<Op>,
+    trace: Vec<String>,
+    /// Per mille of actions that fail, and that crash.
+    error_rate: u64,
+    crash_rate: u64,
+    names: u64,
+    /// Crashes and clean restarts survived, files scrubbed in place, leases handed out.
+    pub stats: Stats,
+}
+
+/// What one run did (so that a suite can tell it exercised each path).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    /// Crashes, recovery included.
+    pub crashes: u64,
+    /// Clean shutdowns and starts.
+    pub clean_restarts: u64,
+    /// Leases committed.
+    pub leases: u64,
+    /// Files scrubbed in place.
+    pub scrubbed: u64,
+    /// Files given the kernel's path (or given back).
+    pub deleted: u64,
+    /// Actions failed on purpose.
+    pub errors: u64,
+}
+
+/// A crash was injected: unwind to the simulation loop.
+struct Crashed;
+
+type Step_ = Result<(), Crashed>;
+
+impl Sim {
+    /// A simulation of `seed`.
+    pub fn new(seed: u64) -> Sim {
+        let mut rng = Rng(seed);
+        let error_rate = rng.below(60);
+        let crash_rate = rng.below(25);
+        Sim {
+            rng,
+            world: World::default(),
+            core: Core::with_files(Vec::new(), 1),
+            ops: Vec::new(),
+            trace: Vec::new(),
+            error_rate,
+            crash_rate,
+            names: 0,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Runs `steps` steps; panics (with the trace) on the first broken invariant.
+    pub fn run(&mut self, steps: usize) {
+        for _ in 0..steps {
+            if self.step().is_err() {
+                self.crash();
+            }
+            self.check();
+        }
+    }
+
+    fn note(&mut self, what: String) {
+        if self.trace.len() == 400 {
+            self.trace.remove(0);
+        }
+        self.trace.push(what);
+    }
+
+    /// Whether the next action fails, crashes, or is performed.
+    fn fault(&mut self, action: &str) -> Fault {
+        let f = if self.rng.chance(self.crash_rate) {
+            Fault::Crash
+        } else if self.rng.chance(self.error_rate) {
+            self.stats.errors += 1;
+            Fault::Error
+        } else {
+            Fault::None
+        };
+        self.note(format!("  {action}: {f:?}"));
+        f
+    }
+
+    /// Performs a core action on the fake world; `Ok(false)`: it failed.
+    fn perform(&mut self, action: &Action) -> Result<bool, Crashed> {
+        match self.fault(&format!("{action:?}")) {
+            Fault::Crash => return Err(Crashed),
+            Fault::Error => return Ok(false),
+            Fault::None => {}
+        }
+        match action {
+            Action::Journal(rec) => {
+                self.world.journal.insert(rec.key(), rec.clone());
+            }
+            Action::Unjournal(id) => {
+                self.world.journal.remove(&file_key(*id));
+            }
+            Action::RemoveFile { rec, .. } => {
+                self.world.pool.remove(&rec.id);
+            }
+        }
+        Ok(true)
+    }
+
+    /// An I/O of the driver's own (fault, link, scrub): `Ok(false)` when it fails.
+    fn io(&mut self, what: &str) -> Result<bool, Crashed> {
+        match self.fault(what) {
+            Fault::Crash => Err(Crashed),
+            Fault::Error => Ok(false),
+            Fault::None => Ok(true),
+        }
+    }
+
+    /// One step: a new request or job, or the next step of one in flight.
+    fn step(&mut self) -> Step_ {
+        let roll = self.rng.below(100);
+        if roll < 3 {
+            return self.clean_restart();
+        }
+        if roll < 5 {
+            return self.drain();
+        }
+        if self.ops.is_empty() || roll < 40 {
+            self.start_op();
+            return Ok(());
+        }
+        let i = self.rng.below(self.ops.len() as u64) as usize;
+        let op = self.ops.remove(i);
+        self.note(format!("{op:?}"));
+        if let Some(next) = self.advance(op)? {
+            self.ops.push(next);
+        }
+        Ok(())
+    }
+
+    fn start_op(&mut self) {
+        let op = match self.rng.below(6) {
+            0 | 1 => {
+                self.names += 1;
+                Op::Lease {
+                    name: format!("vm{}", self.names % 5),
+                    size: (1 + self.rng.below(3)) * PAGE,
+                    at: LeaseAt::Choose,
+                }
+            }
+            2 => {
+                let leases: Vec<u64> = self
+                    .core
+                    .files()
+                    .filter_map(|e| match &e.rec().state {
+                        FileState::Leased(l) => Some(l.id),
+                        _ => None,
+                    })
+                    .collect();
+                if leases.is_empty() {
+                    return;
+                }
+                let lease = leases[self.rng.below(leases.len() as u64) as usize];
+                Op::Release {
+                    lease,
+                    at: ReleaseAt::Begin,
+                }
+            }
+            _ => match self.worker_job() {
+                Some(op) => op,
+                None => return,
+            },
+        };
+        self.note(format!("start {op:?}"));
+        self.ops.push(op);
+    }
+
+    /// The worker's choice, as `worker::next_job` makes it (minus sizes and timing).
+    fn worker_job(&mut self) -> Option<Op> {
+        let idle = |p: Phase| {
+            let ids: Vec<u64> = self
+                .core
+                .files()
+                .filter(|e| e.phase() == Some(p))
+                .map(|e| e.rec().id)
+                .collect();
+            ids
+        };
+        let dirty = idle(Phase::Dirty);
+        let warm = idle(Phase::Warm);
+        match self.rng.below(4) {
+            0 if !dirty.is_empty() => {
+                let id = dirty[0];
+                let rec = self.core.get(id)?.rec().clone();
+                let size = if rec.size > PAGE && self.rng.chance(200) {
+                    rec.size - PAGE
+                } else {
+                    rec.size
+                };
+                let journal = self.core.begin_scrub(id, size).ok()?;
+                Some(Op::Scrub {
+                    id,
+                    journal: Some(journal),
+                    at: 0,
+                })
+            }
+            1 if !dirty.is_empty() || !warm.is_empty() => {
+                let id = *dirty.first().or(warm.first())?;
+                let remove = self.core.begin_delete(id).ok()?;
+                Some(Op::Delete { id, remove })
+            }
+            2 if !warm.is_empty() => {
+                let id = warm[0];
+                let size = self.core.get(id)?.rec().size;
+                if size <= PAGE {
+                    return None;
+                }
+                let journal = self.core.begin_cut(id, size - PAGE).ok()?;
+                Some(Op::Cut {
+                    id,
+                    size: size - PAGE,
+                    journal,
+                    cut: false,
+                })
+            }
+            _ if warm.len() < 4 => {
+                let size = (1 + self.rng.below(3)) * PAGE;
+                let (id, journal) = self.core.new_fill(0, PS, size);
+                Some(Op::Fill {
+                    id,
+                    journal: Some(journal),
+                    faulted: false,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Takes the next step of `op`; the op again if it has more.
+    fn advance(&mut self, op: Op) -> Result<Option<Op>, Crashed> {
+        match op {
+            Op::Lease { name, size, at } => self.lease(name, size, at),
+            Op::Release { lease, at } => self.release(lease, at),
+            Op::Scrub { id, journal, at } => self.scrub(id, journal, at),
+            Op::Delete { id, remove } => {
+                let removed = self.perform(&remove)?;
+                self.finish_delete(id, removed)?;
+                Ok(None)
+            }
+            Op::Fill {
+                id,
+                journal,
+                faulted,
+            } => self.fill(id, journal, faulted),
+            Op::Cut {
+                id,
+                size,
+                journal,
+                cut,
+            } => self.cut(id, size, journal, cut),
+        }
+    }
+
+    fn finish_delete(&mut self, id: u64, removed: bool) -> Step_ {
+        if removed {
+            let unjournal = self.core.deleted(id).expect("deleted");
+            self.stats.deleted += 1;
+            self.perform(&unjournal)?;
+        } else {
+            let on_mount = self.world.pool.get(&id).map(|f| f.size);
+            if let Some(record) = self
+                .core
+                .delete_failed(id, on_mount)
+                .expect("delete failed")
+            {
+                self.perform(&record)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives up a file (the driver's `give_up`).
+    fn give_up(&mut self, id: u64) -> Step_ {
+        let remove = self.core.begin_delete(id).expect("give up");
+        let removed = self.perform(&remove)?;
+        self.finish_delete(id, removed)
+    }
+
+    fn lease(&mut self, name: String, size: u64, at: LeaseAt) -> Result<Option<Op>, Crashed> {
+        let again = |at| {
+            Ok(Some(Op::Lease {
+                name: name.clone(),
+                size,
+                at,
+            }))
+        };
+        match at {
+            LeaseAt::Choose => {
+                if self.core.name_in_use(&name) {
+                    return Ok(None);
+                }
+                let warm: Vec<(u64, u64)> = self
+                    .core
+                    .files()
+                    .filter(|e| e.phase() == Some(Phase::Warm))
+                    .map(|e| (e.rec().id, e.rec().size))
+                    .collect();
+                let pick = warm
+                    .iter()
+                    .find(|w| w.1 == size)
+                    .or_else(|| warm.iter().filter(|w| w.1 > size).min_by_key(|w| w.1))
+                    .or_else(|| warm.iter().max_by_key(|w| w.1));
+                match pick {
+                    Some(&(id, old)) => {
+                        self.core.take_warm(id, &name).expect("take warm");
+                        let source = match old.cmp(&size) {
+                            std::cmp::Ordering::Equal => LeaseSource::WarmExact,
+                            std::cmp::Ordering::Greater => LeaseSource::WarmShrunk,
+                            std::cmp::Ordering::Less => LeaseSource::WarmGrown,
+                        };
+                        again(LeaseAt::Prepare { id, source })
+                    }
+                    None => {
+                        let (id, journal) = self.core.new_cold(0, PS, size, &name).expect("cold");
+                        again(LeaseAt::ColdJournal { id, journal })
+                    }
+                }
+            }
+            LeaseAt::ColdJournal { id, journal } => {
+                // Under the lock in the daemon, as one step with the choice.
+                if self.perform(&journal)? {
+                    again(LeaseAt::Prepare {
+                        id,
+                        source: LeaseSource::Cold,
+                    })
+                } else {
+                    self.core.forget_unjournaled(id).expect("forget");
+                    Ok(None)
+                }
+            }
+            LeaseAt::Prepare { id, source } => {
+                // Resize or create and fault, then link the lease path.
+                if !self.io("prepare: resize or fault")? {
+                    self.abort(id, source, &name, size, false)?;
+                    return Ok(None);
+                }
+                self.prepare(id, source, size);
+                if !self.io("prepare: link")? {
+                    self.abort(id, source, &name, size, false)?;
+                    return Ok(None);
+                }
+                let f = self.world.pool.get_mut(&id).expect("prepared file");
+                assert!(
+                    f.bytes_of.is_none(),
+                    "file {id} handed to {name} holds the bytes of lease {:?}",
+                    f.bytes_of
+                );
+                // The lessee may open and write it from here on (its name can be guessed).
+                f.bytes_of = Some(0);
+                f.watched_by = Some(self.world.run);
+                self.world.links.insert(name.clone(), id);
+                again(LeaseAt::Commit {
+                    id,
+                    source,
+                    rec: None,
+                })
+            }
+            LeaseAt::Commit { id, source, rec } => {
+                let Some(rec) = rec else {
+                    let lease_id = self.core.new_id();
+                    let lease = lease_record(lease_id, &name, source);
+                    let rec = self
+                        .core
+                        .lease_record(id, size, lease)
+                        .expect("lease record");
+                    if let Some(f) = self.world.pool.get_mut(&id) {
+                        f.bytes_of = Some(lease_id);
+                    }
+                    return again(LeaseAt::Commit {
+                        id,
+                        source,
+                        rec: Some(rec),
+                    });
+                };
+                if self.perform(&Action::Journal(rec.clone()))? {
+                    self.core.leased(id, rec).expect("leased");
+                    self.stats.leases += 1;
+                } else {
+                    self.abort(id, source, &name, size, true)?;
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Resizes or creates the file as the lease's `prepare` does.
+    fn prepare(&mut self, id: u64, source: LeaseSource, size: u64) {
+        match source {
+            LeaseSource::Cold => {
+                self.world.pool.insert(
+                    id,
+                    FakeFile {
+                        size,
+                        bytes_of: None,
+                        watched_by: None,
+                    },
+                );
+            }
+            _ => {
+                if let Some(f) = self.world.pool.get_mut(&id) {
+                    f.size = size;
+                }
+            }
+        }
+    }
+
+    /// The lease failed: the driver's `abort` (the link is removed when it was made).
+    fn abort(
+        &mut self,
+        id: u64,
+        source: LeaseSource,
+        name: &str,
+        size: u64,
+        linked: bool,
+    ) -> Step_ {
+        if linked && self.world.links.get(name) == Some(&id) {
+            self.world.links.remove(name);
+        }
+        if source == LeaseSource::Cold {
+            for action in self.core.abort_cold(id).expect("abort cold") {
+                self.perform(&action)?;
+            }
+            return Ok(());
+        }
+        let on_mount = self.world.pool.get(&id).map_or(size, |f| f.size);
+        let released = Released {
+            lease: 0,
+            name: name.to_string(),
+            recycle: Recycle::Proven,
+            watched: true,
+        };
+        let journal = self
+            .core
+            .abort_warm(id, on_mount, released)
+            .expect("abort warm");
+        self.perform(&journal)?;
+        Ok(())
+    }
+
+    fn release(&mut self, lease: u64, at: ReleaseAt) -> Result<Option<Op>, Crashed> {
+        match at {
+            ReleaseAt::Begin => Ok(self
+                .core
+                .begin_release(lease)
+                .map(|(id, dirty)| Op::Release {
+                    lease,
+                    at: ReleaseAt::Journal { id, dirty },
+                })),
+            ReleaseAt::Journal { id, dirty } => {
+                let name = match &self.core.get(id).expect("releasing").rec().state {
+                    FileState::Leased(l) => l.name.clone(),
+                    _ => String::new(),
+                };
+                if self.perform(&Action::Journal(dirty))? {
+                    self.core.release_journaled(id).expect("release journaled");
+                    Ok(Some(Op::Release {
+                        lease,
+                        at: ReleaseAt::Unlink { id, name },
+                    }))
+                } else {
+                    self.core.release_failed(id).expect("release failed");
+                    Ok(None)
+                }
+            }
+            ReleaseAt::Unlink { id, name } => {
+                if self.io("release: unlink, take back")?
+                    && self.world.links.get(&name) == Some(&id)
+                {
+                    self.world.links.remove(&name);
+                }
+                self.core.release_done(id).expect("release done");
+                Ok(None)
+            }
+        }
+    }
+
+    fn scrub(&mut self, id: u64, journal: Option<Action>, at: u8) -> Result<Option<Op>, Crashed> {
+        if let Some(journal) = journal {
+            if !self.perform(&journal)? {
+                self.give_up(id)?;
+                return Ok(None);
+            }
+            return Ok(Some(Op::Scrub {
+                id,
+                journal: None,
+                at,
+            }));
+        }
+        let e = self.core.get(id).expect("scrubbing").clone();
+        // The proof (the driver's `proven`): a file whose history is unknown (recovered), or
+        // leased before a restart, is never proven.
+        let proven = e.released().is_some_and(|r| r.watched) && self.io("prove")?;
+        if !proven {
+            self.give_up(id)?;
+            return Ok(None);
+        }
+        let f = self.world.pool.get(&id).cloned().expect("scrubbed file");
+        if f.bytes_of.is_some() {
+            assert_eq!(
+                f.watched_by,
+                Some(self.world.run),
+                "file {id} scrubbed in place without the watch of the run that leased it"
+            );
+        }
+        match self.fault("scrub") {
+            Fault::Crash => return Err(Crashed),
+            Fault::Error if at == 0 => {
+                self.core.scrub_cancelled(id).expect("cancelled");
+                return Ok(None);
+            }
+            Fault::Error => {
+                self.give_up(id)?;
+                return Ok(None);
+            }
+            Fault::None => {}
+        }
+        let size = e.rec().size;
+        if let Some(f) = self.world.pool.get_mut(&id) {
+            f.size = size;
+            f.bytes_of = None;
+        }
+        let warm = self.core.warm_record(id, size).expect("warm record");
+        if self.perform(&Action::Journal(warm.clone()))? {
+            self.core.scrubbed(id, warm).expect("scrubbed");
+            self.stats.scrubbed += 1;
+        } else {
+            self.give_up(id)?;
+        }
+        Ok(None)
+    }
+
+    fn fill(
+        &mut self,
+        id: u64,
+        journal: Option<Action>,
+        faulted: bool,
+    ) -> Result<Option<Op>, Crashed> {
+        if let Some(journal) = journal {
+            if !self.perform(&journal)? {
+                self.core.forget_unjournaled(id).expect("forget fill");
+                return Ok(None);
+            }
+            return Ok(Some(Op::Fill {
+                id,
+                journal: None,
+                faulted,
+            }));
+        }
+        let size = self.core.get(id).expect("filling").rec().size;
+        if !faulted {
+            let made = self.io("refill: create and fault")?;
+            if made {
+                self.world.pool.insert(
+                    id,
+                    FakeFile {
+                        size,
+                        bytes_of: None,
+                        watched_by: None,
+                    },
+                );
+                return Ok(Some(Op::Fill {
+                    id,
+                    journal: None,
+                    faulted: true,
+                }));
+            }
+        } else {
+            let warm = self.core.warm_record(id, size).expect("warm record");
+            if self.perform(&Action::Journal(warm.clone()))? {
+                self.core.filled(id, warm).expect("filled");
+                return Ok(None);
+            }
+        }
+        for action in self.core.fill_failed(id).expect("fill failed") {
+            self.perform(&action)?;
+        }
+        Ok(None)
+    }
+
+    fn cut(
+        &mut self,
+        id: u64,
+        size: u64,
+        journal: Action,
+        cut: bool,
+    ) -> Result<Option<Op>, Crashed> {
+        if !cut {
+            if !self.io("cut")? {
+                self.give_up(id)?;
+                return Ok(None);
+            }
+            if let Some(f) = self.world.pool.get_mut(&id) {
+                f.size = size;
+            }
+            return Ok(Some(Op::Cut {
+                id,
+                size,
+                journal,
+                cut: true,
+            }));
+        }
+        if self.perform(&journal)? {
+            let Action::Journal(rec) = journal else {
+                unreachable!("a cut journals")
+            };
+            self.core.cut_done(id, rec).expect("cut done");
+        } else {
+            self.give_up(id)?;
+        }
+        Ok(None)
+    }
+
+    /// A drain: every idle file that is not leased is given back.
+    fn drain(&mut self) -> Step_ {
+        self.note("drain".into());
+        let idle: Vec<u64> = self
+            .core
+            .files()
+            .filter(|e| matches!(e.phase(), Some(Phase::Warm | Phase::Dirty)))
+            .map(|e| e.rec().id)
+            .collect();
+        for id in idle {
+            self.give_up(id)?;
+        }
+        Ok(())
+    }
+
+    /// A clean stop when nothing is in flight (`mark_clean_shutdown`), then a start.
+    fn clean_restart(&mut self) -> Step_ {
+        if !self.ops.is_empty() || self.core.any_busy() {
+            return Ok(());
+        }
+        self.note("clean shutdown".into());
+        self.core
+            .prepare_clean_shutdown()
+            .into_iter()
+            .try_for_each(|a| {
+                if self.perform(&a)? {
+                    Ok(())
+                } else {
+                    Err(Crashed)
+                }
+            })?;
+        if self.fault("clean marker") != Fault::None {
+            return Err(Crashed);
+        }
+        self.world.clean = true;
+        self.stats.clean_restarts += 1;
+        self.restart()
+    }
+
+    /// SIGKILL: everything in memory is gone; the next run recovers.
+    fn crash(&mut self) {
+        self.note("CRASH".into());
+        self.stats.crashes += 1;
+        self.ops.clear();
+        while self.restart().is_err() {
+            self.note("CRASH in recovery".into());
+            self.stats.crashes += 1;
+        }
+    }
+
+    /// A start: the clean marker is read and cleared, recovery planned and performed (it
+    /// may crash too), the core rebuilt from the kept records.
+    fn restart(&mut self) -> Step_ {
+        self.ops.clear();
+        self.world.run += 1;
+        let clean = std::mem::take(&mut self.world.clean);
+        let plan = recovery::plan(&self.facts(clean));
+        for step in &plan.steps {
+            if self.fault(&format!("recovery {step:?}")) == Fault::Crash {
+                // The marker was cleared before recovery: the next start is unclean.
+                return Err(Crashed);
+            }
+            self.recovery_step(step);
+        }
+        self.core = Core::with_files(plan.kept.clone(), plan.max_id + 1);
+        self.check_recovered(&plan.kept, clean);
+        Ok(())
+    }
+
+    fn facts(&self, clean: bool) -> Facts {
+        let mut facts = Facts {
+            records: self
+                .world
+                .journal
+                .iter()
+                .map(|(k, r)| (k.clone(), Ok(r.clone())))
+                .collect(),
+            served: [PS].into(),
+            clean,
+            ..Facts::default()
+        };
+        let files = self
+            .world
+            .pool
+            .iter()
+            .map(|(id, f)| {
+                let fact = PoolFileFact {
+                    len: f.size,
+                    inode: (1, *id),
+                };
+                (file_key(*id), Some(fact))
+            })
+            .collect();
+        facts.pool_files.insert(PS, files);
+        let links = self
+            .world
+            .links
+            .iter()
+            .map(|(name, id)| (name.clone(), (lease_path(name), Some((1, *id)))))
+            .collect();
+        facts.lease_paths.insert(PS, links);
+        facts.existing_paths = self.world.links.keys().map(|n| lease_path(n)).collect();
+        facts
+    }
+
+    fn recovery_step(&mut self, step: &Step) {
+        match step {
+            Step::Unjournal(key) => {
+                self.world.journal.remove(key);
+            }
+            Step::Journal(rec) => {
+                self.world.journal.insert(rec.key(), rec.clone());
+            }
+            Step::RemovePoolEntry(_, name) => {
+                let id = name.trim_start_matches('p').parse::<u64>().ok();
+                if let Some(id) = id {
+                    self.world.pool.remove(&id);
+                }
+            }
+            Step::RemoveFile(_, id) => {
+                self.world.pool.remove(id);
+            }
+            Step::Relink(_, id, path) => {
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+                if let Some(name) = name {
+                    self.world.links.insert(name, *id);
+                }
+            }
+            Step::RemoveLeasePath(_, name) => {
+                self.world.links.remove(name);
+            }
+        }
+    }
+
+    /// After recovery: the journal, the pool directory and the kept records agree, lease
+    /// paths belong to kept leases, and a warm file holds no lessee's bytes.
+    fn check_recovered(&self, kept: &[FileRecord], clean: bool) {
+        let kept_ids: std::collections::BTreeSet<u64> = kept.iter().map(|r| r.id).collect();
+        let files: std::collections::BTreeSet<u64> = self.world.pool.keys().copied().collect();
+        assert_eq!(files, kept_ids, "pool files against kept records");
+        let kept_records: BTreeMap<String, FileRecord> =
+            kept.iter().map(|r| (r.key(), r.clone())).collect();
+        assert_eq!(
+            self.world.journal, kept_records,
+            "journal against kept records"
+        );
+        for rec in kept {
+            let f = &self.world.pool[&rec.id];
+            assert_eq!(f.size, rec.size, "size of file {}", rec.id);
+            match &rec.state {
+                FileState::Warm => {
+                    assert!(clean, "file {} trusted warm after a crash", rec.id);
+                    assert!(
+                        f.bytes_of.is_none(),
+                        "warm file {} holds a lessee's bytes",
+                        rec.id
+                    );
+                }
+                FileState::Leased(l) => {
+                    assert_eq!(self.world.links.get(&l.name), Some(&rec.id), "lease path");
+                }
+                FileState::Dirty => {}
+                other => panic!("file {} recovered {}", rec.id, other.name()),
+            }
+        }
+        for (name, id) in &self.world.links {
+            let ours = kept.iter().any(|r| {
+                r.id == *id && matches!(&r.state, FileState::Leased(l) if l.name == *name)
+            });
+            assert!(ours, "lease path {name} of no kept lease");
+        }
+    }
+
+    /// After every step: the core's invariants, and the core against the world for every
+    /// idle file.
+    fn check(&self) {
+        if let Err(v) = self.core.check() {
+            panic!("{v}");
+        }
+        for e in self.core.files() {
+            let rec = e.rec();
+            let journaled = self.world.journal.get(&rec.key());
+            let file = self.world.pool.get(&rec.id);
+            match e.phase() {
+                Some(Phase::Warm) => {
+                    let f = file.unwrap_or_else(|| panic!("warm file {} missing", rec.id));
+                    assert!(
+                        f.bytes_of.is_none(),
+                        "warm file {} holds a lessee's bytes",
+                        rec.id
+                    );
+                    assert_eq!(f.size, rec.size, "warm file {} size", rec.id);
+                    // Its size may lag in the journal after failed writes: the next start
+                    // reads it from the file.
+                    let state = journaled.map(|r| &r.state);
+                    assert_eq!(
+                        state,
+                        Some(&FileState::Warm),
+                        "warm file {} journal",
+                        rec.id
+                    );
+                }
+                Some(Phase::Leased) => {
+                    assert!(file.is_some(), "leased file {} missing", rec.id);
+                    assert_eq!(journaled, Some(rec), "leased file {} journal", rec.id);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The trace of the last steps, for a failure's report.
+    pub fn trace(&self) -> String {
+        self.trace.join("\n")
+    }
+}
+
+fn lease_path(name: &str) -> std::path::PathBuf {
+    std::path::Path::new("/sim/leases").join(name)
+}
+
+fn lease_record(id: u64, name: &str, source: LeaseSource) -> LeaseRecord {
+    LeaseRecord {
+        id,
+        name: name.to_string(),
+        path: lease_path(name),
+        uid: None,
+        gid: None,
+        pid: None,
+        pid_start: None,
+        source,
+        ready_ms: 0.0,
+        created_unix: 0,
+        idempotency: None,
+        recycle: Recycle::Proven,
+        principal: None,
+    }
+}
+
+/// Runs one seed, printing how to replay it when it fails.
+pub fn run_seed(seed: u64, steps: usize) -> Stats {
+    let mut sim = Sim::new(seed);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sim.run(steps)));
+    if let Err(panic) = result {
+        eprintln!("{}", sim.trace());
+        eprintln!(
+            "simulation failed: replay with\n  HUGEPREP_SIM_SEED={seed} cargo test --lib pool::core::sim -- --nocapture"
+        );
+        std::panic::resume_unwind(panic);
+    }
+    sim.stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The suite's fixed seed count (or `HUGEPREP_SIM_SEEDS`), or the one seed
+    /// `HUGEPREP_SIM_SEED` names.
+    #[test]
+    fn seeds_keep_every_invariant_through_errors_and_crashes() {
+        let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+        let seeds: Vec<u64> = match env("HUGEPREP_SIM_SEED") {
+            Some(seed) => vec![seed],
+            None => (0..env("HUGEPREP_SIM_SEEDS").unwrap_or(SEEDS)).collect(),
+        };
+        let mut total = Stats::default();
+        for seed in seeds {
+            let s = run_seed(seed, STEPS);
+            total.crashes += s.crashes;
+            total.clean_restarts += s.clean_restarts;
+            total.leases += s.leases;
+            total.scrubbed += s.scrubbed;
+            total.deleted += s.deleted;
+            total.errors += s.errors;
+        }
+        eprintln!("simulated: {total:?}");
+    }
+}
