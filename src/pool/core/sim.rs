@@ -167,7 +167,7 @@ pub struct Sim {
 }
 
 /// What one run did (so that a suite can tell it exercised each path).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Stats {
     /// Crashes, recovery included.
     pub crashes: u64,
@@ -181,6 +181,64 @@ pub struct Stats {
     pub deleted: u64,
     /// Actions failed on purpose.
     pub errors: u64,
+    /// Crashes injected, by the action they came before.
+    pub crashed_at: BTreeMap<&'static str, u64>,
+}
+
+impl Stats {
+    fn add(&mut self, o: &Stats) {
+        self.crashes += o.crashes;
+        self.clean_restarts += o.clean_restarts;
+        self.leases += o.leases;
+        self.scrubbed += o.scrubbed;
+        self.deleted += o.deleted;
+        self.errors += o.errors;
+        for (site, n) in &o.crashed_at {
+            *self.crashed_at.entry(site).or_insert(0) += n;
+        }
+    }
+}
+
+/// The crash points the suite must have crashed at (docs/pool.md "States", docs/security.md,
+/// and every action of the recovery plan): each is found safe, or the suite fails.
+pub const CRASH_POINTS: &[&str] = &[
+    "lease: resize, or create and fault",
+    "lease: link the lease path",
+    "lease: journal leased",
+    "cold lease: journal filling",
+    "failed warm lease: journal dirty",
+    "failed cold lease: remove file, unjournal",
+    "release: journal dirty",
+    "release: unlink the lease path, take back",
+    "scrub: journal scrubbing",
+    "scrub: prove out of reach",
+    "scrub: clear and verify",
+    "scrub: journal warm",
+    "refill: journal filling",
+    "refill: create and fault",
+    "refill: journal warm",
+    "cut: ftruncate",
+    "cut: journal",
+    "delete: truncate and unlink",
+    "delete: unjournal",
+    "give up: truncate and unlink",
+    "clean shutdown: journal dirty files",
+    "clean shutdown: marker",
+    "recovery: unjournal",
+    "recovery: journal dirty",
+    "recovery: remove a file",
+    "recovery: relink a lease path",
+    "recovery: remove a lease path",
+];
+
+fn recovery_site(step: &Step) -> &'static str {
+    match step {
+        Step::Unjournal(_) => "recovery: unjournal",
+        Step::Journal(_) => "recovery: journal dirty",
+        Step::RemovePoolEntry(..) | Step::RemoveFile(..) => "recovery: remove a file",
+        Step::Relink(..) => "recovery: relink a lease path",
+        Step::RemoveLeasePath(..) => "recovery: remove a lease path",
+    }
 }
 
 /// A crash was injected: unwind to the simulation loop.
@@ -225,8 +283,9 @@ impl Sim {
     }
 
     /// Whether the next action fails, crashes, or is performed.
-    fn fault(&mut self, action: &str) -> Fault {
+    fn fault(&mut self, site: &'static str) -> Fault {
         let f = if self.rng.chance(self.crash_rate) {
+            *self.stats.crashed_at.entry(site).or_insert(0) += 1;
             Fault::Crash
         } else if self.rng.chance(self.error_rate) {
             self.stats.errors += 1;
@@ -234,13 +293,14 @@ impl Sim {
         } else {
             Fault::None
         };
-        self.note(format!("  {action}: {f:?}"));
+        self.note(format!("  {site}: {f:?}"));
         f
     }
 
     /// Performs a core action on the fake world; `Ok(false)`: it failed.
-    fn perform(&mut self, action: &Action) -> Result<bool, Crashed> {
-        match self.fault(&format!("{action:?}")) {
+    fn perform(&mut self, site: &'static str, action: &Action) -> Result<bool, Crashed> {
+        self.note(format!("  {action:?}"));
+        match self.fault(site) {
             Fault::Crash => return Err(Crashed),
             Fault::Error => return Ok(false),
             Fault::None => {}
@@ -260,8 +320,8 @@ impl Sim {
     }
 
     /// An I/O of the driver's own (fault, link, scrub): `Ok(false)` when it fails.
-    fn io(&mut self, what: &str) -> Result<bool, Crashed> {
-        match self.fault(what) {
+    fn io(&mut self, site: &'static str) -> Result<bool, Crashed> {
+        match self.fault(site) {
             Fault::Crash => Err(Crashed),
             Fault::Error => Ok(false),
             Fault::None => Ok(true),
@@ -276,6 +336,17 @@ impl Sim {
         }
         if roll < 5 {
             return self.drain();
+        }
+        if roll < 7 {
+            // The VMM's manager deletes a lease path (libvirt does at VM stop): the pool keeps
+            // its own link, and a restart links the path again.
+            let names: Vec<String> = self.world.links.keys().cloned().collect();
+            if !names.is_empty() {
+                let name = names[self.rng.below(names.len() as u64) as usize].clone();
+                self.note(format!("lessee deletes {name}"));
+                self.world.links.remove(&name);
+            }
+            return Ok(());
         }
         if self.ops.is_empty() || roll < 40 {
             self.start_op();
@@ -395,7 +466,7 @@ impl Sim {
             Op::Release { lease, at } => self.release(lease, at),
             Op::Scrub { id, journal, at } => self.scrub(id, journal, at),
             Op::Delete { id, remove } => {
-                let removed = self.perform(&remove)?;
+                let removed = self.perform("delete: truncate and unlink", &remove)?;
                 self.finish_delete(id, removed)?;
                 Ok(None)
             }
@@ -417,7 +488,7 @@ impl Sim {
         if removed {
             let unjournal = self.core.deleted(id).expect("deleted");
             self.stats.deleted += 1;
-            self.perform(&unjournal)?;
+            self.perform("delete: unjournal", &unjournal)?;
         } else {
             let on_mount = self.world.pool.get(&id).map(|f| f.size);
             if let Some(record) = self
@@ -425,7 +496,7 @@ impl Sim {
                 .delete_failed(id, on_mount)
                 .expect("delete failed")
             {
-                self.perform(&record)?;
+                self.perform("delete failed: journal the size on the mount", &record)?;
             }
         }
         Ok(())
@@ -434,7 +505,7 @@ impl Sim {
     /// Gives up a file (the driver's `give_up`).
     fn give_up(&mut self, id: u64) -> Step_ {
         let remove = self.core.begin_delete(id).expect("give up");
-        let removed = self.perform(&remove)?;
+        let removed = self.perform("give up: truncate and unlink", &remove)?;
         self.finish_delete(id, removed)
     }
 
@@ -480,7 +551,7 @@ impl Sim {
             }
             LeaseAt::ColdJournal { id, journal } => {
                 // Under the lock in the daemon, as one step with the choice.
-                if self.perform(&journal)? {
+                if self.perform("cold lease: journal filling", &journal)? {
                     again(LeaseAt::Prepare {
                         id,
                         source: LeaseSource::Cold,
@@ -492,12 +563,12 @@ impl Sim {
             }
             LeaseAt::Prepare { id, source } => {
                 // Resize or create and fault, then link the lease path.
-                if !self.io("prepare: resize or fault")? {
+                if !self.io("lease: resize, or create and fault")? {
                     self.abort(id, source, &name, size, false)?;
                     return Ok(None);
                 }
                 self.prepare(id, source, size);
-                if !self.io("prepare: link")? {
+                if !self.io("lease: link the lease path")? {
                     self.abort(id, source, &name, size, false)?;
                     return Ok(None);
                 }
@@ -534,7 +605,7 @@ impl Sim {
                         rec: Some(rec),
                     });
                 };
-                if self.perform(&Action::Journal(rec.clone()))? {
+                if self.perform("lease: journal leased", &Action::Journal(rec.clone()))? {
                     self.core.leased(id, rec).expect("leased");
                     self.stats.leases += 1;
                 } else {
@@ -580,7 +651,7 @@ impl Sim {
         }
         if source == LeaseSource::Cold {
             for action in self.core.abort_cold(id).expect("abort cold") {
-                self.perform(&action)?;
+                self.perform("failed cold lease: remove file, unjournal", &action)?;
             }
             return Ok(());
         }
@@ -595,7 +666,7 @@ impl Sim {
             .core
             .abort_warm(id, on_mount, released)
             .expect("abort warm");
-        self.perform(&journal)?;
+        self.perform("failed warm lease: journal dirty", &journal)?;
         Ok(())
     }
 
@@ -613,7 +684,7 @@ impl Sim {
                     FileState::Leased(l) => l.name.clone(),
                     _ => String::new(),
                 };
-                if self.perform(&Action::Journal(dirty))? {
+                if self.perform("release: journal dirty", &Action::Journal(dirty))? {
                     self.core.release_journaled(id).expect("release journaled");
                     Ok(Some(Op::Release {
                         lease,
@@ -625,7 +696,7 @@ impl Sim {
                 }
             }
             ReleaseAt::Unlink { id, name } => {
-                if self.io("release: unlink, take back")?
+                if self.io("release: unlink the lease path, take back")?
                     && self.world.links.get(&name) == Some(&id)
                 {
                     self.world.links.remove(&name);
@@ -638,7 +709,7 @@ impl Sim {
 
     fn scrub(&mut self, id: u64, journal: Option<Action>, at: u8) -> Result<Option<Op>, Crashed> {
         if let Some(journal) = journal {
-            if !self.perform(&journal)? {
+            if !self.perform("scrub: journal scrubbing", &journal)? {
                 self.give_up(id)?;
                 return Ok(None);
             }
@@ -651,7 +722,7 @@ impl Sim {
         let e = self.core.get(id).expect("scrubbing").clone();
         // The proof (the driver's `proven`): a file whose history is unknown (recovered), or
         // leased before a restart, is never proven.
-        let proven = e.released().is_some_and(|r| r.watched) && self.io("prove")?;
+        let proven = e.released().is_some_and(|r| r.watched) && self.io("scrub: prove out of reach")?;
         if !proven {
             self.give_up(id)?;
             return Ok(None);
@@ -664,7 +735,7 @@ impl Sim {
                 "file {id} scrubbed in place without the watch of the run that leased it"
             );
         }
-        match self.fault("scrub") {
+        match self.fault("scrub: clear and verify") {
             Fault::Crash => return Err(Crashed),
             Fault::Error if at == 0 => {
                 self.core.scrub_cancelled(id).expect("cancelled");
@@ -682,7 +753,7 @@ impl Sim {
             f.bytes_of = None;
         }
         let warm = self.core.warm_record(id, size).expect("warm record");
-        if self.perform(&Action::Journal(warm.clone()))? {
+        if self.perform("scrub: journal warm", &Action::Journal(warm.clone()))? {
             self.core.scrubbed(id, warm).expect("scrubbed");
             self.stats.scrubbed += 1;
         } else {
@@ -698,7 +769,7 @@ impl Sim {
         faulted: bool,
     ) -> Result<Option<Op>, Crashed> {
         if let Some(journal) = journal {
-            if !self.perform(&journal)? {
+            if !self.perform("refill: journal filling", &journal)? {
                 self.core.forget_unjournaled(id).expect("forget fill");
                 return Ok(None);
             }
@@ -728,13 +799,13 @@ impl Sim {
             }
         } else {
             let warm = self.core.warm_record(id, size).expect("warm record");
-            if self.perform(&Action::Journal(warm.clone()))? {
+            if self.perform("refill: journal warm", &Action::Journal(warm.clone()))? {
                 self.core.filled(id, warm).expect("filled");
                 return Ok(None);
             }
         }
         for action in self.core.fill_failed(id).expect("fill failed") {
-            self.perform(&action)?;
+            self.perform("failed refill: remove file, unjournal", &action)?;
         }
         Ok(None)
     }
@@ -747,7 +818,7 @@ impl Sim {
         cut: bool,
     ) -> Result<Option<Op>, Crashed> {
         if !cut {
-            if !self.io("cut")? {
+            if !self.io("cut: ftruncate")? {
                 self.give_up(id)?;
                 return Ok(None);
             }
@@ -761,7 +832,7 @@ impl Sim {
                 cut: true,
             }));
         }
-        if self.perform(&journal)? {
+        if self.perform("cut: journal", &journal)? {
             let Action::Journal(rec) = journal else {
                 unreachable!("a cut journals")
             };
@@ -797,13 +868,13 @@ impl Sim {
             .prepare_clean_shutdown()
             .into_iter()
             .try_for_each(|a| {
-                if self.perform(&a)? {
+                if self.perform("clean shutdown: journal dirty files", &a)? {
                     Ok(())
                 } else {
                     Err(Crashed)
                 }
             })?;
-        if self.fault("clean marker") != Fault::None {
+        if self.fault("clean shutdown: marker") != Fault::None {
             return Err(Crashed);
         }
         self.world.clean = true;
@@ -830,7 +901,8 @@ impl Sim {
         let clean = std::mem::take(&mut self.world.clean);
         let plan = recovery::plan(&self.facts(clean));
         for step in &plan.steps {
-            if self.fault(&format!("recovery {step:?}")) == Fault::Crash {
+            self.note(format!("  {step:?}"));
+            if self.fault(recovery_site(step)) == Fault::Crash {
                 // The marker was cleared before recovery: the next start is unclean.
                 return Err(Crashed);
             }
@@ -1022,7 +1094,7 @@ pub fn run_seed(seed: u64, steps: usize) -> Stats {
         );
         std::panic::resume_unwind(panic);
     }
-    sim.stats
+    std::mem::take(&mut sim.stats)
 }
 
 #[cfg(test)]
@@ -1038,16 +1110,18 @@ mod tests {
             Some(seed) => vec![seed],
             None => (0..env("HUGEPREP_SIM_SEEDS").unwrap_or(SEEDS)).collect(),
         };
+        let one = seeds.len() == 1;
         let mut total = Stats::default();
         for seed in seeds {
-            let s = run_seed(seed, STEPS);
-            total.crashes += s.crashes;
-            total.clean_restarts += s.clean_restarts;
-            total.leases += s.leases;
-            total.scrubbed += s.scrubbed;
-            total.deleted += s.deleted;
-            total.errors += s.errors;
+            total.add(&run_seed(seed, STEPS));
         }
-        eprintln!("simulated: {total:?}");
+        eprintln!("simulated: {total:#?}");
+        if !one {
+            let missed: Vec<&&str> = CRASH_POINTS
+                .iter()
+                .filter(|p| !total.crashed_at.contains_key(*p))
+                .collect();
+            assert!(missed.is_empty(), "never crashed at {missed:?}");
+        }
     }
 }
