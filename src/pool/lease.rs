@@ -346,7 +346,9 @@ impl Pool {
                     .new_cold(v.node, v.page_size, v.size, &v.name)
                     .map_err(core_err)?;
                 if let Err(err) = self.perform(&journal) {
-                    let _ = st.core.forget_unjournaled(id);
+                    if let Err(refused) = st.core.forget_unjournaled(id) {
+                        tracing::error!(%refused, "pool core refused to forget a cold lease");
+                    }
                     return Err(action_error(err));
                 }
                 (id, source, 0)
@@ -398,6 +400,8 @@ impl Pool {
                     let _long = long_work(v.size - old_size);
                     let grown = self.fault_lease(id, &f, old_size..v.size, v.node, &cpus);
                     if let Err(e) = grown {
+                        // The abort journals the file dirty at the size it has on the mount,
+                        // whichever that is.
                         let _ = f.set_len(old_size);
                         return Err(e.into());
                     }
@@ -409,6 +413,7 @@ impl Pool {
                     let t = Instant::now();
                     let _long = long_work(v.size);
                     if let Err(e) = self.fault_lease(id, &f, 0..v.size, v.node, &cpus) {
+                        // The abort removes it again (and its record), logging a failure.
                         let _ = fs::remove_file(&path);
                         return Err(e.into());
                     }
@@ -598,8 +603,16 @@ impl Pool {
     /// open it again.
     pub(super) fn take_back(&self, path: &Path) {
         let o = self.daemon_owner;
-        let _ = std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid));
-        let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o600));
+        // The pool directory (0700, the daemon's) keeps the file from anyone else by name
+        // either way, and the release proof does not depend on it; but a file its lessee
+        // still owns is worth a warning.
+        if let Err(err) = std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid))
+            .and_then(|()| fs::set_permissions(path, fs::Permissions::from_mode(0o600)))
+        {
+            if err.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(file = %path.display(), %err, "cannot take a released file back from its owner");
+            }
+        }
     }
 }
 

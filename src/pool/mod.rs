@@ -201,6 +201,25 @@ pub struct Pool {
     reach: Arc<reach::Reach>,
 }
 
+/// The hugeprep directories of each mount, by the page size the mount serves.
+fn open_mounts(roots: &[PathBuf]) -> Result<BTreeMap<PageSize, PoolMount>> {
+    let mut mounts = BTreeMap::new();
+    for root in roots {
+        let ps = crate::hugetlb::hugetlbfs_page_size(root)
+            .map_err(|source| PoolError::Io {
+                op: "statfs",
+                path: root.clone(),
+                source,
+            })?
+            .ok_or_else(|| PoolError::Field {
+                field: "mount",
+                message: format!("{} is not a hugetlbfs mount", root.display()),
+            })?;
+        mounts.insert(ps, PoolMount::new(root, ps)?);
+    }
+    Ok(mounts)
+}
+
 fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -212,7 +231,11 @@ fn now_unix() -> u64 {
 fn unlink_if_same(link: &Path, dev: u64, ino: u64) {
     if let Ok(m) = fs::symlink_metadata(link) {
         if m.dev() == dev && m.ino() == ino {
-            let _ = fs::remove_file(link);
+            // A lease path that stays names a file the daemon has taken back (mode 0600, the
+            // daemon's); recovery removes it at the next start.
+            if let Err(err) = fs::remove_file(link) {
+                tracing::warn!(path = %link.display(), %err, "cannot remove a lease path");
+            }
         }
     }
 }
@@ -227,20 +250,7 @@ impl Pool {
             path: "/sys/devices/system/node".into(),
             source: std::io::Error::other(e.to_string()),
         })?;
-        let mut mounts = BTreeMap::new();
-        for root in &config.mounts {
-            let ps = crate::hugetlb::hugetlbfs_page_size(root)
-                .map_err(|source| PoolError::Io {
-                    op: "statfs",
-                    path: root.clone(),
-                    source,
-                })?
-                .ok_or_else(|| PoolError::Field {
-                    field: "mount",
-                    message: format!("{} is not a hugetlbfs mount", root.display()),
-                })?;
-            mounts.insert(ps, PoolMount::new(root, ps)?);
-        }
+        let mounts = open_mounts(&config.mounts)?;
         let journal = Journal::open_boot(&config.state_dir)?;
         let reservations = reserve::Reservations::open(&config.state_dir)?;
         let page_sizes = mounts.keys().copied().collect();

@@ -50,6 +50,7 @@ impl Pool {
         loop {
             // Choosing the next job takes microseconds and runs at normal priority: at idle
             // priority a busy host delays even the choice of work the next lease needs.
+            // A failure leaves it idle, as the warning at the worker's start said.
             let _ = set_current_thread_normal();
             let (job, pressing) = {
                 let mut st = self.lock();
@@ -77,6 +78,7 @@ impl Pool {
             // kernel that hold locks a lease needs leave it for their length (`OutOfIdle`).
             let quick = matches!(job, Job::Scrub(..) | Job::Shrink(..) | Job::Delete(..));
             if !(pressing && quick) {
+                // Refused at the worker's start already (and logged there).
                 let _ = set_current_thread_idle();
             }
             match job {

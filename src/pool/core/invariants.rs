@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Core, Phase};
+use super::{Core, Entry, Phase};
 use crate::pool::record::FileState;
 
 /// An invariant that does not hold.
@@ -79,32 +79,8 @@ impl Core {
         let mut lease_ids: BTreeMap<u64, u64> = BTreeMap::new();
         let mut leasing = 0usize;
         for (&key, e) in &self.files {
-            let rec = &e.rec;
-            if key != rec.id {
-                return Err(Violation::Key { key, id: rec.id });
-            }
-            if rec.id >= self.next_id {
-                return Err(Violation::Id {
-                    id: rec.id,
-                    next: self.next_id,
-                });
-            }
-            let Some(phase) = e.phase() else {
-                return Err(Violation::NoPhase {
-                    id: key,
-                    state: rec.state.name(),
-                    work: format!("{:?}", e.busy),
-                });
-            };
-            let page = rec.page_size.bytes();
-            if rec.size == 0 || rec.size % page != 0 {
-                return Err(Violation::Size {
-                    id: key,
-                    size: rec.size,
-                    page,
-                });
-            }
-            if let FileState::Leased(l) = &rec.state {
+            let phase = self.check_file(key, e)?;
+            if let FileState::Leased(l) = &e.rec.state {
                 if l.id >= self.next_id {
                     return Err(Violation::Id {
                         id: l.id,
@@ -112,28 +88,11 @@ impl Core {
                     });
                 }
                 if names.insert(l.name.as_str(), key).is_some() {
-                    return Err(Violation::Twice {
-                        what: "name",
-                        value: l.name.clone(),
-                    });
+                    return Err(twice("name", &l.name));
                 }
                 if lease_ids.insert(l.id, key).is_some() {
-                    return Err(Violation::Twice {
-                        what: "id",
-                        value: l.id.to_string(),
-                    });
+                    return Err(twice("id", &l.id));
                 }
-            }
-            let remembers = e.released.is_some();
-            let may_remember = matches!(
-                phase,
-                Phase::Releasing | Phase::Dirty | Phase::Scrubbing | Phase::Deleting
-            );
-            if remembers && !may_remember {
-                return Err(Violation::Owner {
-                    id: key,
-                    why: "remembers a released lease while its memory is not released",
-                });
             }
             if matches!(phase, Phase::Leasing | Phase::ColdLeasing) {
                 leasing += 1;
@@ -147,10 +106,7 @@ impl Core {
         }
         for (name, &id) in &self.pending {
             if names.insert(name.as_str(), id).is_some() {
-                return Err(Violation::Twice {
-                    what: "name",
-                    value: name.clone(),
-                });
+                return Err(twice("name", name));
             }
             let leasing_it = self
                 .files
@@ -171,5 +127,52 @@ impl Core {
             });
         }
         Ok(())
+    }
+
+    /// The invariants of one file on its own; its phase.
+    fn check_file(&self, key: u64, e: &Entry) -> Result<Phase, Violation> {
+        let rec = &e.rec;
+        if key != rec.id {
+            return Err(Violation::Key { key, id: rec.id });
+        }
+        if rec.id >= self.next_id {
+            return Err(Violation::Id {
+                id: rec.id,
+                next: self.next_id,
+            });
+        }
+        let Some(phase) = e.phase() else {
+            return Err(Violation::NoPhase {
+                id: key,
+                state: rec.state.name(),
+                work: format!("{:?}", e.busy),
+            });
+        };
+        let page = rec.page_size.bytes();
+        if rec.size == 0 || rec.size % page != 0 {
+            return Err(Violation::Size {
+                id: key,
+                size: rec.size,
+                page,
+            });
+        }
+        let may_remember = matches!(
+            phase,
+            Phase::Releasing | Phase::Dirty | Phase::Scrubbing | Phase::Deleting
+        );
+        if e.released.is_some() && !may_remember {
+            return Err(Violation::Owner {
+                id: key,
+                why: "remembers a released lease while its memory is not released",
+            });
+        }
+        Ok(phase)
+    }
+}
+
+fn twice(what: &'static str, value: &dyn std::fmt::Display) -> Violation {
+    Violation::Twice {
+        what,
+        value: value.to_string(),
     }
 }

@@ -518,37 +518,11 @@ impl Sim {
             }))
         };
         match at {
-            LeaseAt::Choose => {
-                if self.core.name_in_use(&name) {
-                    return Ok(None);
-                }
-                let warm: Vec<(u64, u64)> = self
-                    .core
-                    .files()
-                    .filter(|e| e.phase() == Some(Phase::Warm))
-                    .map(|e| (e.rec().id, e.rec().size))
-                    .collect();
-                let pick = warm
-                    .iter()
-                    .find(|w| w.1 == size)
-                    .or_else(|| warm.iter().filter(|w| w.1 > size).min_by_key(|w| w.1))
-                    .or_else(|| warm.iter().max_by_key(|w| w.1));
-                match pick {
-                    Some(&(id, old)) => {
-                        self.core.take_warm(id, &name).expect("take warm");
-                        let source = match old.cmp(&size) {
-                            std::cmp::Ordering::Equal => LeaseSource::WarmExact,
-                            std::cmp::Ordering::Greater => LeaseSource::WarmShrunk,
-                            std::cmp::Ordering::Less => LeaseSource::WarmGrown,
-                        };
-                        again(LeaseAt::Prepare { id, source })
-                    }
-                    None => {
-                        let (id, journal) = self.core.new_cold(0, PS, size, &name).expect("cold");
-                        again(LeaseAt::ColdJournal { id, journal })
-                    }
-                }
-            }
+            LeaseAt::Choose => Ok(self.choose(&name, size).map(|at| Op::Lease {
+                name: name.clone(),
+                size,
+                at,
+            })),
             LeaseAt::ColdJournal { id, journal } => {
                 // Under the lock in the daemon, as one step with the choice.
                 if self.perform("cold lease: journal filling", &journal)? {
@@ -614,6 +588,40 @@ impl Sim {
                 Ok(None)
             }
         }
+    }
+
+    /// The lease's choice, as `lease::choose` makes it (minus the kernel's free pages):
+    /// exact, else larger, else smaller warm file, else a new one.
+    fn choose(&mut self, name: &str, size: u64) -> Option<LeaseAt> {
+        if self.core.name_in_use(name) {
+            return None;
+        }
+        let warm: Vec<(u64, u64)> = self
+            .core
+            .files()
+            .filter(|e| e.phase() == Some(Phase::Warm))
+            .map(|e| (e.rec().id, e.rec().size))
+            .collect();
+        let pick = warm
+            .iter()
+            .find(|w| w.1 == size)
+            .or_else(|| warm.iter().filter(|w| w.1 > size).min_by_key(|w| w.1))
+            .or_else(|| warm.iter().max_by_key(|w| w.1));
+        Some(match pick {
+            Some(&(id, old)) => {
+                self.core.take_warm(id, name).expect("take warm");
+                let source = match old.cmp(&size) {
+                    std::cmp::Ordering::Equal => LeaseSource::WarmExact,
+                    std::cmp::Ordering::Greater => LeaseSource::WarmShrunk,
+                    std::cmp::Ordering::Less => LeaseSource::WarmGrown,
+                };
+                LeaseAt::Prepare { id, source }
+            }
+            None => {
+                let (id, journal) = self.core.new_cold(0, PS, size, name).expect("cold");
+                LeaseAt::ColdJournal { id, journal }
+            }
+        })
     }
 
     /// Resizes or creates the file as the lease's `prepare` does.
@@ -722,7 +730,8 @@ impl Sim {
         let e = self.core.get(id).expect("scrubbing").clone();
         // The proof (the driver's `proven`): a file whose history is unknown (recovered), or
         // leased before a restart, is never proven.
-        let proven = e.released().is_some_and(|r| r.watched) && self.io("scrub: prove out of reach")?;
+        let proven =
+            e.released().is_some_and(|r| r.watched) && self.io("scrub: prove out of reach")?;
         if !proven {
             self.give_up(id)?;
             return Ok(None);
