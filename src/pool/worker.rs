@@ -279,3 +279,28 @@ fn next_fixed_size(sizes: &[u64], turn: usize, deficit: u64, page: u64) -> u64 {
         .find(|&s| s <= deficit)
         .unwrap_or(deficit / page * page)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::next_fixed_size;
+
+    const M: u64 = 1 << 20;
+
+    #[test]
+    fn the_fixed_shape_cycles_through_its_sizes() {
+        let sizes = [4 * M, 8 * M];
+        assert_eq!(next_fixed_size(&sizes, 0, 64 * M, 2 * M), 4 * M);
+        assert_eq!(next_fixed_size(&sizes, 1, 64 * M, 2 * M), 8 * M);
+        assert_eq!(next_fixed_size(&sizes, 2, 64 * M, 2 * M), 4 * M);
+    }
+
+    #[test]
+    fn a_deficit_below_every_size_is_filled_exactly_in_whole_pages() {
+        let sizes = [4 * M, 8 * M];
+        // 8M does not fit a 6M deficit: the next size that does.
+        assert_eq!(next_fixed_size(&sizes, 1, 6 * M, 2 * M), 4 * M);
+        assert_eq!(next_fixed_size(&sizes, 0, 3 * M, 2 * M), 2 * M);
+        assert_eq!(next_fixed_size(&[], 0, 5 * M, 2 * M), 4 * M);
+        assert_eq!(next_fixed_size(&sizes, 0, M, 2 * M), 0);
+    }
+}

@@ -72,6 +72,17 @@ struct FakeFile {
     watched_by: Option<u64>,
 }
 
+impl FakeFile {
+    /// A file just faulted: pages the kernel zeroed, never linked.
+    fn fresh(size: u64) -> FakeFile {
+        FakeFile {
+            size,
+            bytes_of: None,
+            watched_by: None,
+        }
+    }
+}
+
 /// The fake journal and mounts: what survives a crash.
 #[derive(Debug, Default)]
 struct World {
@@ -628,14 +639,7 @@ impl Sim {
     fn prepare(&mut self, id: u64, source: LeaseSource, size: u64) {
         match source {
             LeaseSource::Cold => {
-                self.world.pool.insert(
-                    id,
-                    FakeFile {
-                        size,
-                        bytes_of: None,
-                        watched_by: None,
-                    },
-                );
+                self.world.pool.insert(id, FakeFile::fresh(size));
             }
             _ => {
                 if let Some(f) = self.world.pool.get_mut(&id) {
@@ -792,14 +796,7 @@ impl Sim {
         if !faulted {
             let made = self.io("refill: create and fault")?;
             if made {
-                self.world.pool.insert(
-                    id,
-                    FakeFile {
-                        size,
-                        bytes_of: None,
-                        watched_by: None,
-                    },
-                );
+                self.world.pool.insert(id, FakeFile::fresh(size));
                 return Ok(Some(Op::Fill {
                     id,
                     journal: None,
@@ -1070,11 +1067,13 @@ impl Sim {
     }
 }
 
-fn lease_path(name: &str) -> std::path::PathBuf {
+/// The lease path the simulator hands out for `name`.
+pub(super) fn lease_path(name: &str) -> std::path::PathBuf {
     std::path::Path::new("/sim/leases").join(name)
 }
 
-fn lease_record(id: u64, name: &str, source: LeaseSource) -> LeaseRecord {
+/// A lease record of `name` as a lease request would journal it.
+pub(super) fn lease_record(id: u64, name: &str, source: LeaseSource) -> LeaseRecord {
     LeaseRecord {
         id,
         name: name.to_string(),

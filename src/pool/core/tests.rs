@@ -2,7 +2,6 @@
 //! root, no hugetlbfs, no clock.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use proptest::prelude::*;
 
@@ -24,21 +23,7 @@ fn rec(id: u64, size: u64, state: FileState) -> FileRecord {
 }
 
 fn lease(id: u64, name: &str, source: LeaseSource) -> LeaseRecord {
-    LeaseRecord {
-        id,
-        name: name.into(),
-        path: PathBuf::from("/leases").join(name),
-        uid: None,
-        gid: None,
-        pid: None,
-        pid_start: None,
-        source,
-        ready_ms: 0.0,
-        created_unix: 0,
-        idempotency: None,
-        recycle: Recycle::Proven,
-        principal: None,
-    }
+    super::sim::lease_record(id, name, source)
 }
 
 /// A core with warm files 1..=n of 2 MiB each, ids from 100.
@@ -595,23 +580,24 @@ fn check_refuses_a_size_that_is_not_whole_pages() {
     assert!(matches!(c.check(), Err(Violation::Size { id: 1, .. })));
 }
 
+/// A core holding `rec` under `key`, ids from `next_id` (bypassing the transitions).
+fn holding(key: u64, rec: FileRecord, next_id: u64) -> Core {
+    Core {
+        files: [(key, Entry::new(rec, None))].into(),
+        pending: BTreeMap::new(),
+        next_id,
+    }
+}
+
 #[test]
 fn check_refuses_an_id_not_below_the_next() {
-    let c = Core {
-        files: [(5, Entry::new(rec(5, M2, FileState::Warm), None))].into(),
-        pending: BTreeMap::new(),
-        next_id: 5,
-    };
+    let c = holding(5, rec(5, M2, FileState::Warm), 5);
     assert!(matches!(c.check(), Err(Violation::Id { id: 5, next: 5 })));
 }
 
 #[test]
 fn check_refuses_a_file_under_another_id() {
-    let c = Core {
-        files: [(4, Entry::new(rec(5, M2, FileState::Warm), None))].into(),
-        pending: BTreeMap::new(),
-        next_id: 9,
-    };
+    let c = holding(4, rec(5, M2, FileState::Warm), 9);
     assert!(matches!(c.check(), Err(Violation::Key { key: 4, id: 5 })));
 }
 
@@ -765,7 +751,7 @@ fn recovery_corrects_sizes_from_the_file() {
         .get_mut(&PS)
         .unwrap()
         .insert("p1".into(), fact(2 * M2, 1));
-    f.existing_paths.insert("/leases/vm".into());
+    f.existing_paths.insert("/sim/leases/vm".into());
     let p = plan(&f);
     let grown = FileRecord { size: 2 * M2, ..l };
     assert_eq!(p.steps, vec![Step::Journal(grown.clone())]);
@@ -789,7 +775,7 @@ fn recovery_deletes_an_empty_file() {
 #[test]
 fn recovery_relinks_a_missing_lease_path_and_counts_the_lease_id() {
     let p = plan(&facts(&[leased_rec(1, 30, "vm")], false));
-    assert_eq!(p.steps, vec![Step::Relink(PS, 1, "/leases/vm".into())]);
+    assert_eq!(p.steps, vec![Step::Relink(PS, 1, "/sim/leases/vm".into())]);
     assert_eq!(p.report.leases, 1);
     assert_eq!(p.max_id, 30);
 }
@@ -797,22 +783,22 @@ fn recovery_relinks_a_missing_lease_path_and_counts_the_lease_id() {
 #[test]
 fn recovery_keeps_a_lease_path_that_is_the_lease_s_file() {
     let mut f = facts(&[leased_rec(1, 2, "vm")], false);
-    f.existing_paths.insert("/leases/vm".into());
+    f.existing_paths.insert("/sim/leases/vm".into());
     f.lease_paths
         .get_mut(&PS)
         .unwrap()
-        .insert("vm".into(), ("/leases/vm".into(), Some((1, 1))));
+        .insert("vm".into(), ("/sim/leases/vm".into(), Some((1, 1))));
     assert!(plan(&f).steps.is_empty());
 }
 
 #[test]
 fn recovery_removes_lease_paths_of_no_kept_lease() {
     let mut f = facts(&[leased_rec(1, 2, "vm")], false);
-    f.existing_paths.insert("/leases/vm".into());
+    f.existing_paths.insert("/sim/leases/vm".into());
     let paths = f.lease_paths.get_mut(&PS).unwrap();
     // Replaced by another inode, and a name no lease has.
-    paths.insert("vm".into(), ("/leases/vm".into(), Some((1, 77))));
-    paths.insert("old".into(), ("/leases/old".into(), Some((1, 1))));
+    paths.insert("vm".into(), ("/sim/leases/vm".into(), Some((1, 77))));
+    paths.insert("old".into(), ("/sim/leases/old".into(), Some((1, 1))));
     let p = plan(&f);
     assert_eq!(
         p.steps,
