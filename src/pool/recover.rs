@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 
-use super::core::recovery::{self, Facts, PoolFileFact, Step};
+use super::core::recovery::{self, Facts, LeasePathFact, PoolFileFact, Step};
 use super::{file_key, FileRecord, FileState, PoolError, PoolMount, Result};
 use crate::journal::Journal;
 use crate::page_size::PageSize;
@@ -77,7 +77,7 @@ fn facts(journal: &Journal, mounts: &BTreeMap<PageSize, PoolMount>, clean: bool)
             let inode = fs::symlink_metadata(entry.path())
                 .ok()
                 .map(|m| (m.dev(), m.ino()));
-            paths.insert(name, (path, inode));
+            paths.insert(name, LeasePathFact { path, inode });
         }
     }
     for (_, rec) in &facts.records {

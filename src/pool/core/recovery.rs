@@ -33,6 +33,16 @@ pub struct PoolFileFact {
     pub inode: (u64, u64),
 }
 
+/// An entry of a lease directory: its path and the inode it names (`None`: gone by its
+/// `lstat`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeasePathFact {
+    /// The lease path.
+    pub path: PathBuf,
+    /// `(st_dev, st_ino)`.
+    pub inode: Option<(u64, u64)>,
+}
+
 /// What the driver read before recovery: the journal, the pool and lease directories.
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
@@ -43,9 +53,8 @@ pub struct Facts {
     /// Each served page size's pool directory: name to the file (`None`: not a file, or
     /// gone by its `stat`).
     pub pool_files: BTreeMap<PageSize, BTreeMap<String, Option<PoolFileFact>>>,
-    /// Each served page size's lease directory: name to the path and the inode it names
-    /// (`None`: gone by its `lstat`).
-    pub lease_paths: BTreeMap<PageSize, BTreeMap<String, (PathBuf, Option<(u64, u64)>)>>,
+    /// Each served page size's lease directory, by name.
+    pub lease_paths: BTreeMap<PageSize, BTreeMap<String, LeasePathFact>>,
     /// The lease paths that exist, of every leased record (a path may lie outside the lease
     /// directory of this run).
     pub existing_paths: BTreeSet<PathBuf>,
@@ -213,7 +222,7 @@ fn keep_or_drop(facts: &Facts, mut rec: FileRecord, plan: &mut Plan) {
 /// Lease paths that are not the inode of a kept lease at that very path are removed.
 fn stray_lease_paths(facts: &Facts, plan: &mut Plan) {
     for (&ps, dir) in &facts.lease_paths {
-        for (name, (path, inode)) in dir {
+        for (name, LeasePathFact { path, inode }) in dir {
             let ours = plan.kept.iter().any(|r| match &r.state {
                 FileState::Leased(l) if l.path == *path => {
                     let pool = facts

@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 
-use super::recovery::{self, Facts, PoolFileFact, Step};
+use super::recovery::{self, Facts, LeasePathFact, PoolFileFact, Step};
 use super::{Action, Core, Phase, Released};
 use crate::page_size::PageSize;
 use crate::policy::pool::Recycle;
@@ -948,7 +948,13 @@ impl Sim {
             .world
             .links
             .iter()
-            .map(|(name, id)| (name.clone(), (lease_path(name), Some((1, *id)))))
+            .map(|(name, id)| {
+                let fact = LeasePathFact {
+                    path: lease_path(name),
+                    inode: Some((1, *id)),
+                };
+                (name.clone(), fact)
+            })
             .collect();
         facts.lease_paths.insert(PS, links);
         facts.existing_paths = self.world.links.keys().map(|n| lease_path(n)).collect();

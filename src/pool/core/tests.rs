@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use super::recovery::{plan, Facts, PoolFileFact, Step};
+use super::recovery::{plan, Facts, LeasePathFact, PoolFileFact, Step};
 use super::*;
 use crate::pool::record::{LeaseRecord, LeaseSource};
 
@@ -640,6 +640,13 @@ fn facts(records: &[FileRecord], clean: bool) -> Facts {
     f
 }
 
+fn path_fact(path: &str, ino: u64) -> LeasePathFact {
+    LeasePathFact {
+        path: path.into(),
+        inode: Some((1, ino)),
+    }
+}
+
 fn leased_rec(id: u64, lease_id: u64, name: &str) -> FileRecord {
     rec(
         id,
@@ -662,7 +669,7 @@ fn recovery_deletes_a_filling_file_and_its_record() {
 #[test]
 fn recovery_trusts_warm_only_after_a_clean_shutdown() {
     let w = rec(1, M2, FileState::Warm);
-    let p = plan(&facts(&[w.clone()], true));
+    let p = plan(&facts(std::slice::from_ref(&w), true));
     assert!(p.steps.is_empty());
     assert_eq!(p.kept, vec![w.clone()]);
     assert_eq!(p.report.warm, 1);
@@ -746,7 +753,7 @@ fn recovery_leaves_a_record_of_a_page_size_not_served_and_counts_its_id() {
 #[test]
 fn recovery_corrects_sizes_from_the_file() {
     let l = leased_rec(1, 2, "vm");
-    let mut f = facts(&[l.clone()], false);
+    let mut f = facts(std::slice::from_ref(&l), false);
     f.pool_files
         .get_mut(&PS)
         .unwrap()
@@ -787,7 +794,7 @@ fn recovery_keeps_a_lease_path_that_is_the_lease_s_file() {
     f.lease_paths
         .get_mut(&PS)
         .unwrap()
-        .insert("vm".into(), ("/sim/leases/vm".into(), Some((1, 1))));
+        .insert("vm".into(), path_fact("/sim/leases/vm", 1));
     assert!(plan(&f).steps.is_empty());
 }
 
@@ -797,8 +804,8 @@ fn recovery_removes_lease_paths_of_no_kept_lease() {
     f.existing_paths.insert("/sim/leases/vm".into());
     let paths = f.lease_paths.get_mut(&PS).unwrap();
     // Replaced by another inode, and a name no lease has.
-    paths.insert("vm".into(), ("/sim/leases/vm".into(), Some((1, 77))));
-    paths.insert("old".into(), ("/sim/leases/old".into(), Some((1, 1))));
+    paths.insert("vm".into(), path_fact("/sim/leases/vm", 77));
+    paths.insert("old".into(), path_fact("/sim/leases/old", 1));
     let p = plan(&f);
     assert_eq!(
         p.steps,

@@ -267,20 +267,20 @@ impl Core {
 
     /// The file is scrubbed, verified and journaled warm ([`Core::warm_record`]).
     pub(crate) fn scrubbed(&mut self, id: u64, rec: FileRecord) -> Result<()> {
-        self.to_warm("scrubbed", id, rec, Phase::Scrubbing)
+        self.make_warm("scrubbed", id, rec, Phase::Scrubbing)
     }
 
     /// A refilled file is faulted and journaled warm ([`Core::warm_record`]).
     pub(crate) fn filled(&mut self, id: u64, rec: FileRecord) -> Result<()> {
-        self.to_warm("filled", id, rec, Phase::Filling)
+        self.make_warm("filled", id, rec, Phase::Filling)
     }
 
     /// A cut warm file is cut and journaled at its new size ([`Core::warm_record`]).
     pub(crate) fn cut_done(&mut self, id: u64, rec: FileRecord) -> Result<()> {
-        self.to_warm("cut-done", id, rec, Phase::Cutting)
+        self.make_warm("cut-done", id, rec, Phase::Cutting)
     }
 
-    fn to_warm(
+    fn make_warm(
         &mut self,
         event: &'static str,
         id: u64,
