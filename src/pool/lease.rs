@@ -2,28 +2,12 @@
 //! journaling each step before it takes effect, and rolling back a failed lease so that it
 //! leaves no file, link or pool state behind.
 
+use super::core::choice::{choose, Choice, LeaseView};
 use super::fault::FaultError;
 use super::placement::{self, NodeSupply};
 use super::*;
 use crate::prefault::PrefaultError;
 use crate::sys::priority::{OutOfRealtime, RT_WORK_BYTES};
-
-/// What a lease does next, as [`Pool::choose`] decides it under the lock.
-enum Choice {
-    /// Fail: the kind cannot supply the lease.
-    Refuse(PoolError),
-    /// Wait for memory being cleaned or faulted (`for_faults`: only a fault in progress can
-    /// make the room).
-    Wait { for_faults: bool },
-    /// Give back this idle file first.
-    MakeRoom(u64),
-    /// Take this warm file (`None`: a new one), faulting `need` bytes.
-    Take {
-        file: Option<(u64, u64)>,
-        source: LeaseSource,
-        need: u64,
-    },
-}
 
 /// A driver's failure as the request's error.
 fn action_error(err: super::driver::ActionError) -> PoolError {
@@ -224,8 +208,15 @@ impl Pool {
                     name: v.name.clone(),
                 });
             }
-            match self.choose(&st, v, &mount.root, deadline) {
-                Choice::Refuse(err) => break Err(err),
+            match choose(&self.view(&st, v, &mount.root, deadline)) {
+                Choice::Refuse { available } => {
+                    break Err(PoolError::Insufficient {
+                        size: v.size,
+                        page_size: v.page_size,
+                        node: v.node,
+                        available,
+                    })
+                }
                 Choice::Wait { for_faults } => {
                     if for_faults && !waiting {
                         tracing::debug!(name = %v.name, size = v.size, "lease waits for faults in progress");
@@ -246,78 +237,26 @@ impl Pool {
         result
     }
 
-    /// What a lease does next with the pool as it is (see `docs/pool.md`, "Choosing memory
-    /// for a lease").
-    fn choose(&self, st: &State, v: &ValidRequest, root: &Path, deadline: Instant) -> Choice {
+    /// What the lease sees of its kind: the pool's files under the lock, the kernel's free
+    /// pages and the clock ([`core::choice::choose`] decides from it).
+    fn view(&self, st: &State, v: &ValidRequest, root: &Path, deadline: Instant) -> LeaseView {
         let promised = st.promised(v.node, v.page_size);
-        let faulting = promised.bytes;
-        let avail = self
-            .supply
-            .available_after(v.node, v.page_size, root, &promised);
-        let warm: Vec<(u64, u64)> = st
-            .of_kind(v.node, v.page_size)
-            .filter(|e| e.is_idle(&FileState::Warm))
-            .map(|e| (e.rec().id, e.rec().size))
-            .collect();
-        let warm_bytes: u64 = warm.iter().map(|w| w.1).sum();
-        let pending = st.pending_clean_bytes(v.node, v.page_size);
-        let supply = avail + warm_bytes + pending;
-        // Pages promised to faults in progress come back once those end (a failed fault)
-        // or as warm files (a refill): wait for them before saying no.
-        let settling = pending > 0 || faulting > 0;
-        let insufficient = |available| {
-            Choice::Refuse(PoolError::Insufficient {
-                size: v.size,
-                page_size: v.page_size,
-                node: v.node,
-                available,
-            })
+        let idle = |state: FileState| -> Vec<(u64, u64)> {
+            st.of_kind(v.node, v.page_size)
+                .filter(|e| e.is_idle(&state))
+                .map(|e| (e.rec().id, e.rec().size))
+                .collect()
         };
-        // A failing request changes nothing: a lease larger than all the kind could ever
-        // supply (faults in progress included, should they fail) is refused before any
-        // file is touched; one that only the end of a fault could make room for waits for
-        // it without deleting anything meanwhile.
-        let before_deadline = Instant::now() < deadline;
-        if v.size > supply.saturating_add(faulting)
-            || (v.size > supply && !(faulting > 0 && before_deadline))
-        {
-            return insufficient(supply);
-        }
-        if v.size > supply {
-            // Waits for faults in progress (a refill among them): urgent, so that the
-            // start gate and the scrub's cap let that work finish (see `gate`).
-            return Choice::Wait { for_faults: true };
-        }
-        let exact = warm.iter().find(|w| w.1 == v.size);
-        let larger = warm.iter().filter(|w| w.1 > v.size).min_by_key(|w| w.1);
-        let smaller = warm.iter().filter(|w| w.1 < v.size).max_by_key(|w| w.1);
-        let (file, source, need) = match (exact, larger, smaller) {
-            (Some(w), _, _) => (Some(*w), LeaseSource::WarmExact, 0),
-            (None, Some(w), _) => (Some(*w), LeaseSource::WarmShrunk, 0),
-            (None, None, Some(w)) => (Some(*w), LeaseSource::WarmGrown, v.size - w.1),
-            (None, None, None) => (None, LeaseSource::Cold, v.size),
-        };
-        if need <= avail {
-            return Choice::Take { file, source, need };
-        }
-        // Make room: give back another warm file, else a released file still waiting for
-        // the worker (its pages go back to the kernel, which zeroes them again in this
-        // lease's fault), else wait for the memory being cleaned now. A lease never queues
-        // behind the worker's backlog: under pressure every lease thread makes its own
-        // pages, in parallel, instead of one worker scrubbing for all. Nothing is deleted
-        // unless deleting is enough to serve the lease now.
-        let others = || warm.iter().filter(|w| Some(w.0) != file.map(|c| c.0));
-        let deletable =
-            others().map(|w| w.1).sum::<u64>() + st.dirty_idle_bytes(v.node, v.page_size);
-        let victim = others()
-            .min_by_key(|w| w.1)
-            .map(|w| w.0)
-            .or_else(|| st.dirty_victim(v.node, v.page_size, need - avail))
-            .filter(|_| avail + deletable >= need);
-        match victim {
-            Some(id) => Choice::MakeRoom(id),
-            None if settling && before_deadline => Choice::Wait { for_faults: false },
-            None => insufficient(avail + warm_bytes),
+        LeaseView {
+            size: v.size,
+            avail: self
+                .supply
+                .available_after(v.node, v.page_size, root, &promised),
+            faulting: promised.bytes,
+            warm: idle(FileState::Warm),
+            dirty: idle(FileState::Dirty),
+            pending: st.pending_clean_bytes(v.node, v.page_size),
+            may_wait: Instant::now() < deadline,
         }
     }
 

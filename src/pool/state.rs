@@ -131,29 +131,6 @@ impl State {
             .sum()
     }
 
-    /// A released file waiting for the worker to give back for `short` bytes: the smallest
-    /// that covers them, else the largest.
-    pub(super) fn dirty_victim(&self, node: u32, ps: PageSize, short: u64) -> Option<u64> {
-        let dirty = || {
-            self.of_kind(node, ps)
-                .filter(|e| e.busy().is_none() && e.rec().state == FileState::Dirty)
-        };
-        dirty()
-            .filter(|e| e.rec().size >= short)
-            .min_by_key(|e| e.rec().size)
-            .or_else(|| dirty().max_by_key(|e| e.rec().size))
-            .map(|e| e.rec().id)
-    }
-
-    /// Bytes of released files waiting for the worker (what [`State::dirty_victim`] can
-    /// give back).
-    pub(super) fn dirty_idle_bytes(&self, node: u32, ps: PageSize) -> u64 {
-        self.of_kind(node, ps)
-            .filter(|e| e.busy().is_none() && e.rec().state == FileState::Dirty)
-            .map(|e| e.rec().size)
-            .sum()
-    }
-
     /// Bytes that a waiting lease could get once the worker has caught up.
     pub(super) fn pending_clean_bytes(&self, node: u32, ps: PageSize) -> u64 {
         self.of_kind(node, ps)

@@ -22,6 +22,7 @@
 //!
 //! See `docs/architecture.md` for where each transition is driven.
 
+pub(crate) mod choice;
 mod invariants;
 pub mod recovery;
 mod transitions;
