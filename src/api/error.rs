@@ -113,7 +113,7 @@ pub fn status_of(err: &ApiError) -> StatusCode {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = status_of(&self);
-        super::metrics::api_metrics().error(self.kind());
+        let kind = ErrorKind(self.kind());
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
         }
@@ -121,9 +121,16 @@ impl IntoResponse for ApiError {
             error: self.to_string(),
             field: self.field_name(),
         };
-        (status, axum::Json(body)).into_response()
+        let mut response = (status, axum::Json(body)).into_response();
+        response.extensions_mut().insert(kind);
+        response
     }
 }
+
+/// The kind of an error answer ([`ApiError::kind`]), carried in the response's extensions
+/// for the route layer to count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorKind(pub &'static str);
 
 #[cfg(test)]
 mod tests {
