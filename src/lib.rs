@@ -24,6 +24,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod hugetlb;
 pub mod journal;
+pub mod journald;
 pub mod page_size;
 pub mod placement;
 pub mod policy;

@@ -237,16 +237,15 @@ fn register_placement(reg: &mut Registry, p: &placement::Snapshot) {
         "The warm-memory inventory last published to Placement, and Placement's usage then, MiB",
         inventory,
     );
-    if let Some(t) = p.last_success {
-        let secs = t
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        g.set(secs);
-        reg.register(
-            "placement_last_success_timestamp_seconds",
-            "When Placement last accepted an inventory update (Unix time)",
-            g,
-        );
-    }
+    let secs = p
+        .last_success
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0.0, |d| d.as_secs_f64());
+    let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    g.set(secs);
+    reg.register(
+        "placement_last_success_timestamp_seconds",
+        "When Placement last accepted an inventory update (Unix time; 0: never)",
+        g,
+    );
 }
