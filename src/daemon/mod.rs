@@ -9,6 +9,7 @@
 pub mod calibration;
 pub mod calibration_pages;
 pub mod config;
+pub mod config_page;
 pub mod mounts;
 mod notify;
 mod socket;
