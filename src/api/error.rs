@@ -112,8 +112,18 @@ pub fn status_of(err: &ApiError) -> StatusCode {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = status_of(&self);
+        // The route layer counts answers by this kind (`hugeprep_errors_total{kind}`).
         let kind = ErrorKind(self.kind());
+        let mut response = self.answer();
+        response.extensions_mut().insert(kind);
+        response
+    }
+}
+
+impl ApiError {
+    /// The answer: status, and the body naming the field at fault.
+    fn answer(self) -> Response {
+        let status = status_of(&self);
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
         }
@@ -121,9 +131,7 @@ impl IntoResponse for ApiError {
             error: self.to_string(),
             field: self.field_name(),
         };
-        let mut response = (status, axum::Json(body)).into_response();
-        response.extensions_mut().insert(kind);
-        response
+        (status, axum::Json(body)).into_response()
     }
 }
 
