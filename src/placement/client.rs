@@ -66,15 +66,18 @@ impl Client {
         if let AuthConfig::Token(t) = &self.auth {
             self.token = Some(t.clone());
         }
-        if self.token.is_none() {
-            let AuthConfig::ApplicationCredential {
-                auth_url,
-                id,
-                secret,
-            } = &self.auth
-            else {
-                unreachable!("a fixed token is set above");
-            };
+        let credential = match (&self.token, &self.auth) {
+            (
+                None,
+                AuthConfig::ApplicationCredential {
+                    auth_url,
+                    id,
+                    secret,
+                },
+            ) => Some((auth_url.clone(), id.clone(), secret.clone())),
+            _ => None,
+        };
+        if let Some((auth_url, id, secret)) = credential {
             let url = format!("{auth_url}/auth/tokens");
             let body = json!({"auth": {"identity": {
                 "methods": ["application_credential"],
@@ -140,7 +143,8 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(StatusCode, Value, String), PlacementError> {
-        for attempt in 0..2 {
+        let mut renewed = false;
+        loop {
             let (token, base) = self.login().await?;
             let url = format!("{base}{path}");
             let headers = [
@@ -171,8 +175,9 @@ impl Client {
                 .await?;
             let renewable = matches!(self.auth, AuthConfig::ApplicationCredential { .. });
             match status {
-                StatusCode::UNAUTHORIZED if renewable && attempt == 0 => {
+                StatusCode::UNAUTHORIZED if renewable && !renewed => {
                     // The token expired or was revoked: ask Keystone again, once.
+                    renewed = true;
                     self.token = None;
                     continue;
                 }
@@ -205,7 +210,6 @@ impl Client {
                 }
             }
         }
-        unreachable!("the second attempt returns")
     }
 
     /// The provider named `name`, if there is one.

@@ -157,7 +157,7 @@ impl Session {
         let now = Instant::now();
         let refresh = self
             .last_refresh
-            .is_none_or_elapsed(now, self.config.refresh);
+            .map_or(true, |t| now.duration_since(t) >= self.config.refresh);
         let child = match &self.child {
             Some(c) => c.clone(),
             None => {
@@ -238,16 +238,6 @@ impl Session {
                 })
             }
         }
-    }
-}
-
-trait Elapsed {
-    fn is_none_or_elapsed(&self, now: Instant, every: Duration) -> bool;
-}
-
-impl Elapsed for Option<Instant> {
-    fn is_none_or_elapsed(&self, now: Instant, every: Duration) -> bool {
-        self.map_or(true, |t| now.duration_since(t) >= every)
     }
 }
 
