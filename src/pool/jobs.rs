@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::core::{Action, Released};
+use super::counters::ReleaseFailure;
 use super::reach::{Proof, Unproven};
 use super::worker::REFILL_BACKOFF;
 use super::{fault, holes, FileRecord, Pool};
@@ -145,6 +146,7 @@ impl Pool {
             Ok(f) => f,
             Err(err) => {
                 tracing::error!(%err, "cannot open a released file: deleting it");
+                self.counters.release_failed(ReleaseFailure::Open);
                 return self.give_up_unlocked(id);
             }
         };
@@ -171,6 +173,7 @@ impl Pool {
             // Kept at a smaller size in demand: cut first, scrub only what stays.
             if let Err(err) = file.set_len(rec.size) {
                 tracing::error!(%err, "cannot cut a released file to the size in demand: deleting it");
+                self.counters.release_failed(ReleaseFailure::Cut);
                 return Err(None);
             }
         }
@@ -184,6 +187,7 @@ impl Pool {
             Ok(r) => r,
             Err(err) => {
                 tracing::warn!(%err, "cannot refill a released file's holes: deleting it");
+                self.counters.release_failed(ReleaseFailure::Holes);
                 return Err(None);
             }
         };
@@ -220,6 +224,7 @@ impl Pool {
                 };
                 if let Err(err) = self.perform(&Action::Journal(warm.clone())) {
                     tracing::error!(%err, "cannot journal a scrubbed file");
+                    self.counters.release_failed(ReleaseFailure::Journal);
                     drop(self.give_up(st, id));
                     return;
                 }
@@ -242,6 +247,7 @@ impl Pool {
             Err(err) => {
                 if let Some(err) = err {
                     tracing::error!(%err, "scrub failed: deleting the file");
+                    self.counters.release_failed(ReleaseFailure::Scrub);
                 }
                 self.give_up_unlocked(id);
             }
