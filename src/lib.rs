@@ -25,6 +25,7 @@ pub mod doctor;
 pub mod hugetlb;
 pub mod journal;
 pub mod page_size;
+pub mod perm;
 pub mod policy;
 pub mod pool;
 pub mod prefault;

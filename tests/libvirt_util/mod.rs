@@ -2,6 +2,11 @@
 //! private hugetlbfs mount, a private libvirtd (`hugeprep::vmm::libvirt::sandbox`) whose
 //! `memory_backing_dir` is on that mount and whose QEMU hook is `hugeprep libvirt-hook`, and
 //! helpers to write domain XML and look into QEMU.
+//!
+//! libvirt runs with the package's own qemu.conf, as the distribution ships it (QEMU as
+//! `libvirt-qemu` with dynamic ownership and its private /dev on Debian), changed only where
+//! integration/libvirt/qemu.conf.snippet says; a lab can run QEMU as root or as another user
+//! instead ([`QemuAs`]).
 
 #![allow(dead_code)]
 
@@ -10,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use hugeprep::pool::LeaseInfo;
+use hugeprep::vmm::libvirt::qemu_conf::QemuConf;
+pub use hugeprep::vmm::libvirt::sandbox::QemuAs;
 use hugeprep::vmm::libvirt::sandbox::{hook_command, Sandbox};
 use hugeprep::vmm::libvirt::HookConfig;
 
@@ -29,7 +36,34 @@ pub fn tools_present() -> bool {
             return false;
         }
     }
+    assert_qemu_conf_as_shipped();
     true
+}
+
+/// The host's /etc/libvirt/qemu.conf is the package's, unchanged (dpkg's checksum of the
+/// conffile): the sandboxes start from it, and the tests claim to run libvirt as shipped.
+pub fn assert_qemu_conf_as_shipped() {
+    let conf = "/etc/libvirt/qemu.conf";
+    let out = Command::new("dpkg-query")
+        .args(["-W", "-f", "${Conffiles}", "libvirt-daemon-system"])
+        .output();
+    let Ok(out) = out else { return };
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let Some(sum) = listed
+        .lines()
+        .map(str::split_whitespace)
+        .find_map(|mut f| (f.next() == Some(conf)).then(|| f.next()).flatten())
+    else {
+        return;
+    };
+    let md5 = Command::new("md5sum").arg(conf).output().unwrap();
+    let actual = String::from_utf8_lossy(&md5.stdout);
+    assert!(
+        actual.starts_with(sum),
+        "{conf} is not the one libvirt-daemon-system ships (md5 {sum}): the libvirt tests run \
+         QEMU as the distribution configures it; restore it (apt-get install --reinstall \
+         -o Dpkg::Options::=--force-confask libvirt-daemon-system)"
+    );
 }
 
 /// A hugeprep daemon plus a libvirtd that uses it. Field order is drop order: libvirt and
@@ -41,6 +75,8 @@ pub struct Lab {
     pub backing: PathBuf,
     pub config_path: PathBuf,
     pub warm: u64,
+    /// The uid libvirt runs QEMU as (from the sandbox's qemu.conf).
+    pub qemu_uid: u32,
     daemon_args: Vec<String>,
     next_uuid: u32,
 }
@@ -52,9 +88,19 @@ impl Lab {
         Lab::on(Env::new(name, mount_bytes), warm, 32 * MIB)
     }
 
+    /// As [`Lab::new`], with QEMU run as `qemu` says.
+    pub fn new_as(name: &str, mount_bytes: u64, warm: u64, qemu: &QemuAs) -> Lab {
+        Lab::on_as(Env::new(name, mount_bytes), warm, 32 * MIB, qemu)
+    }
+
     /// A lab on `env` (its mount's page size), the daemon keeping `warm` bytes warm in files
-    /// of `file_size`.
+    /// of `file_size`, QEMU run as the package configures it.
     pub fn on(env: Env, warm: u64, file_size: u64) -> Lab {
+        Lab::on_as(env, warm, file_size, &QemuAs::Packaged)
+    }
+
+    /// As [`Lab::on`], with QEMU run as `qemu` says.
+    pub fn on_as(env: Env, warm: u64, file_size: u64, qemu: &QemuAs) -> Lab {
         let page_size = hugeprep::hugetlb::hugetlbfs_page_size(&env.mount)
             .unwrap()
             .unwrap();
@@ -74,10 +120,18 @@ impl Lab {
         let mut config = HookConfig::new(&backing);
         config.socket = env.socket.clone();
         config.stale_after_s = 0;
+        // A hook run by hand (no DAC label in its XML) reads the sandbox's qemu.conf.
+        config.qemu_conf = env.dir.join("libvirt/etc/qemu.conf");
         std::fs::write(&config_path, config.to_toml()).unwrap();
         let hook = hook_command(Path::new(env!("CARGO_BIN_EXE_hugeprep")), &config_path);
-        let sandbox = Sandbox::up(&env.dir.join("libvirt"), &backing, Some(&hook))
+        let sandbox = Sandbox::up_as(&env.dir.join("libvirt"), &backing, Some(&hook), qemu)
             .unwrap_or_else(|e| panic!("libvirt sandbox: {e}"));
+        let qemu_uid = QemuConf::read(&config.qemu_conf)
+            .unwrap()
+            .qemu_user()
+            .unwrap()
+            .creds
+            .uid;
         Lab {
             sandbox,
             daemon,
@@ -85,6 +139,7 @@ impl Lab {
             backing,
             config_path,
             warm,
+            qemu_uid,
             daemon_args,
             next_uuid: 1,
         }
@@ -148,6 +203,46 @@ impl Lab {
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
+    }
+
+    /// The real uid and gid the QEMU of domain `uuid` runs as.
+    pub fn qemu_ids(&self, uuid: &str) -> (u32, u32) {
+        let pid = self.sandbox.qemu_pid(uuid).unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let field = |name: &str| -> u32 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap()
+        };
+        (field("Uid:"), field("Gid:"))
+    }
+
+    /// QEMU of domain `uuid` runs as `uid`, and libvirt's per-domain directory and the
+    /// hook's lease files in it are that user's, closed to everyone else.
+    pub fn assert_qemu_owns(&self, uuid: &str, uid: u32) {
+        assert_eq!(self.qemu_ids(uuid).0, uid, "QEMU's uid");
+        let leases = self.leases_of(uuid);
+        assert!(!leases.is_empty());
+        for l in &leases {
+            let m = std::fs::metadata(&l.path).unwrap();
+            assert_eq!((m.uid(), m.mode() & 0o777), (uid, 0o600), "{}", l.name);
+        }
+        let dirs = Env::names(&self.backing.join("libvirt/qemu"));
+        let mine: Vec<&String> = dirs
+            .iter()
+            .filter(|d| {
+                let dir = self.backing.join("libvirt/qemu").join(d);
+                Env::names(&dir)
+                    .iter()
+                    .any(|f| leases.iter().any(|l| inode(&dir.join(f)) == inode(&l.path)))
+            })
+            .collect();
+        assert_eq!(mine.len(), 1, "{dirs:?}");
+        let m = std::fs::metadata(self.backing.join("libvirt/qemu").join(mine[0])).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o777), (uid, 0o700), "{}", mine[0]);
     }
 
     /// (file name, inode) of every file the QEMU of domain `uuid` maps under `memory_backing_dir`.

@@ -21,10 +21,11 @@ pub mod domain;
 pub mod error;
 pub mod hook;
 pub mod plan;
+pub mod qemu_conf;
 #[doc(hidden)]
 pub mod sandbox;
 
-pub use config::{Fallback, HookConfig, DEFAULT_CONFIG};
+pub use config::{Fallback, HookConfig, DEFAULT_CONFIG, RECOMMENDED_MEMORY_BACKING_DIR};
 pub use domain::{parse_nodeset, Domain, METADATA_NS};
 pub use error::HookError;
 pub use hook::{Hook, Outcome};
