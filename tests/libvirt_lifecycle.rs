@@ -8,10 +8,10 @@
 mod daemon_util;
 mod libvirt_util;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use daemon_util::{map_lease, MIB};
-use libvirt_util::{domain_xml, inode, tools_present, Lab};
+use libvirt_util::{domain_xml, hook_running, inode, tools_present, wait_until, Lab};
 
 const PATTERN: &[u8] = b"hugeprep-lifecycle-pattern";
 const AT: usize = 8 << 20;
@@ -47,33 +47,6 @@ fn virsh(lab: &Lab, args: &[&str]) -> String {
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().rev().take(30).collect();
     lines.join("\n")
-}
-
-fn wait_until(what: &str, limit: Duration, done: impl Fn() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        if Instant::now() > deadline {
-            eprintln!("not seen within {limit:?}: {what}");
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
-}
-
-/// Whether a `hugeprep libvirt-hook NAME OP ...` process is running now.
-fn hook_running(name: &str, op: &str) -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    dir.flatten().any(|e| {
-        std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
-            let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
-            args.iter().any(|a| a.ends_with(b"libvirt-hook"))
-                && args.contains(&name.as_bytes())
-                && args.contains(&op.as_bytes())
-        })
-    })
 }
 
 fn signal_daemon(lab: &Lab, sig: nix::sys::signal::Signal) {

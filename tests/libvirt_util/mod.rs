@@ -145,9 +145,10 @@ impl Lab {
         }
     }
 
-    /// Rewrites the hook's config (read on every hook call).
+    /// Rewrites the hook's config (read on every hook call), even one that no longer loads.
     pub fn configure(&self, change: impl FnOnce(&mut HookConfig)) {
-        let mut config = HookConfig::load(&self.config_path).unwrap();
+        let text = std::fs::read_to_string(&self.config_path).unwrap();
+        let mut config: HookConfig = toml::from_str(&text).unwrap();
         change(&mut config);
         std::fs::write(&self.config_path, config.to_toml()).unwrap();
     }
@@ -455,4 +456,95 @@ pub fn run_hook(config: &Path, name: &str, op: &str, subop: &str, xml: &str) -> 
         .write_all(xml.as_bytes())
         .unwrap();
     child.wait_with_output().unwrap()
+}
+
+/// Polls `done` every 20 ms for up to `limit` (a liveness bound, not a timing claim); says
+/// what was not seen.
+pub fn wait_until(what: &str, limit: std::time::Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while !done() {
+        if std::time::Instant::now() > deadline {
+            eprintln!("not seen within {limit:?}: {what}");
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
+}
+
+/// Whether a `hugeprep libvirt-hook NAME OP ...` process is running now.
+pub fn hook_running(name: &str, op: &str) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+            let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+            args.iter().any(|a| a.ends_with(b"libvirt-hook"))
+                && args.contains(&name.as_bytes())
+                && args.contains(&op.as_bytes())
+        })
+    })
+}
+
+/// A system user `name` (its own group, no home, no login) that is also in group `kvm`, as
+/// Fedora's `qemu` user is; made when missing, added to `kvm` when not in it yet. Returns
+/// its uid.
+pub fn ensure_kvm_user(name: &str) -> u32 {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _held = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let run = |cmd: &mut Command| {
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{cmd:?}: {out:?}");
+    };
+    match nix::unistd::User::from_name(name).unwrap() {
+        None => run(Command::new("useradd").args([
+            "--system",
+            "--user-group",
+            "--no-create-home",
+            "--home-dir",
+            "/nonexistent",
+            "--shell",
+            "/usr/sbin/nologin",
+            "--groups",
+            "kvm",
+            name,
+        ])),
+        Some(u) => {
+            let kvm = nix::unistd::Group::from_name("kvm").unwrap().unwrap();
+            if !kvm.mem.contains(&u.name) && u.gid != kvm.gid {
+                run(Command::new("usermod").args(["-a", "-G", "kvm", name]));
+            }
+        }
+    }
+    nix::unistd::User::from_name(name)
+        .unwrap()
+        .unwrap()
+        .uid
+        .as_raw()
+}
+
+/// Whether a process with `creds` can open `path` for reading and writing (run through
+/// `setpriv`, so the kernel decides, not a reading of mode bits).
+pub fn can_open_as(creds: &hugeprep::perm::Credentials, path: &Path) -> bool {
+    let groups: Vec<String> = creds.groups.iter().map(u32::to_string).collect();
+    let groups = if groups.is_empty() {
+        "--clear-groups".to_string()
+    } else {
+        format!("--groups={}", groups.join(","))
+    };
+    let out = Command::new("setpriv")
+        .arg(format!("--reuid={}", creds.uid))
+        .arg(format!("--regid={}", creds.gid))
+        .arg(groups)
+        .args(["--", "sh", "-c", "exec 3<>\"$1\"", "sh"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() || err.contains("Permission denied"),
+        "setpriv: {out:?}"
+    );
+    out.status.success()
 }
