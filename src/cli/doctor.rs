@@ -60,6 +60,10 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
         page_sizes,
         clearing_policy: config.clearing_policy,
         libvirt_dir: args.libvirt_dir,
+        run_dir: config
+            .run_dir
+            .clone()
+            .unwrap_or_else(|| hugeprep::daemon::DEFAULT_RUN_DIR.into()),
         probe_1g: !args.no_probe,
     };
     let report = doctor::run(&opts);

@@ -125,6 +125,8 @@ pub struct DoctorOptions {
     pub clearing_policy: Option<PathBuf>,
     /// libvirt's configuration directory (`/etc/libvirt`).
     pub libvirt_dir: PathBuf,
+    /// The daemon's runtime directory (its own hugetlbfs mounts are below it).
+    pub run_dir: PathBuf,
     /// Whether to probe for a 1 GiB page by adding one to the pool and taking it back.
     pub probe_1g: bool,
 }
@@ -137,6 +139,7 @@ impl Default for DoctorOptions {
             page_sizes: vec![PageSize::Size2M],
             clearing_policy: None,
             libvirt_dir: "/etc/libvirt".into(),
+            run_dir: crate::daemon::DEFAULT_RUN_DIR.into(),
             probe_1g: true,
         }
     }
