@@ -363,7 +363,7 @@ mod tests {
             xml,
             PageSize::Size2M,
             PageSize::Size2M,
-            "/dev/hugepages/libvirt",
+            "/dev/hugepages/libvirt-backing",
         )
         .unwrap()
         {

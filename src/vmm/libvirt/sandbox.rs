@@ -209,6 +209,22 @@ impl Sandbox {
             })
     }
 
+    /// A command that runs `program` inside the sandbox's mount namespace, where
+    /// `/etc/libvirt` and `/run/libvirt` are the sandbox's (what libvirtd and its hooks see).
+    pub fn command_inside(&self, program: impl AsRef<std::ffi::OsStr>) -> Result<Command> {
+        let pid = std::fs::read_to_string(self.dir.join("virtlogd.pid")).map_err(|source| {
+            SandboxError::Spawn {
+                command: "read virtlogd.pid".into(),
+                source,
+            }
+        })?;
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--mount=/proc/{}/ns/mnt", pid.trim()))
+            .arg("--")
+            .arg(program);
+        Ok(cmd)
+    }
+
     /// Stops libvirtd (running domains keep running) and starts it again.
     pub fn restart_libvirtd(&self) -> Result<()> {
         script(&["restart-libvirtd".as_ref(), self.dir.as_os_str()]).map(drop)
