@@ -98,6 +98,8 @@ impl LibvirtStarter {
         let served = config.to_toml();
         config.socket = tmp.join("no-daemon.sock");
         config.on_daemon_down = Fallback::Cold;
+        // A daemon that is not there at all: no retry, straight to cold.
+        config.daemon_retry_s = 0;
         let cold = config.to_toml();
         write_config(&config_path, &served)?;
         let hook = format!(
