@@ -130,7 +130,7 @@ pub struct Unreadable {
 pub enum CheckError {
     /// A component refuses the credentials.
     #[error(transparent)]
-    Blocked(#[from] Blocked),
+    Blocked(Box<Blocked>),
     /// A component could not be examined (missing, or `stat` failed).
     #[error(transparent)]
     Unreadable(#[from] Unreadable),
@@ -176,7 +176,7 @@ pub fn check(path: &Path, who: &Credentials, last: Access) -> Result<(), CheckEr
             source,
         })?;
         if !who.allows(meta.uid(), meta.gid(), meta.mode() & 0o7777, want) {
-            return Err(Blocked {
+            return Err(CheckError::Blocked(Box::new(Blocked {
                 path: at.clone(),
                 owner: user_name(meta.uid()),
                 group: group_name(meta.gid()),
@@ -188,8 +188,7 @@ pub fn check(path: &Path, who: &Credentials, last: Access) -> Result<(), CheckEr
                 },
                 uid: who.uid,
                 what: want.describe().to_string(),
-            }
-            .into());
+            })));
         }
     }
     Ok(())

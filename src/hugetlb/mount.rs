@@ -178,12 +178,15 @@ pub fn passed_over(path: &Path, own: &Path) -> Option<String> {
     })
 }
 
+/// Mounts [`passed_over`], each with why.
+pub type PassedOver = Vec<(HugetlbfsMount, String)>;
+
 /// The first hugetlbfs mount of `page_size` that [`passed_over`] does not rule out, and the
 /// ones it passed over with why.
 pub fn find_trusted(
     page_size: PageSize,
     own: &Path,
-) -> Result<(Option<HugetlbfsMount>, Vec<(HugetlbfsMount, String)>)> {
+) -> Result<(Option<HugetlbfsMount>, PassedOver)> {
     let mut skipped = Vec::new();
     for m in mounts()?.into_iter().filter(|m| m.page_size == page_size) {
         match passed_over(&m.path, own) {

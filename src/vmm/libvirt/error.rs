@@ -76,7 +76,7 @@ pub enum HookError {
         /// QEMU's user, for the message.
         qemu: String,
         /// Where the path is closed.
-        blocked: crate::perm::Blocked,
+        blocked: Box<crate::perm::Blocked>,
     },
     /// A directory below `memory_backing_dir` is a link, not QEMU's, or writable by others.
     #[error(transparent)]
