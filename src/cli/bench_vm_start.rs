@@ -33,12 +33,13 @@ pub struct BenchVmStartArgs {
     #[arg(long)]
     pub qemu: Option<PathBuf>,
     /// VMMs to measure, comma-separated: qemu (exec to QMP ready), libvirt (`virsh
-    /// create` to started, in a private libvirtd with hugeprep's hook) and cloud-hypervisor
+    /// create` to started, in a private libvirtd with hugeprep's hook, QEMU as the package
+    /// runs it), libvirt-root (the same with QEMU as root, beside it) and cloud-hypervisor
     /// (exec to a tiny guest's first serial report).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "qemu,libvirt,cloud-hypervisor"
+        default_value = "qemu,libvirt,libvirt-root,cloud-hypervisor"
     )]
     pub vmms: Vec<Vmm>,
     /// cloud-hypervisor binary, v53 (default: cloud-hypervisor from PATH; without one its
