@@ -20,6 +20,7 @@ mod libvirt_hook;
 mod mount;
 mod pool;
 mod prepare;
+mod progress;
 mod qemu_args;
 mod release;
 mod reserve;
