@@ -211,3 +211,58 @@ fn libvirt_adopt_of_several_domains_counts_them_on_a_terminal_only() {
     }
     lab.assert_clean();
 }
+
+#[test]
+fn bench_vm_start_spins_on_a_terminal_only_around_its_lines() {
+    for tool in ["/usr/bin/qemu-system-x86_64", "/dev/kvm"] {
+        if !Path::new(tool).exists() {
+            hugeprep::testing::missing_tool(&format!("{tool} missing"));
+            return;
+        }
+    }
+    // The smallest run: one 2 MiB guest, QEMU alone, one repetition.
+    let dir = std::env::temp_dir().join(format!("hugeprep-progress-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let args = [
+        "bench",
+        "vm-start",
+        "--sizes",
+        "2M",
+        "--page-size",
+        "2M",
+        "--vmms",
+        "qemu",
+        "--reps",
+        "1",
+        "--headroom",
+        "0",
+    ];
+    let socket = dir.join("unused.sock");
+    let mark = "bench vm-start";
+    let watched = on_terminal(&dir, &socket, &args);
+    assert_drawn(&watched, mark);
+    // Its lines are still there, each on a line of its own, not torn through the spinner.
+    assert!(
+        watched.stderr.contains("\x1b[2K2 MiB rep 1/1  qemu"),
+        "{:?}",
+        watched.stderr
+    );
+    assert!(
+        watched.stdout.contains("seconds to ready"),
+        "{}",
+        watched.stdout
+    );
+    let unwatched = piped(&socket, &args);
+    assert_quiet(&unwatched, mark);
+    assert!(
+        unwatched.stderr.contains("2 MiB rep 1/1  qemu"),
+        "{}",
+        unwatched.stderr
+    );
+    // Its log lines are still on the terminal (in colour), without the spinner.
+    let json = on_terminal(&dir, &socket, &[&args[..], &["--json"]].concat());
+    assert!(!json.stderr.contains(mark), "{:?}", json.stderr);
+    assert!(!json.stdout.contains('\x1b'), "{:?}", json.stdout);
+    let _: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

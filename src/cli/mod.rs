@@ -139,7 +139,7 @@ pub fn init_tracing(verbose: u8) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(progress::StderrAroundProgress);
     let _ = if journal {
         builder.without_time().try_init()
     } else {

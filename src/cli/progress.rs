@@ -4,11 +4,15 @@
 //! With `--json`, or a stderr that is no terminal (a pipe, a file, the journal), or
 //! `TERM=dumb`, nothing is drawn at all.
 //!
-//! The commands decide what they count and when; a [`Progress`] only shows it.
+//! The commands decide what they count and when; a [`Progress`] only shows it. Log lines
+//! (`tracing`, from the command or a daemon it runs in-process, as the benchmarks do) go
+//! through [`StderrAroundProgress`], which takes the bar off the terminal for each line.
 
 use std::borrow::Cow;
 use std::ffi::OsStr;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -16,6 +20,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 /// How often the elapsed time and the spinner move while the command waits (on the kernel,
 /// the daemon or a VMM) without news.
 const TICK: Duration = Duration::from_millis(120);
+
+/// The bar on the terminal now (one at most), with the id of the [`Progress`] that drew it.
+static ON_TERMINAL: Mutex<Option<(u64, ProgressBar)>> = Mutex::new(None);
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 /// Whether progress is drawn for this process: the command has no reason to stay `quiet`
 /// (`--json`, or work too small to watch), stderr is a terminal, and not a dumb one.
@@ -44,6 +52,7 @@ pub enum Unit {
 /// A bar (or a spinner) on stderr, or nothing when [`drawn`] says so; cleared when dropped.
 pub struct Progress {
     bar: ProgressBar,
+    id: u64,
 }
 
 impl Progress {
@@ -66,9 +75,11 @@ impl Progress {
     }
 
     fn new(quiet: bool, total: Option<u64>, template: &str) -> Progress {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         if !drawn(quiet) {
             return Progress {
                 bar: ProgressBar::hidden(),
+                id,
             };
         }
         let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
@@ -78,7 +89,8 @@ impl Progress {
         // Drawn at once, not at the ticker's first turn: work done sooner still showed.
         bar.tick();
         bar.enable_steady_tick(TICK);
-        Progress { bar }
+        *on_terminal() = Some((id, bar.clone()));
+        Progress { bar, id }
     }
 
     /// Starts the bar again at zero of `total`, saying what it now counts.
@@ -112,7 +124,45 @@ impl Progress {
 
 impl Drop for Progress {
     fn drop(&mut self) {
+        let mut shown = on_terminal();
+        if shown.as_ref().is_some_and(|(id, _)| *id == self.id) {
+            *shown = None;
+        }
+        drop(shown);
         self.bar.finish_and_clear();
+    }
+}
+
+fn on_terminal() -> std::sync::MutexGuard<'static, Option<(u64, ProgressBar)>> {
+    ON_TERMINAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `tracing`'s writer: stderr, each line written with the bar (if one is drawn) taken off
+/// the terminal and drawn again below it, rather than torn through it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StderrAroundProgress;
+
+impl Write for StderrAroundProgress {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // Cloned out: the lock is not held while another thread's line waits for the bar.
+        let bar = on_terminal().as_ref().map(|(_, bar)| bar.clone());
+        match bar {
+            Some(bar) => bar.suspend(|| std::io::stderr().write_all(buf))?,
+            None => std::io::stderr().write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for StderrAroundProgress {
+    type Writer = StderrAroundProgress;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        *self
     }
 }
 
