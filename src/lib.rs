@@ -33,6 +33,7 @@ pub mod prefault;
 pub mod scrub;
 pub mod stats;
 pub mod sys;
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod testing;
 pub mod topology;

@@ -140,6 +140,7 @@ pub fn init_tracing(verbose: u8) {
         .with_env_filter(filter)
         .with_ansi(ansi)
         .with_writer(progress::StderrAroundProgress);
+    // Fails only when a subscriber is set already (a test harness): that one logs.
     let _ = if journal {
         builder.without_time().try_init()
     } else {
