@@ -20,6 +20,7 @@ mod libvirt_hook;
 mod mount;
 mod pool;
 mod prepare;
+mod progress;
 mod qemu_args;
 mod release;
 mod reserve;
@@ -138,7 +139,7 @@ pub fn init_tracing(verbose: u8) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(progress::StderrAroundProgress);
     // Fails only when a subscriber is set already (a test harness): that one logs.
     let _ = if journal {
         builder.without_time().try_init()
