@@ -130,11 +130,7 @@ impl Report {
             folios: u64_at(56)?,
             pages: u64_at(64)?,
             held_folios: u64_at(72)?,
-            first_held: (
-                u64_at(80)? as i64,
-                u64_at(88)? as i64,
-                u64_at(96)? as i64,
-            ),
+            first_held: (u64_at(80)? as i64, u64_at(88)? as i64, u64_at(96)? as i64),
             odd_entries: u64_at(104)?,
             nodes: u64_at(112)?,
         })
@@ -169,9 +165,7 @@ impl Probe {
             .maps()
             .find(|m| m.name() == "targets")
             .ok_or(BpfError::Missing("map targets"))
-            .and_then(|m| {
-                MapHandle::try_from(&m).map_err(|e| BpfError::Load(e.to_string()))
-            })?;
+            .and_then(|m| MapHandle::try_from(&m).map_err(|e| BpfError::Load(e.to_string())))?;
         Ok(Probe {
             _object: object,
             prog,

@@ -28,6 +28,7 @@
 //! live process outside its cgroups; `recycle = "kernel"` closes that too.
 
 pub mod cgroup;
+pub mod kernel;
 mod reader;
 pub mod scan;
 
@@ -40,6 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::sys::fanotify::OpenWatch;
+use crate::sys::reach_bpf::Probe;
 
 /// Openers recorded per file before the record stops proving anything (each keeps a pidfd).
 const MAX_OPENERS: usize = 64;
@@ -115,6 +117,35 @@ pub enum Unproven {
         /// The process.
         pid: u32,
     },
+    /// Open files or mounts of the file exist beside the daemon's one (the kernel's count of
+    /// references to its dentry), or another dentry of it does (a name unlinked while held).
+    #[error("{extra} open files or mounts of it exist beside the daemon's (O_PATH and in flight ones included), and {names} other dentries")]
+    Referenced {
+        /// References beyond the daemon's.
+        extra: i32,
+        /// Other dentries of the inode.
+        names: u32,
+    },
+    /// A mount of its file system shows less than the whole (a bind mount of the file or of
+    /// a directory), in some mount namespace or none.
+    #[error("{mounts} mounts of its file system show a part of it (a bind mount)")]
+    PartialMount {
+        /// Such mounts.
+        mounts: u32,
+    },
+    /// Pages of the file are referenced beyond the page cache: mapped, pinned (io_uring,
+    /// VFIO, RDMA), in a pipe, or otherwise held.
+    #[error("{folios} of its huge pages are held beyond the page cache (the first: {refs} references, {pins} pins, {maps} mappings)")]
+    PagesHeld {
+        /// Folios held.
+        folios: u64,
+        /// The first one's reference count.
+        refs: i64,
+        /// Its long-term pins.
+        pins: i64,
+        /// Its mappings.
+        maps: i64,
+    },
     /// A step could not be carried out; the proof fails closed.
     #[error("{step}: {message}")]
     Error {
@@ -141,12 +172,15 @@ impl Unproven {
             Unproven::IoUring { .. } => "io-uring",
             Unproven::Descriptor { .. } => "descriptor",
             Unproven::Mount { .. } => "mount",
+            Unproven::Referenced { .. } => "descriptor",
+            Unproven::PartialMount { .. } => "mount",
+            Unproven::PagesHeld { .. } => "pages-held",
             Unproven::Error { .. } => "error",
         }
     }
 
     /// Every label, for metrics that list them all.
-    pub const LABELS: [&'static str; 13] = [
+    pub const LABELS: [&'static str; 14] = [
         "trust",
         "not-watched",
         "lost-events",
@@ -159,6 +193,7 @@ impl Unproven {
         "io-uring",
         "descriptor",
         "mount",
+        "pages-held",
         "error",
     ];
 }
@@ -183,6 +218,11 @@ struct Record {
     /// daemon and root is refused (one that passed its permission check before the lease
     /// path went would otherwise reach the next lessee's memory).
     recycled: bool,
+    /// Kernel counts: opens by anyone but the daemon and root are refused, from before the
+    /// counts are read until the next lease.
+    refusing: bool,
+    /// Kernel counts: opens by other processes reported since the lease began.
+    opens: usize,
 }
 
 #[derive(Debug, Default)]
@@ -200,10 +240,38 @@ pub struct Proof {
     pub took: Duration,
 }
 
+/// How releases are proven (see `docs/security.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// The kernel's own reference counts of the file, read by a BPF iterator: cost bounded
+    /// by the file ([`kernel`]).
+    KernelCounts,
+    /// Openers recorded by fanotify permission events, their cgroups, and a walk of every
+    /// thread in `/proc` ([`scan`]): cost grows with the host.
+    ProcWalk,
+    /// No fanotify watch: every release takes the kernel's path.
+    None,
+}
+
+impl Method {
+    /// A short label for logs and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Method::KernelCounts => "kernel-counts",
+            Method::ProcWalk => "proc-walk",
+            Method::None => "none",
+        }
+    }
+}
+
 /// The open watch over leased files and the proofs made from it.
 #[derive(Debug)]
 pub struct Reach {
     watch: Option<OpenWatch>,
+    /// The kernel-counts probe; `None`: the proof walks `/proc`.
+    probe: Option<Probe>,
+    /// Whether the kernel's counts of a quiet file match the proof's model.
+    model: Mutex<kernel::Model>,
     hierarchies: cgroup::Hierarchies,
     watched: Mutex<Watched>,
     /// Milliseconds after `born` at which the reader thread last finished a turn.
@@ -229,13 +297,30 @@ impl Reach {
             tracing::warn!(%err, "cannot read the cgroup mounts: no opener can be proven gone");
             cgroup::Hierarchies::default()
         });
+        let probe = match (&watch, std::env::var("HUGEPREP_REACH").as_deref()) {
+            (None, _) => None,
+            (Some(_), Ok("walk")) => {
+                tracing::info!("HUGEPREP_REACH=walk: the release proof walks /proc");
+                None
+            }
+            (Some(_), _) => match Probe::load() {
+                Ok(p) => Some(p),
+                Err(err) => {
+                    tracing::warn!(%err, "the release proof cannot read the kernel's counts: it walks /proc, and its cost grows with the processes on the host");
+                    None
+                }
+            },
+        };
         let reach = Arc::new(Reach {
             watch,
+            probe,
+            model: Mutex::new(kernel::Model::Unchecked),
             hierarchies,
             watched: Mutex::new(Watched::default()),
             beat_ms: AtomicU64::new(0),
             born: Instant::now(),
         });
+        tracing::info!(method = reach.method().label(), "release proof");
         if reach.watch.is_none() {
             return reach;
         }
@@ -250,12 +335,23 @@ impl Reach {
                 tracing::warn!(%err, "cannot start the open watch's reader: released leases take the kernel's path");
                 Arc::new(Reach {
                     watch: None,
+                    probe: None,
+                    model: Mutex::new(kernel::Model::Unchecked),
                     hierarchies: reach.hierarchies.clone(),
                     watched: Mutex::new(Watched::default()),
                     beat_ms: AtomicU64::new(0),
                     born: Instant::now(),
                 })
             }
+        }
+    }
+
+    /// How releases are proven.
+    pub fn method(&self) -> Method {
+        match (&self.watch, &self.probe) {
+            (None, _) => Method::None,
+            (Some(_), Some(_)) => Method::KernelCounts,
+            (Some(_), None) => Method::ProcWalk,
         }
     }
 
@@ -310,11 +406,55 @@ impl Reach {
                 },
             );
         }
+        if self.probe.is_some() {
+            self.watch_by_counts(w, id, file);
+            return;
+        }
         // Marked once the record is there: the first open finds it.
         if let Err(err) = w.watch(file.as_fd()) {
             tracing::warn!(id, %err, "cannot watch a leased file's opens: it will take the kernel's path");
             if let Some(r) = self.lock().files.get_mut(&id) {
                 r.complete = false;
+            }
+        }
+    }
+
+    /// [`Reach::watch`] with kernel counts: opens are no longer refused, and the first one
+    /// is reported (for the start gate) without making the opener wait. On the first lease,
+    /// the model of the counts is checked on the file, which only the daemon reaches yet.
+    fn watch_by_counts(&self, w: &OpenWatch, id: u64, file: &File) {
+        self.check_model(file);
+        let unwatched = match w.unwatch(file.as_fd()) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            other => other,
+        };
+        if let Err(err) = unwatched.and_then(|()| w.notify(file.as_fd())) {
+            // Opens of it would be refused, or not seen by the start gate.
+            tracing::warn!(id, %err, "cannot change a leased file's open watch: it will take the kernel's path");
+            if let Some(r) = self.lock().files.get_mut(&id) {
+                r.complete = false;
+            }
+        }
+    }
+
+    /// Checks once that the kernel's counts of a quiet file match the proof's model.
+    fn check_model(&self, file: &File) {
+        let Some(probe) = &self.probe else { return };
+        let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
+        if *model != kernel::Model::Unchecked {
+            return;
+        }
+        match kernel::check_model(probe, file) {
+            Ok(Some(())) => {
+                tracing::info!(
+                    "the kernel's counts of a quiet pool file match the release proof's model"
+                );
+                *model = kernel::Model::Holds;
+            }
+            Ok(None) => {}
+            Err(err) => {
+                tracing::error!(%err, "the kernel's counts of a quiet pool file do not match the release proof's model: every release takes the kernel's path");
+                *model = kernel::Model::Differs;
             }
         }
     }
@@ -339,6 +479,9 @@ impl Reach {
         let started = Instant::now();
         if self.watch.is_none() {
             return Err(Unproven::NotWatched);
+        }
+        if let Some(probe) = &self.probe {
+            return self.prove_by_counts(probe, id, file, started);
         }
         // Every open that returned is recorded; one still waiting for its answer is an
         // open file, which the write lease below sees.
@@ -414,6 +557,61 @@ impl Reach {
         }
         Ok(Proof {
             openers,
+            took: started.elapsed(),
+        })
+    }
+}
+
+impl Reach {
+    /// [`Reach::prove`] from the kernel's counts ([`kernel`]).
+    fn prove_by_counts(
+        &self,
+        probe: &Probe,
+        id: u64,
+        file: &File,
+        started: Instant,
+    ) -> Result<Proof, Unproven> {
+        let Some(w) = &self.watch else {
+            return Err(Unproven::NotWatched);
+        };
+        // Refused from now until the next lease (but the daemon's and root's opens): an
+        // open that took its dentry reference before is in the counts read below.
+        let opens = {
+            let mut st = self.lock();
+            let record = st.files.get_mut(&id).ok_or(Unproven::NotWatched)?;
+            if !record.complete {
+                return Err(Unproven::Lost);
+            }
+            record.refusing = true;
+            record.opens
+        };
+        w.watch(file.as_fd()).map_err(|e| Unproven::Error {
+            step: "refusing opens",
+            message: e.to_string(),
+        })?;
+        let model = *self.model.lock().unwrap_or_else(|e| e.into_inner());
+        if model != kernel::Model::Holds {
+            return Err(Unproven::Error {
+                step: "kernel counts",
+                message: match model {
+                    kernel::Model::Unchecked => "not checked on a quiet file yet".into(),
+                    _ => "a quiet file's counts differ from the model".into(),
+                },
+            });
+        }
+        let sole = crate::sys::lease::sole_open_file(file).map_err(|e| Unproven::Error {
+            step: "write lease",
+            message: e.to_string(),
+        })?;
+        if !sole {
+            return Err(Unproven::OpenElsewhere);
+        }
+        kernel::prove(probe, file)?;
+        if let Some(r) = self.lock().files.get_mut(&id) {
+            r.recycled = true;
+        }
+        Ok(Proof {
+            openers: opens,
             took: started.elapsed(),
         })
     }
