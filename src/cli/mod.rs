@@ -107,6 +107,21 @@ pub enum BenchCommand {
     Trace(bench_trace::BenchTraceArgs),
     /// Long-term pin (VFIO's path) of never-faulted memory vs of a lease.
     Pin(bench_pin::BenchPinArgs),
+    /// A QEMU-like process of `bench recycle --host-processes`: threads and descriptors,
+    /// idle until its standard input ends.
+    #[command(hide = true)]
+    BusyProcess(BusyProcessArgs),
+}
+
+/// `hugeprep bench busy-process`.
+#[derive(Debug, clap::Args)]
+pub struct BusyProcessArgs {
+    /// Threads, the main one included.
+    #[arg(long, default_value_t = 64)]
+    pub threads: usize,
+    /// Descriptors.
+    #[arg(long, default_value_t = 200)]
+    pub fds: usize,
 }
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
@@ -148,6 +163,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::VmStart(args) => bench_vm_start::run(args),
             BenchCommand::Trace(args) => bench_trace::run(args),
             BenchCommand::Pin(args) => bench_pin::run(args),
+            BenchCommand::BusyProcess(args) => {
+                Ok(hugeprep::bench::host::busy_process(args.threads, args.fds)?)
+            }
         },
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),

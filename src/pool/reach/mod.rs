@@ -286,6 +286,12 @@ impl Reach {
     /// takes the kernel's path; the log says so once. The thread ends once the last
     /// reference is gone.
     pub fn new() -> Arc<Reach> {
+        Reach::proving(None)
+    }
+
+    /// [`Reach::new`] with the method chosen: `Some(Method::ProcWalk)` never loads the
+    /// kernel counts' probe (as `HUGEPREP_REACH=walk` does); `None` prefers the counts.
+    pub fn proving(method: Option<Method>) -> Arc<Reach> {
         let watch = match OpenWatch::new() {
             Ok(w) => Some(w),
             Err(err) => {
@@ -297,19 +303,20 @@ impl Reach {
             tracing::warn!(%err, "cannot read the cgroup mounts: no opener can be proven gone");
             cgroup::Hierarchies::default()
         });
-        let probe = match (&watch, std::env::var("HUGEPREP_REACH").as_deref()) {
-            (None, _) => None,
-            (Some(_), Ok("walk")) => {
-                tracing::info!("HUGEPREP_REACH=walk: the release proof walks /proc");
-                None
-            }
-            (Some(_), _) => match Probe::load() {
+        let walk = method == Some(Method::ProcWalk)
+            || std::env::var("HUGEPREP_REACH").as_deref() == Ok("walk");
+        if walk {
+            tracing::info!("HUGEPREP_REACH=walk: the release proof walks /proc");
+        }
+        let probe = match &watch {
+            Some(_) if !walk => match Probe::load() {
                 Ok(p) => Some(p),
                 Err(err) => {
                     tracing::warn!(%err, "the release proof cannot read the kernel's counts: it walks /proc, and its cost grows with the processes on the host");
                     None
                 }
             },
+            _ => None,
         };
         let reach = Arc::new(Reach {
             watch,
