@@ -26,6 +26,7 @@ fn small_run_measures_both_paths_and_gives_every_page_back() {
         hog: false,
         client_nice: None,
         host_processes: 60,
+        flood: Vec::new(),
     };
     std::env::set_var("HUGEPREP_BENCH_EXE", env!("CARGO_BIN_EXE_hugeprep"));
     let report = recycle::run(&config, &|_| {}).unwrap();

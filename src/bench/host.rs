@@ -9,6 +9,15 @@ use std::os::fd::OwnedFd;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The program whose hidden `bench busy-process` runs the benchmark's extra processes:
+/// this one, or `HUGEPREP_BENCH_EXE` (a test names the hugeprep binary: it is no harness).
+pub fn bench_exe() -> io::Result<std::path::PathBuf> {
+    match std::env::var_os("HUGEPREP_BENCH_EXE") {
+        Some(exe) => Ok(std::path::PathBuf::from(exe)),
+        None => std::env::current_exe(),
+    }
+}
+
 /// Threads of a QEMU-like process.
 pub const VMM_THREADS: usize = 64;
 /// Descriptors of a QEMU-like process.
@@ -92,6 +101,44 @@ impl Drop for BusyHost {
             let _ = c.wait();
         }
     }
+}
+
+/// A lessee flooding opens (`hugeprep bench busy-process --open PATH`): each of `threads`
+/// threads opens and closes `path` in a loop until standard input ends.
+pub fn flood_opens(threads: usize, path: &std::path::Path) -> io::Result<()> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for _ in 0..threads {
+        let stop = std::sync::Arc::clone(&stop);
+        let path = path.to_path_buf();
+        handles.push(std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::fs::File::open(&path);
+            }
+        }));
+    }
+    println!("flooding");
+    let mut sink = Vec::new();
+    let _ = io::Read::read_to_end(&mut io::stdin(), &mut sink);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+/// Another tenant (`hugeprep bench busy-process --time-opens PATH --count N`): opens its own
+/// file `count` times, one after another, and prints each open's microseconds.
+pub fn time_opens(path: &std::path::Path, count: usize) -> io::Result<()> {
+    let mut out = String::new();
+    for _ in 0..count {
+        let t = Instant::now();
+        drop(std::fs::File::open(path)?);
+        out += &format!("{}\n", t.elapsed().as_secs_f64() * 1e6);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    print!("{out}");
+    Ok(())
 }
 
 /// The QEMU-like process (`hugeprep bench busy-process`): `fds` descriptors of /dev/null and

@@ -7,6 +7,7 @@ pub mod clear_config;
 pub mod clear_goals;
 pub mod clear_report;
 pub mod daemon;
+pub mod flood;
 pub mod hog;
 pub mod host;
 pub mod pin;

@@ -60,6 +60,9 @@ pub struct RecycleBenchConfig {
     /// Extra processes of a busy host the release proof is timed beside, after the quiet
     /// host (0: quiet only; see [`crate::bench::host`]).
     pub host_processes: usize,
+    /// Threads of one lessee's open floods, each timed against another tenant's opens and
+    /// the daemon's ([`crate::bench::flood`]); empty: none.
+    pub flood: Vec<usize>,
 }
 
 /// A recycle benchmark failed; every variant keeps the failing layer's own error.
@@ -172,6 +175,8 @@ pub struct RecycleBenchReport {
     pub proofs: Vec<crate::bench::proof::ProofTiming>,
     /// The proven scrub by each of `proofs`, in the same order, GB/s.
     pub proven_scrubs: Vec<Summary>,
+    /// Opens under one lessee's flood, quiet first, by each method.
+    pub floods: Vec<crate::bench::flood::FloodTiming>,
     /// Every method clearing the same file, interleaved with the two paths.
     pub clear_methods: Vec<MethodClear>,
     /// The fastest of `clear_methods` by median.
@@ -478,6 +483,12 @@ pub fn run(
     };
     let proven_scrubs: Vec<Summary> = proofs.iter().filter_map(with_proof).collect();
     let proof = proofs.first().cloned();
+    let floods = if cfg.flood.is_empty() {
+        Vec::new()
+    } else {
+        let exe = crate::bench::host::bench_exe().map_err(RecycleBenchError::Proof)?;
+        crate::bench::flood::time_floods(mount.path(), cfg.page_size, &cfg.flood, &exe, log)?
+    };
     let proven_scrub = proven_scrubs.first().cloned();
     let latency = if cfg.leases > 0 {
         Some(latency(cfg, mount.path(), log)?)
@@ -520,6 +531,7 @@ pub fn run(
         proven_scrub,
         proofs,
         proven_scrubs,
+        floods,
         latency,
         hog,
     })
@@ -547,7 +559,7 @@ impl RecycleBenchReport {
                 "{:<14} {:>22} {:>24} {:>8} {:>22}\n",
                 p.method,
                 host,
-                p.ms.to_string(),
+                format!("{:.3} ({:.3}-{:.3})", p.ms.median, p.ms.min, p.ms.max),
                 quiet.map_or("-".into(), |q| format!("{:.1}", p.ms.median / q.ms.median)),
                 self.proven_scrubs
                     .get(i)
@@ -601,6 +613,24 @@ impl RecycleBenchReport {
             "(c) scrub / kernel's path (truncate, delete, fault fresh pages): {:.2}x\n",
             self.ratio
         );
+        if !self.floods.is_empty() {
+            s += &format!(
+                "opens of a leased file under one lessee's open flood, ms\n{:<14} {:>8} {:>26} {:>26}\n",
+                "method", "threads", "another tenant p50/p99/max", "the daemon p50/p99/max"
+            );
+            for f in &self.floods {
+                let l = |o: &crate::bench::flood::OpenLatency| {
+                    format!("{:.3}/{:.3}/{:.3}", o.p50_ms, o.p99_ms, o.max_ms)
+                };
+                s += &format!(
+                    "{:<14} {:>8} {:>26} {:>26}\n",
+                    f.method,
+                    f.flood_threads,
+                    l(&f.other_tenant),
+                    l(&f.daemon)
+                );
+            }
+        }
         if self.proofs.is_empty() {
             s += "release proof: not timed on this host (no fanotify or no cgroup v2)\n";
         } else {

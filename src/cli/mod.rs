@@ -122,6 +122,15 @@ pub struct BusyProcessArgs {
     /// Descriptors.
     #[arg(long, default_value_t = 200)]
     pub fds: usize,
+    /// Instead: open and close this file in a loop from every thread (an open flood).
+    #[arg(long)]
+    pub open: Option<std::path::PathBuf>,
+    /// Instead: open this file `--count` times and print each open's microseconds.
+    #[arg(long)]
+    pub time_opens: Option<std::path::PathBuf>,
+    /// Opens timed by `--time-opens`.
+    #[arg(long, default_value_t = 100)]
+    pub count: usize,
 }
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
@@ -164,7 +173,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Trace(args) => bench_trace::run(args),
             BenchCommand::Pin(args) => bench_pin::run(args),
             BenchCommand::BusyProcess(args) => {
-                Ok(hugeprep::bench::host::busy_process(args.threads, args.fds)?)
+                use hugeprep::bench::host;
+                match (&args.open, &args.time_opens) {
+                    (Some(path), _) => host::flood_opens(args.threads, path)?,
+                    (None, Some(path)) => host::time_opens(path, args.count)?,
+                    (None, None) => host::busy_process(args.threads, args.fds)?,
+                }
+                Ok(())
             }
         },
         Command::Pool(args) => pool::run(args),
