@@ -626,3 +626,61 @@ fn a_lease_that_asks_for_the_kernels_path_gets_it() {
     assert!(env.log().contains("reason=\"trust\""), "{}", env.log());
     d.release(again.id).unwrap();
 }
+
+/// A misspelt owner in `[pool.recycle_owners]` would silently leave `kernel` off for the
+/// tenant it was written for: the daemon refuses to start with it, and a reload with it
+/// keeps the policy in force (the owner's leases still take the kernel's path).
+#[test]
+fn a_misspelt_recycle_owner_is_refused_at_start_and_at_reload() {
+    let env = Env::new("reach-names", SIZE + SPARE);
+    let config = env.dir.join("config.toml");
+    let write = |owner: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[pool]\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\n\
+                 [pool.recycle_owners]\n{owner:?} = \"kernel\"\n"
+            ),
+        )
+        .unwrap()
+    };
+    write("nobdy");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .args(["serve", "--config", config.to_str().unwrap(), "--socket"])
+        .arg(env.dir.join("refused.sock"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "started with a misspelt owner: {err}"
+    );
+    assert!(
+        err.contains("recycle_owners.\"nobdy\"") && err.contains("names no user on this host"),
+        "{err}"
+    );
+
+    write("nobody");
+    let d = env.spawn(&["--config", config.to_str().unwrap()]);
+    d.settle(SIZE);
+    write("nobdy");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.pid() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    wait_for_log(&env, &["reload refused", "nobdy"]);
+    // The policy in force still sends nobody's leases the kernel's path.
+    let lease = lease_for_nobody(&d, "vm");
+    let first = ino(&lease);
+    d.release(lease.id).unwrap();
+    d.settle(SIZE);
+    let again = lease_for_nobody(&d, "vm");
+    assert_ne!(
+        ino(&again),
+        first,
+        "recycled in place after the refused reload"
+    );
+    assert!(env.log().contains("reason=\"trust\""), "{}", env.log());
+    d.release(again.id).unwrap();
+}

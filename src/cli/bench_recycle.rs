@@ -88,7 +88,11 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
             hog: args.hog,
             client_nice: args.client_nice,
             host_processes: if i == 0 { args.host_processes } else { 0 },
-            flood: if i == 0 { args.flood.clone() } else { Vec::new() },
+            flood: if i == 0 {
+                args.flood.clone()
+            } else {
+                Vec::new()
+            },
         };
         runs.push(recycle::run(&cfg, &|line| eprintln!("{line}"))?);
     }

@@ -657,7 +657,7 @@ mod tests {
     #[test]
     fn a_recycled_file_refuses_opens_until_leased_again() {
         use std::os::unix::fs::PermissionsExt;
-        let reach = Reach::new();
+        let reach = Reach::proving(Some(Method::ProcWalk));
         if reach.watch.is_none() {
             return; // not root, or no fanotify
         }
@@ -681,6 +681,36 @@ mod tests {
         assert!(opens_as(0, &path), "root is refused");
         assert!(File::open(&path).is_ok(), "the daemon is refused");
         // Leased again: opens go on.
+        reach.watch(9, &file);
+        assert!(opens_as(65534, &path));
+        drop(file);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// With the kernel's counts, opens are refused (but the daemon's and root's) from the
+    /// start of a proof, whatever it finds, until the next lease: an open that took its
+    /// reference before the counts were read is in them, a later one never reaches the file.
+    #[test]
+    fn with_kernel_counts_opens_are_refused_from_the_proof_to_the_next_lease() {
+        use std::os::unix::fs::PermissionsExt;
+        let reach = Reach::new();
+        if reach.method() != Method::KernelCounts {
+            return; // not root, or no BPF: the walk's test above covers it
+        }
+        let path = std::env::temp_dir().join(format!("hugeprep-refused-{}", std::process::id()));
+        std::fs::write(&path, b"memory").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let file = File::open(&path).unwrap();
+        reach.watch(8, &file);
+        // Leased: opens never wait, and go on.
+        assert!(opens_as(65534, &path));
+        let _ = reach.prove(8, &file);
+        assert!(
+            !opens_as(65534, &path),
+            "an open during or after a proof went on"
+        );
+        assert!(opens_as(0, &path), "root is refused");
+        assert!(File::open(&path).is_ok(), "the daemon is refused");
         reach.watch(9, &file);
         assert!(opens_as(65534, &path));
         drop(file);

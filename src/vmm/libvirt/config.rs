@@ -98,6 +98,19 @@ impl HookConfig {
                 config.memory_backing_dir.display()
             )));
         }
+        if let Some(owner) = &config.owner {
+            // A misspelt owner would fail every VM start at its lease; say so at once.
+            if owner.trim().is_empty() {
+                return Err(bad(
+                    "owner \"\": an empty owner names nobody: give the VMM's user (libvirt-qemu on Debian)".into(),
+                ));
+            }
+            if !matches!(nix::unistd::User::from_name(owner), Ok(Some(_))) {
+                return Err(bad(format!(
+                    "owner {owner:?} names no user on this host: give the VMM's user (libvirt-qemu on Debian)"
+                )));
+            }
+        }
         if config.timeout_s == 0 || config.timeout_s > 3600 {
             return Err(bad(format!(
                 "timeout_s {} must be between 1 and 3600",
@@ -143,6 +156,15 @@ mod tests {
                 "maybe",
             ),
             ("memory_backing_dir = \"/x\"\ntimeout_s = 0", "timeout_s"),
+            (
+                "memory_backing_dir = \"/x\"\nowner = \"libvirt-qmeu\"",
+                "owner \"libvirt-qmeu\" names no user on this host",
+            ),
+            ("memory_backing_dir = \"/x\"\nowner = \"\"", "owner \"\""),
+            (
+                "memory_backing_dir = \"/x\"\non_daemon_down = \"colder\"",
+                "colder",
+            ),
         ] {
             std::fs::write(&path, text).unwrap();
             let e = HookConfig::load(&path).unwrap_err().to_string();
