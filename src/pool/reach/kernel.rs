@@ -34,7 +34,11 @@
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 
-use super::Unproven;
+use std::os::fd::AsFd;
+use std::time::Instant;
+
+use super::{Proof, Reach, Unproven};
+use crate::sys::fanotify::OpenWatch;
 use crate::sys::reach_bpf::{kernel_dev, Probe, Report};
 
 /// References to the dentry of a linked hugetlbfs file that one open file (the daemon's)
@@ -142,4 +146,99 @@ pub fn prove(probe: &Probe, file: &File) -> Result<Report, Unproven> {
         });
     }
     Ok(r)
+}
+
+impl Reach {
+    /// [`Reach::watch`] with kernel counts: opens are no longer refused, and the first one
+    /// is reported (for the start gate) without making the opener wait. On the first lease,
+    /// the model of the counts is checked on the file, which only the daemon reaches yet.
+    pub(super) fn watch_by_counts(&self, w: &OpenWatch, id: u64, file: &File) {
+        self.check_model(file);
+        let unwatched = match w.unwatch(file.as_fd()) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            other => other,
+        };
+        if let Err(err) = unwatched.and_then(|()| w.notify(file.as_fd())) {
+            // Opens of it would be refused, or not seen by the start gate.
+            tracing::warn!(id, %err, "cannot change a leased file's open watch: it will take the kernel's path");
+            if let Some(r) = self.lock().files.get_mut(&id) {
+                r.complete = false;
+            }
+        }
+    }
+
+    /// Checks once that the kernel's counts of a quiet file match the proof's model.
+    fn check_model(&self, file: &File) {
+        let Some(probe) = &self.probe else { return };
+        let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
+        if *model != Model::Unchecked {
+            return;
+        }
+        match check_model(probe, file) {
+            Ok(Some(())) => {
+                tracing::info!(
+                    "the kernel's counts of a quiet pool file match the release proof's model"
+                );
+                *model = Model::Holds;
+            }
+            Ok(None) => {}
+            Err(err) => {
+                tracing::error!(%err, "the kernel's counts of a quiet pool file do not match the release proof's model: every release takes the kernel's path");
+                *model = Model::Differs;
+            }
+        }
+    }
+
+    /// [`Reach::prove`] from the kernel's counts ([`kernel`]).
+    pub(super) fn prove_by_counts(
+        &self,
+        probe: &Probe,
+        id: u64,
+        file: &File,
+        started: Instant,
+    ) -> Result<Proof, Unproven> {
+        let Some(w) = &self.watch else {
+            return Err(Unproven::NotWatched);
+        };
+        // Refused from now until the next lease (but the daemon's and root's opens): an
+        // open that took its dentry reference before is in the counts read below.
+        let opens = {
+            let mut st = self.lock();
+            let record = st.files.get_mut(&id).ok_or(Unproven::NotWatched)?;
+            if !record.complete {
+                return Err(Unproven::Lost);
+            }
+            record.refusing = true;
+            record.opens
+        };
+        w.watch(file.as_fd()).map_err(|e| Unproven::Error {
+            step: "refusing opens",
+            message: e.to_string(),
+        })?;
+        let model = *self.model.lock().unwrap_or_else(|e| e.into_inner());
+        if model != Model::Holds {
+            return Err(Unproven::Error {
+                step: "kernel counts",
+                message: match model {
+                    Model::Unchecked => "not checked on a quiet file yet".into(),
+                    _ => "a quiet file's counts differ from the model".into(),
+                },
+            });
+        }
+        let sole = crate::sys::lease::sole_open_file(file).map_err(|e| Unproven::Error {
+            step: "write lease",
+            message: e.to_string(),
+        })?;
+        if !sole {
+            return Err(Unproven::OpenElsewhere);
+        }
+        prove(probe, file)?;
+        if let Some(r) = self.lock().files.get_mut(&id) {
+            r.recycled = true;
+        }
+        Ok(Proof {
+            openers: opens,
+            took: started.elapsed(),
+        })
+    }
 }

@@ -3,7 +3,12 @@
 //!
 //! The kernel never gives a hugetlb page to a new owner while anyone references it. The
 //! daemon's fast path reuses the same pages, so it recycles a released file in place only
-//! when each of these holds; otherwise the file takes the kernel's path (`Pool::give_back`):
+//! when nobody else can reach them; otherwise the file takes the kernel's path.
+//!
+//! By default the proof reads the kernel's own reference counts of the file ([`kernel`],
+//! [`Method::KernelCounts`]): its cost is bounded by the file, and nobody's open waits for
+//! the daemon. Where the counts cannot be read it falls back to the walk
+//! ([`Method::ProcWalk`]), which holds when each of these holds:
 //!
 //! 1. the file was watched from before its lease path existed until now (fanotify open
 //!    permission events, [`crate::sys::fanotify`]: each opener is recorded before its open
@@ -426,46 +431,6 @@ impl Reach {
         }
     }
 
-    /// [`Reach::watch`] with kernel counts: opens are no longer refused, and the first one
-    /// is reported (for the start gate) without making the opener wait. On the first lease,
-    /// the model of the counts is checked on the file, which only the daemon reaches yet.
-    fn watch_by_counts(&self, w: &OpenWatch, id: u64, file: &File) {
-        self.check_model(file);
-        let unwatched = match w.unwatch(file.as_fd()) {
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-            other => other,
-        };
-        if let Err(err) = unwatched.and_then(|()| w.notify(file.as_fd())) {
-            // Opens of it would be refused, or not seen by the start gate.
-            tracing::warn!(id, %err, "cannot change a leased file's open watch: it will take the kernel's path");
-            if let Some(r) = self.lock().files.get_mut(&id) {
-                r.complete = false;
-            }
-        }
-    }
-
-    /// Checks once that the kernel's counts of a quiet file match the proof's model.
-    fn check_model(&self, file: &File) {
-        let Some(probe) = &self.probe else { return };
-        let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
-        if *model != kernel::Model::Unchecked {
-            return;
-        }
-        match kernel::check_model(probe, file) {
-            Ok(Some(())) => {
-                tracing::info!(
-                    "the kernel's counts of a quiet pool file match the release proof's model"
-                );
-                *model = kernel::Model::Holds;
-            }
-            Ok(None) => {}
-            Err(err) => {
-                tracing::error!(%err, "the kernel's counts of a quiet pool file do not match the release proof's model: every release takes the kernel's path");
-                *model = kernel::Model::Differs;
-            }
-        }
-    }
-
     /// When a process other than the daemon first opened file `id` since its lease began,
     /// as far as the events read so far tell (the reader thread reads them as they come).
     pub fn first_open(&self, id: u64) -> Option<Instant> {
@@ -564,61 +529,6 @@ impl Reach {
         }
         Ok(Proof {
             openers,
-            took: started.elapsed(),
-        })
-    }
-}
-
-impl Reach {
-    /// [`Reach::prove`] from the kernel's counts ([`kernel`]).
-    fn prove_by_counts(
-        &self,
-        probe: &Probe,
-        id: u64,
-        file: &File,
-        started: Instant,
-    ) -> Result<Proof, Unproven> {
-        let Some(w) = &self.watch else {
-            return Err(Unproven::NotWatched);
-        };
-        // Refused from now until the next lease (but the daemon's and root's opens): an
-        // open that took its dentry reference before is in the counts read below.
-        let opens = {
-            let mut st = self.lock();
-            let record = st.files.get_mut(&id).ok_or(Unproven::NotWatched)?;
-            if !record.complete {
-                return Err(Unproven::Lost);
-            }
-            record.refusing = true;
-            record.opens
-        };
-        w.watch(file.as_fd()).map_err(|e| Unproven::Error {
-            step: "refusing opens",
-            message: e.to_string(),
-        })?;
-        let model = *self.model.lock().unwrap_or_else(|e| e.into_inner());
-        if model != kernel::Model::Holds {
-            return Err(Unproven::Error {
-                step: "kernel counts",
-                message: match model {
-                    kernel::Model::Unchecked => "not checked on a quiet file yet".into(),
-                    _ => "a quiet file's counts differ from the model".into(),
-                },
-            });
-        }
-        let sole = crate::sys::lease::sole_open_file(file).map_err(|e| Unproven::Error {
-            step: "write lease",
-            message: e.to_string(),
-        })?;
-        if !sole {
-            return Err(Unproven::OpenElsewhere);
-        }
-        kernel::prove(probe, file)?;
-        if let Some(r) = self.lock().files.get_mut(&id) {
-            r.recycled = true;
-        }
-        Ok(Proof {
-            openers: opens,
             took: started.elapsed(),
         })
     }
