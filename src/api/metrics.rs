@@ -58,6 +58,12 @@ struct RecycleLabels {
     reason: String,
 }
 
+/// How releases are proven (`hugeprep_release_proof_info`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProofLabels {
+    method: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClearingLabels {
     method: String,
@@ -254,6 +260,14 @@ pub fn render(pool: &Pool, cpu: &CpuReport) -> String {
             rule: cpu.rule.clone(),
             decided_by: word(serde_json::to_value(cpu.decided_by).unwrap_or_default()),
             confidence: word(serde_json::to_value(cpu.confidence).unwrap_or_default()),
+        }),
+    );
+
+    reg.register(
+        "release_proof",
+        "How released leases are proven out of reach: kernel-counts (BPF), proc-walk (the fallback) or none (every release takes the kernel's path)",
+        Info::new(ProofLabels {
+            method: pool.proof_method().label().to_string(),
         }),
     );
 
