@@ -190,6 +190,15 @@ mod tests {
                 "memory_backing_dir = \"/x\"\nowner = \"no-such-user-hugeprep\"",
                 "owner: no user \"no-such-user-hugeprep\"",
             ),
+            (
+                "memory_backing_dir = \"/x\"\nowner = \"libvirt-qmeu\"",
+                "owner: no user \"libvirt-qmeu\" on this host",
+            ),
+            ("memory_backing_dir = \"/x\"\nowner = \"\"", "owner: no user \"\""),
+            (
+                "memory_backing_dir = \"/x\"\non_daemon_down = \"colder\"",
+                "colder",
+            ),
         ] {
             std::fs::write(&path, text).unwrap();
             let e = HookConfig::load(&path).unwrap_err().to_string();
