@@ -194,7 +194,10 @@ mod tests {
                 "memory_backing_dir = \"/x\"\nowner = \"libvirt-qmeu\"",
                 "owner: no user \"libvirt-qmeu\" on this host",
             ),
-            ("memory_backing_dir = \"/x\"\nowner = \"\"", "owner: no user \"\""),
+            (
+                "memory_backing_dir = \"/x\"\nowner = \"\"",
+                "owner: no user \"\"",
+            ),
             (
                 "memory_backing_dir = \"/x\"\non_daemon_down = \"colder\"",
                 "colder",
