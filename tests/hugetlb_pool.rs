@@ -93,7 +93,6 @@ fn the_pool_is_never_lowered_below_what_is_in_use() {
     let Some(env) = HugeEnv::new(PageSize::Size2M, 4) else {
         return;
     };
-    let before = pool::read(Scope::Node(0), PageSize::Size2M).unwrap();
     let file = BackingFile::create(&env.dir().join("f"), 4 << 20, PageSize::Size2M, None).unwrap();
     let mut map = file.map().unwrap();
     map.as_mut_slice()[0] = 1; // one page faulted, one reserved
@@ -102,8 +101,11 @@ fn the_pool_is_never_lowered_below_what_is_in_use() {
     assert!(resize.floor >= 2, "{resize:?}");
     assert!(resize.after >= resize.floor, "{resize:?}");
     assert_eq!(map.as_slice()[0], 1);
-    // Give back what the test lowered, so the reservation's own accounting stays right.
-    let back = pool::set_pages(Scope::Node(0), PageSize::Size2M, before.total).unwrap();
+    // Give back what the test lowered, as a delta: other processes may have changed the pool
+    // meanwhile, and writing back the total read before would undo what they did.
+    let lowered = resize.before - resize.after;
+    let now = pool::read(Scope::Node(0), PageSize::Size2M).unwrap().total;
+    let back = pool::set_pages(Scope::Node(0), PageSize::Size2M, now + lowered).unwrap();
     assert!(back.complete(), "{back:?}");
     drop(map);
     file.remove().unwrap();
@@ -118,11 +120,8 @@ fn a_top_up_adds_the_shortfall_and_gives_exactly_it_back() {
     assert_eq!(top_up.added(), 3);
     assert!(pool::available(Some(0), PageSize::Size2M).unwrap() >= want);
     let resize = top_up.release().unwrap().unwrap();
-    assert_eq!(resize.after, before.total);
-    assert_eq!(
-        pool::read(Scope::System, PageSize::Size2M).unwrap().total,
-        before.total
-    );
+    // Exactly the 3 added go back (other processes may move the total meanwhile).
+    assert_eq!(resize.before - resize.after, 3, "{resize:?}");
 }
 
 #[test]
@@ -136,12 +135,11 @@ fn a_one_gib_raise_reports_what_the_kernel_gave() {
         // Says which pages rule out each aligned GiB (hugeprep::hugetlb::contig).
         eprintln!("{}", hugeprep::testing::shortfall_note(PageSize::Size1G, 2));
     }
-    let back = pool::set_pages(Scope::System, PageSize::Size1G, before.total).unwrap();
-    assert_eq!(back.after, before.total);
-    assert_eq!(
-        pool::read(Scope::System, PageSize::Size1G).unwrap().total,
-        before.total
-    );
+    // Lower by exactly what the kernel gave, a delta on the pool as it is now.
+    let added = resize.after - resize.before;
+    let now = pool::read(Scope::System, PageSize::Size1G).unwrap().total;
+    let back = pool::set_pages(Scope::System, PageSize::Size1G, now - added).unwrap();
+    assert_eq!(back.before - back.after, added, "{back:?}");
 }
 
 /// The census behind every 1G shortfall note reads the kernel's page flags right: a 2M pool
