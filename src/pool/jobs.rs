@@ -172,8 +172,11 @@ impl Pool {
         mut file: BackingFile,
         opts: &ScrubOptions,
     ) -> Result<(ScrubReport, u64), Option<ScrubError>> {
-        if file.size() > rec.size {
-            // Kept at a smaller size in demand: cut first, scrub only what stays.
+        if file.size() >= rec.size {
+            // Kept at a smaller size in demand: cut first, scrub only what stays. Cut at the
+            // same size too: a lessee may have allocated pages past the end
+            // (`fallocate(FALLOC_FL_KEEP_SIZE)`), which no size, hole or count shows, and
+            // hugetlbfs frees every page past the end on any truncate.
             if let Err(err) = file.set_len(rec.size) {
                 tracing::error!(%err, "cannot cut a released file to the size in demand: deleting it");
                 self.counters.release_failed(ReleaseFailure::Cut);
