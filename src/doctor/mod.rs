@@ -16,6 +16,8 @@ mod kernel;
 mod pools;
 mod vmm;
 
+pub use vmm::memory_backing_dir;
+
 use std::path::PathBuf;
 
 use serde::Serialize;

@@ -185,6 +185,8 @@ impl Pool {
         let deadline = Instant::now() + LEASE_WAIT;
         let mut st = self.lock();
         let mut waiting = false;
+        // The kernel's pool is raised for this lease at most once (see `raise_for_lease`).
+        let mut raised = false;
         let result = loop {
             if self.shutdown.load(Ordering::SeqCst) {
                 break Err(PoolError::ShuttingDown);
@@ -217,6 +219,13 @@ impl Pool {
             if v.size > supply.saturating_add(faulting)
                 || (v.size > supply && !(faulting > 0 && Instant::now() < deadline))
             {
+                if !raised {
+                    raised = true;
+                    drop(st);
+                    self.raise_for_lease(v.node, v.page_size, &mount.root, v.size - supply);
+                    st = self.lock();
+                    continue;
+                }
                 break Err(PoolError::Insufficient {
                     size: v.size,
                     page_size: v.page_size,
@@ -276,6 +285,13 @@ impl Pool {
                 if settling && Instant::now() < deadline {
                     self.wait_urgently(&mut waiting);
                     st = st.wait_timeout(&self.changed, Duration::from_millis(50));
+                    continue;
+                }
+                if !raised {
+                    raised = true;
+                    drop(st);
+                    self.raise_for_lease(v.node, v.page_size, &mount.root, need - avail);
+                    st = self.lock();
                     continue;
                 }
                 break Err(PoolError::Insufficient {
