@@ -51,19 +51,7 @@ fn node_pools() -> Vec<u64> {
 /// Takes every free 2 MiB page other users left in the pools, so the daemon starts from
 /// none; the pages go back when the memfds are dropped.
 fn occupy_free_pages() -> Vec<BackingFile> {
-    let mut held = Vec::new();
-    let topology = Topology::detect().unwrap();
-    for node in topology.node_ids() {
-        let cpus = &topology.node(node).unwrap().cpus;
-        let free = pool::available(Some(node), PageSize::Size2M).unwrap();
-        if free == 0 {
-            continue;
-        }
-        let size = free * PageSize::Size2M.bytes();
-        let f = BackingFile::memfd("occupy", size, PageSize::Size2M).unwrap();
-        hugeprep::pool::fault::fault_range(&f, 0..size, node, cpus).unwrap();
-        held.push(f);
-    }
+    let held = hugeprep::testing::occupy_free_pages().unwrap();
     assert_eq!(pool::available(None, PageSize::Size2M).unwrap(), 0);
     held
 }
