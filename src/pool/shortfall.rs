@@ -86,7 +86,8 @@ impl Pool {
                     None
                 } else if r.added < r.asked {
                     Some(format!(
-                        "kernel pool short by {still} {ps} pages on node {node}; the kernel added                          {} of the {} pages asked (memory short or fragmented{})",
+                        "kernel pool short by {still} {ps} pages on node {node}; the kernel added \
+                         {} of the {} pages asked (memory short or fragmented{})",
                         r.added,
                         r.asked,
                         if ps == PageSize::Size1G {
