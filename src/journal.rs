@@ -279,7 +279,10 @@ impl Journal {
         for entry in entries {
             let entry = entry.map_err(io_err("readdir", &records))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(key) = name.strip_suffix(".json").filter(|_| !name.starts_with('.')) else {
+            let Some(key) = name
+                .strip_suffix(".json")
+                .filter(|_| !name.starts_with('.'))
+            else {
                 continue;
             };
             let Ok(text) = fs::read(entry.path()) else {
@@ -558,10 +561,19 @@ mod tests {
             let err = Journal::open_with(&dir, Lifetime::Boot, Some("boot-b".into())).unwrap_err();
             let msg = err.to_string();
             assert!(
-                matches!(err, JournalError::Format { supported: FORMAT, .. }),
+                matches!(
+                    err,
+                    JournalError::Format {
+                        supported: FORMAT,
+                        ..
+                    }
+                ),
                 "{msg}"
             );
-            assert!(msg.contains("newer hugeprep") && msg.contains(text.trim()), "{msg}");
+            assert!(
+                msg.contains("newer hugeprep") && msg.contains(text.trim()),
+                "{msg}"
+            );
             assert!(matches!(
                 Journal::peek_boot_records::<u32>(&dir),
                 Err(JournalError::Format { .. })

@@ -191,16 +191,28 @@ fn nothing_warm_on_a_host_with_no_free_hugepages_serves_the_first_lease_cold() {
         serde_json::from_str(&stdout(&hugeprep(&env, &["lease", "t1", "16M", "--json"]))).unwrap();
     assert_eq!(lease["source"], "cold", "{lease:#}");
     let status = wait_status(&env, "the raise", |_| true);
-    assert_eq!(status["pool"]["kinds"][0]["reserved_pages"], 8, "{status:#}");
-    assert!(env.log().contains("raised the kernel's hugepage pool for a lease"));
+    assert_eq!(
+        status["pool"]["kinds"][0]["reserved_pages"], 8,
+        "{status:#}"
+    );
+    assert!(env
+        .log()
+        .contains("raised the kernel's hugepage pool for a lease"));
     // Beyond reserve_limit: refused, naming the limit in the log; no page added for it.
     let out = hugeprep(&env, &["lease", "t2", "64M"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("at most 0 available"), "{err}");
-    assert!(env.log().contains("reserve_limit of 32 MiB reached"), "{}", env.log());
+    assert!(
+        env.log().contains("reserve_limit of 32 MiB reached"),
+        "{}",
+        env.log()
+    );
     let status = wait_status(&env, "no raise", |_| true);
-    assert_eq!(status["pool"]["kinds"][0]["reserved_pages"], 8, "{status:#}");
+    assert_eq!(
+        status["pool"]["kinds"][0]["reserved_pages"], 8,
+        "{status:#}"
+    );
     // Released: its pages stay in the kernel's pool for the next start, recorded as added.
     stdout(&hugeprep(&env, &["release", "t1"]));
     let lease: serde_json::Value =

@@ -53,7 +53,8 @@ fn removal_refused(c: &Container, what: &str) {
 fn qemu_maps_1g_lease(c: &Container, path: &str) {
     let free = || pool::available(None, PageSize::Size1G).unwrap();
     let before = free();
-    let backend = format!("memory-backend-file,id=m0,size=1G,mem-path={path},share=on,prealloc=off");
+    let backend =
+        format!("memory-backend-file,id=m0,size=1G,mem-path={path},share=on,prealloc=off");
     c.ok(&["rm", "-f", "/tmp/qemu-1g.pid"]);
     let r = c.run_as(
         "libvirt-qemu",
@@ -74,14 +75,21 @@ fn qemu_maps_1g_lease(c: &Container, path: &str) {
             "/tmp/qemu-1g.pid",
         ],
     );
-    assert!(r.ok, "QEMU could not open the 1G lease {path}:\n{}", r.stderr);
+    assert!(
+        r.ok,
+        "QEMU could not open the 1G lease {path}:\n{}",
+        r.stderr
+    );
     let pid = c.ok(&["cat", "/tmp/qemu-1g.pid"]).trim().to_string();
     let ino = c.ok(&["stat", "-c", "%i", path]).trim().to_string();
     // smaps: the mapping of the lease's inode, on 1 GiB kernel pages.
     let smaps = c.ok(&["cat", &format!("/proc/{pid}/smaps")]);
     let mapping = smaps
         .split("\nVmFlags")
-        .find(|m| m.lines().any(|l| l.contains(path) && l.split_whitespace().nth(4) == Some(&ino)))
+        .find(|m| {
+            m.lines()
+                .any(|l| l.contains(path) && l.split_whitespace().nth(4) == Some(&ino))
+        })
         .unwrap_or_else(|| panic!("QEMU does not map inode {ino} of {path}:\n{smaps}"));
     assert!(mapping.contains("KernelPageSize:  1048576 kB"), "{mapping}");
     assert_eq!(free(), before, "QEMU took 1 GiB pages of its own");
@@ -123,20 +131,35 @@ fn first_install_unprivileged_clients_1g_removal_and_reinstall() {
     eprintln!("first lease: {lease}\npool: {}", status["pool"]);
     // Outside the group: refused by the socket's mode, before the daemon sees anything.
     let r = c.run_as("mallory", &["hugeprep", "status"]);
-    assert!(!r.ok && r.stderr.contains("Permission denied"), "{}{}", r.stdout, r.stderr);
+    assert!(
+        !r.ok && r.stderr.contains("Permission denied"),
+        "{}{}",
+        r.stdout,
+        r.stderr
+    );
     // Reload (the packaged ExecReload=) keeps the directory's mode; the client still reaches it.
     c.ok(&["systemctl", "reload", "hugeprep"]);
     assert_eq!(c.mode("/run/hugeprep"), "755 root:root");
     assert_eq!(c.mode("/run/hugeprep/hugeprep.sock"), "660 root:kvm");
     c.ok(&["runuser", "-u", "alice", "--", "hugeprep", "release", "t1"]);
-    assert!(c.journal("hugeprep").contains("raised the kernel's hugepage pool for a lease"));
+    assert!(c
+        .journal("hugeprep")
+        .contains("raised the kernel's hugepage pool for a lease"));
 
     // 1 GiB pages: the package's dev-hugepages1G.mount is the host's, so the lease's path is
     // there for QEMU too.
     if pool::available(None, PageSize::Size1G).unwrap_or(0) >= 1 {
         c.ok(&["mountpoint", "-q", "/dev/hugepages1G"]);
         let g = json(&c.ok(&[
-            "hugeprep", "lease", "g1", "1G", "--page-size", "1G", "--owner", "libvirt-qemu", "--json",
+            "hugeprep",
+            "lease",
+            "g1",
+            "1G",
+            "--page-size",
+            "1G",
+            "--owner",
+            "libvirt-qemu",
+            "--json",
         ]));
         let path = g["path"].as_str().unwrap().to_string();
         assert!(path.starts_with("/dev/hugepages1G/"), "{g:#}");
@@ -156,16 +179,28 @@ fn first_install_unprivileged_clients_1g_removal_and_reinstall() {
     c.write("/etc/libvirt/hooks/qemu.d/hugeprep", first_hook);
     c.ok(&["chmod", "0755", "/etc/libvirt/hooks/qemu.d/hugeprep"]);
     c.install(&deb);
-    c.ok(&["cmp", "/usr/share/hugeprep/libvirt/hook", "/etc/libvirt/hooks/qemu.d/hugeprep"]);
+    c.ok(&[
+        "cmp",
+        "/usr/share/hugeprep/libvirt/hook",
+        "/etc/libvirt/hooks/qemu.d/hugeprep",
+    ]);
 
     // Removal refuses what it would break, each time naming what to do.
-    c.ok(&["runuser", "-u", "alice", "--", "hugeprep", "lease", "t2", "8M"]);
+    c.ok(&[
+        "runuser", "-u", "alice", "--", "hugeprep", "lease", "t2", "8M",
+    ]);
     removal_refused(&c, "live lease(s) (t2)");
     c.ok(&["hugeprep", "release", "t2"]);
     c.sh("echo 'memory_backing_dir = \"/dev/hugepages/libvirt-backing\"' >>/etc/libvirt/qemu.conf");
     removal_refused(&c, "memory_backing_dir");
     let uuid = "4dea22b3-1d52-d8f3-2516-782e98ab3fa0";
-    c.ok(&["mkdir", "-p", "-m", "0700", "/var/lib/hugeprep/libvirt-adopt"]);
+    c.ok(&[
+        "mkdir",
+        "-p",
+        "-m",
+        "0700",
+        "/var/lib/hugeprep/libvirt-adopt",
+    ]);
     c.write(
         &format!("/var/lib/hugeprep/libvirt-adopt/{uuid}.xml"),
         &format!("<domain type='kvm'><name>vm-adopted</name><uuid>{uuid}</uuid></domain>"),
@@ -183,16 +218,31 @@ fn first_install_unprivileged_clients_1g_removal_and_reinstall() {
     c.ok(&["test", "!", "-e", "/usr/bin/hugeprep"]);
     assert_eq!(c.prop("hugeprep.socket", "ActiveState"), "inactive");
     assert!(!c.run(&["mountpoint", "-q", "/dev/hugepages1G"]).ok);
-    assert_eq!(pools(), before, "the pages the daemon added were not given back");
+    assert_eq!(
+        pools(),
+        before,
+        "the pages the daemon added were not given back"
+    );
     let hook = c.sh("echo '<domain/>' | /etc/libvirt/hooks/qemu.d/hugeprep vm1 prepare begin -");
-    assert!(hook.ok && hook.stdout.is_empty(), "{}{}", hook.stdout, hook.stderr);
+    assert!(
+        hook.ok && hook.stdout.is_empty(),
+        "{}{}",
+        hook.stdout,
+        hook.stderr
+    );
 
     // Reinstalled after the removal: the socket listens again, the group's members lease.
     c.install(&deb);
     assert_eq!(c.prop("hugeprep.socket", "ActiveState"), "active");
     assert_eq!(c.mode("/run/hugeprep"), "755 root:root");
-    c.ok(&["runuser", "-u", "alice", "--", "hugeprep", "lease", "t3", "16M"]);
+    c.ok(&[
+        "runuser", "-u", "alice", "--", "hugeprep", "lease", "t3", "16M",
+    ]);
     c.ok(&["runuser", "-u", "alice", "--", "hugeprep", "release", "t3"]);
     c.ok(&["dpkg", "-P", "hugeprep"]);
-    assert_eq!(pools(), before, "the pages the daemon added were not given back");
+    assert_eq!(
+        pools(),
+        before,
+        "the pages the daemon added were not given back"
+    );
 }

@@ -65,7 +65,8 @@ fn leases(c: &Container) -> Vec<serde_json::Value> {
 
 /// The guest's QEMU, as libvirt runs it (its user and group, KVM), on the lease at `path`.
 fn start_guest(c: &Container, path: &str) -> String {
-    let backend = format!("memory-backend-file,id=ram,size=32M,mem-path={path},share=on,prealloc=off");
+    let backend =
+        format!("memory-backend-file,id=ram,size=32M,mem-path={path},share=on,prealloc=off");
     let r = c.run_as(
         "libvirt-qemu",
         &[
@@ -134,7 +135,15 @@ fn upgrade_from_an_earlier_build_with_a_guest_running() {
     c.ok(&["test", "!", "-e", "/var/lib/hugeprep/format"]);
 
     // A guest on a lease of the old build, with bytes of its own in its memory.
-    let lease = json(&c.ok(&["hugeprep", "lease", "vm-a", "32M", "--owner", "libvirt-qemu", "--json"]));
+    let lease = json(&c.ok(&[
+        "hugeprep",
+        "lease",
+        "vm-a",
+        "32M",
+        "--owner",
+        "libvirt-qemu",
+        "--json",
+    ]));
     let path = lease["path"].as_str().unwrap().to_string();
     let pid = start_guest(&c, &path);
     let marker = "guest-memory-A!";
@@ -145,7 +154,11 @@ fn upgrade_from_an_earlier_build_with_a_guest_running() {
     c.install(&deb);
     let version = c.ok(&["dpkg-query", "-W", "-f", "${Version}", "hugeprep"]);
     assert_eq!(version, "0.1.0-1");
-    assert_ne!(c.prop("hugeprep.service", "MainPID"), before, "not restarted");
+    assert_ne!(
+        c.prop("hugeprep.service", "MainPID"),
+        before,
+        "not restarted"
+    );
     assert_eq!(c.prop("hugeprep.service", "ActiveState"), "active");
     let j = c.journal("hugeprep");
     assert!(j.contains("kept_leases=1"), "{j}");
@@ -197,7 +210,11 @@ fn upgrade_from_an_earlier_build_with_a_guest_running() {
         let next = json(&c.ok(&["hugeprep", "lease", name, "32M", "--json"]));
         assert_ne!(next["source"], "cold", "{next:#}");
         let read = poke(&c, next["path"].as_str().unwrap(), "");
-        assert!(read.ok && read.stdout.chars().all(|ch| ch == '0'), "{name}: {}", read.stdout);
+        assert!(
+            read.ok && read.stdout.chars().all(|ch| ch == '0'),
+            "{name}: {}",
+            read.stdout
+        );
     }
     c.ok(&["hugeprep", "release", "vm-b"]);
     c.ok(&["hugeprep", "release", "vm-c"]);

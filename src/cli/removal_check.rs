@@ -79,7 +79,8 @@ fn check(args: &RemovalCheckArgs) -> Vec<Blocker> {
         .unwrap_or_else(|| hugeprep::daemon::DEFAULT_STATE_DIR.into());
     let mut out = adopted(&state_dir.join("libvirt-adopt"));
     out.extend(leases(&args.socket, &state_dir));
-    let hook_dir = hook_backing_dir(&std::fs::read_to_string(&args.hook_config).unwrap_or_default());
+    let hook_dir =
+        hook_backing_dir(&std::fs::read_to_string(&args.hook_config).unwrap_or_default());
     let qemu_conf = std::fs::read_to_string(&args.qemu_conf).unwrap_or_default();
     out.extend(backing_dir(&args.qemu_conf, &qemu_conf, &hook_dir));
     out.extend(unguarded_hooks(&args.libvirt_hooks));
@@ -144,7 +145,9 @@ fn leases(socket: &Path, state_dir: &Path) -> Vec<Blocker> {
                 .collect(),
             Err(err) => {
                 return vec![Blocker {
-                    what: format!("the daemon does not answer and its journal cannot be read: {err}"),
+                    what: format!(
+                        "the daemon does not answer and its journal cannot be read: {err}"
+                    ),
                     remedy: "start the daemon (systemctl start hugeprep) and check again".into(),
                 }]
             }
@@ -233,7 +236,9 @@ mod tests {
         assert!(!hook_needs_guard(shipped));
         let first = "#!/bin/sh\n# comment\nexec /usr/bin/hugeprep libvirt-hook --config /etc/hugeprep/libvirt-hook.toml \"$@\"\n";
         assert!(hook_needs_guard(first));
-        assert!(!hook_needs_guard("#!/bin/sh\n# hugeprep libvirt-hook\nexit 0\n"));
+        assert!(!hook_needs_guard(
+            "#!/bin/sh\n# hugeprep libvirt-hook\nexit 0\n"
+        ));
     }
 
     #[test]
@@ -262,7 +267,10 @@ mod tests {
         std::fs::write(dir.join(format!("{uuid}.adopted.xml")), "<domain/>").unwrap();
         let found = adopted(&dir);
         assert_eq!(found.len(), 1, "{found:?}");
-        assert!(found[0].what.contains(&format!("vm1 ({uuid})")), "{found:?}");
+        assert!(
+            found[0].what.contains(&format!("vm1 ({uuid})")),
+            "{found:?}"
+        );
         assert_eq!(found[0].remedy, "hugeprep libvirt-adopt --revert vm1");
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(adopted(&dir).is_empty());

@@ -179,8 +179,8 @@ impl Pool {
     }
 
     /// Records why a kind's target is not met (`None`: it is met) and says so in the log once,
-    /// and again whenever the reason changes. The metrics (a later issue) read the same
-    /// reasons through [`Pool::status`].
+    /// and again whenever the reason changes. The metrics read the same reasons through
+    /// [`Pool::status`].
     pub(super) fn explain(&self, st: &mut State, node: u32, ps: PageSize, reason: Option<String>) {
         let key = (node, ps);
         match reason {

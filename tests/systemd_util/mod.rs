@@ -88,7 +88,9 @@ impl Container {
 
     /// The mode bits of `path` inside, in octal (`stat -c %a`).
     pub fn mode(&self, path: &str) -> String {
-        self.ok(&["stat", "-c", "%a %U:%G", path]).trim().to_string()
+        self.ok(&["stat", "-c", "%a %U:%G", path])
+            .trim()
+            .to_string()
     }
 
     /// Installs the .deb at `deb` (a host path) with `dpkg -i`; panics when dpkg fails.
