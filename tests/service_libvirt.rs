@@ -27,35 +27,27 @@ fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
-/// This checkout's package again, with a higher Debian revision: a newer build to upgrade to.
-fn newer_build(deb: &Path) -> PathBuf {
+/// This checkout's package (`deb`) and the same again with a higher Debian revision, a newer
+/// build to upgrade to, both copied to a directory of their own (cargo-deb empties
+/// target/debian when it runs).
+fn with_newer_build(deb: &Path) -> (PathBuf, PathBuf) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out_dir = std::env::temp_dir().join(format!("hugeprep-newer-{}", std::process::id()));
-    std::fs::create_dir_all(&out_dir).unwrap();
+    let dir = std::env::temp_dir().join(format!("hugeprep-newer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let current = dir.join("hugeprep-current.deb");
+    std::fs::copy(deb, &current).unwrap();
     let out = Command::new("cargo")
         .current_dir(root)
-        .args([
-            "deb",
-            "--no-build",
-            "--quiet",
-            "--deb-revision",
-            "2",
-            "--output",
-        ])
-        .arg(&out_dir)
+        .args(["deb", "--no-build", "--quiet", "--deb-revision", "2", "--output"])
+        .arg(dir.join("hugeprep-newer.deb"))
         .output()
         .unwrap();
     assert!(
-        out.status.success() && deb.exists(),
+        out.status.success(),
         "cargo deb: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    std::fs::read_dir(&out_dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.to_string_lossy().contains("0.1.0-2"))
-        .expect("cargo deb wrote no 0.1.0-2 package")
+    (current, dir.join("hugeprep-newer.deb"))
 }
 
 fn domain_xml(name: &str, mib: u64, page_size: &str) -> String {
@@ -126,7 +118,7 @@ fn libvirt_domain_on_the_installed_package_through_an_upgrade() {
     let Some(deb) = systemd_util::package() else {
         return;
     };
-    let newer = newer_build(&deb);
+    let (deb, newer) = with_newer_build(&deb);
     let pages = HugepageReservation::ensure_free(PageSize::Size2M, 64)
         .expect("reserving hugepages (run as root)")
         .expect("the kernel cannot supply 64 2 MiB pages");
@@ -226,5 +218,5 @@ fn libvirt_domain_on_the_installed_package_through_an_upgrade() {
     c.sh("sed -i '/^memory_backing_dir/d' /etc/libvirt/qemu.conf");
     c.ok(&["systemctl", "stop", "libvirtd"]);
     c.ok(&["dpkg", "-P", "hugeprep"]);
-    let _ = std::fs::remove_file(&newer);
+    let _ = std::fs::remove_dir_all(newer.parent().unwrap());
 }
