@@ -97,7 +97,7 @@ fn leases_of(c: &Container, name: &str) -> Vec<serde_json::Value> {
 /// QEMU `pid` (as `libvirt-qemu`) maps the inode of `path` with pages of `kib` KiB.
 fn qemu_maps(c: &Container, pid: &str, path: &str, kib: u64) {
     let user = c.ok(&["ps", "-o", "user=", "-p", pid]).trim().to_string();
-    assert_eq!(user, "libvirt+", "QEMU runs as {user}");
+    assert_eq!(user, "libvirt-qemu", "QEMU runs as {user}");
     let ino = c.ok(&["stat", "-c", "%i", path]).trim().to_string();
     let smaps = c.ok(&["cat", &format!("/proc/{pid}/smaps")]);
     let mapping = smaps
