@@ -133,6 +133,8 @@ fn upgrade_from_an_earlier_build_with_a_guest_running() {
         "the old build's pool is warm",
     );
     c.ok(&["test", "!", "-e", "/var/lib/hugeprep/format"]);
+    // The old package's run directory hid the socket from its group.
+    assert_eq!(c.mode("/run/hugeprep"), "750 root:root");
 
     // A guest on a lease of the old build, with bytes of its own in its memory.
     let lease = json(&c.ok(&[
@@ -160,6 +162,7 @@ fn upgrade_from_an_earlier_build_with_a_guest_running() {
         "not restarted"
     );
     assert_eq!(c.prop("hugeprep.service", "ActiveState"), "active");
+    assert_eq!(c.mode("/run/hugeprep"), "755 root:root");
     let j = c.journal("hugeprep");
     assert!(j.contains("kept_leases=1"), "{j}");
     // The new build read the old state and recorded its format.
