@@ -112,8 +112,11 @@ pub enum BenchCommand {
     Pin(bench_pin::BenchPinArgs),
 }
 
-/// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
+/// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`. When stderr is the journal, to
+/// the journal in its native protocol, with priorities and fields (`hugeprep::journald`).
 pub fn init_tracing(verbose: u8) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let default = match verbose {
         0 => "info",
         1 => "debug",
@@ -121,8 +124,17 @@ pub fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    // Under systemd (stderr is the journal): plain key=value text, no colour codes, no second
-    // timestamp (journald stamps every line).
+    if hugeprep::journald::stderr_is_journal() {
+        if let Ok(layer) = hugeprep::journald::JournaldLayer::new() {
+            let _ = tracing_subscriber::registry()
+                .with(filter)
+                .with(layer)
+                .try_init();
+            return;
+        }
+    }
+    // Under systemd without the native socket (stderr is the journal's stream): plain
+    // key=value text, no colour codes, no second timestamp (journald stamps every line).
     use std::io::IsTerminal;
     let journal = std::env::var_os("JOURNAL_STREAM").is_some();
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();

@@ -64,7 +64,7 @@ use state::State;
 pub use crate::policy::pool as policy;
 pub use crate::policy::pool::{PoolPolicy, Verification};
 pub use capacity::{Capacity, KindCapacity};
-pub use counters::CounterSnapshot;
+pub use counters::{CounterSnapshot, ReleaseFailure};
 pub use drain::{DrainReport, DrainRequest};
 pub use error::{PoolError, Result};
 pub use idempotency::{Idempotency, MAX_IDEMPOTENCY_KEY};
@@ -383,6 +383,11 @@ impl Pool {
     /// Released files that took the kernel's path since start, by reason.
     pub fn kernel_path_by_reason(&self) -> Vec<(&'static str, u64)> {
         self.counters.kernel_path_by_reason()
+    }
+
+    /// Released files whose recycling failed since start, by stage.
+    pub fn failed_releases_by_stage(&self) -> Vec<(&'static str, u64)> {
+        self.counters.failed_by_stage()
     }
 
     /// The scrubber (clearing method).

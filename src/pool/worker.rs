@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::counters::ReleaseFailure;
 use super::reach::Unproven;
 use super::shape::Reshape;
 use super::{fault, file_key, holes, Entry, FileRecord, FileState, Pool, State, Work};
@@ -365,6 +366,7 @@ impl Pool {
             Ok(f) => f,
             Err(err) => {
                 tracing::error!(%err, "cannot open a released file: deleting it");
+                self.counters.release_failed(ReleaseFailure::Open);
                 return self.delete_job(id);
             }
         };
@@ -400,6 +402,7 @@ impl Pool {
             // Kept at a smaller size in demand: cut first, scrub only what stays.
             if let Err(err) = file.set_len(rec.size) {
                 tracing::error!(%err, "cannot cut a released file to the size in demand: deleting it");
+                self.counters.release_failed(ReleaseFailure::Cut);
                 return self.delete_job(id);
             }
         }
@@ -413,6 +416,7 @@ impl Pool {
             Ok(r) => r,
             Err(err) => {
                 tracing::warn!(%err, "cannot refill a released file's holes: deleting it");
+                self.counters.release_failed(ReleaseFailure::Holes);
                 return self.delete_job(id);
             }
         };
@@ -455,6 +459,7 @@ impl Pool {
                     }
                     Err(err) => {
                         tracing::error!(%err, "cannot journal a scrubbed file");
+                        self.counters.release_failed(ReleaseFailure::Journal);
                         drop(st);
                         self.delete_job(id);
                     }
@@ -470,6 +475,7 @@ impl Pool {
             }
             Err(err) => {
                 tracing::error!(%err, "scrub failed: deleting the file");
+                self.counters.release_failed(ReleaseFailure::Scrub);
                 self.delete_job(id);
             }
         }
