@@ -38,7 +38,14 @@ fn with_newer_build(deb: &Path) -> (PathBuf, PathBuf) {
     std::fs::copy(deb, &current).unwrap();
     let out = Command::new("cargo")
         .current_dir(root)
-        .args(["deb", "--no-build", "--quiet", "--deb-revision", "2", "--output"])
+        .args([
+            "deb",
+            "--no-build",
+            "--quiet",
+            "--deb-revision",
+            "2",
+            "--output",
+        ])
         .arg(dir.join("hugeprep-newer.deb"))
         .output()
         .unwrap();
