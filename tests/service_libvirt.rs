@@ -165,7 +165,7 @@ fn libvirt_domain_on_the_installed_package_through_an_upgrade() {
 
     // A newer build of the package: the daemon restarts under the running domain.
     let before = c.prop("hugeprep.service", "MainPID");
-    c.install(&newer);
+    c.upgrade(&newer);
     assert_eq!(
         c.ok(&["dpkg-query", "-W", "-f", "${Version}", "hugeprep"]),
         "0.1.0-2"

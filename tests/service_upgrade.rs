@@ -153,7 +153,7 @@ fn upgrade_from_an_earlier_build_with_a_guest_running() {
 
     // The upgrade: the new files, the daemon restarted under the running guest.
     let before = c.prop("hugeprep.service", "MainPID");
-    c.install(&deb);
+    c.upgrade(&deb);
     let version = c.ok(&["dpkg-query", "-W", "-f", "${Version}", "hugeprep"]);
     assert_eq!(version, "0.1.0-1");
     assert_ne!(

@@ -99,6 +99,14 @@ impl Container {
         self.ok(&["dpkg", "-i", "/tmp/hugeprep.deb"]);
     }
 
+    /// Upgrades to the .deb at `deb` as `apt upgrade` does non-interactively: a conffile the
+    /// test changed (`/etc/hugeprep/hugeprep.toml`) is kept (`--force-confold`) when the
+    /// package ships another version of it, instead of dpkg asking on a terminal.
+    pub fn upgrade(&self, deb: &Path) {
+        self.copy_in(deb, "/tmp/hugeprep.deb");
+        self.ok(&["dpkg", "-i", "--force-confold", "/tmp/hugeprep.deb"]);
+    }
+
     /// Copies a host file into the container's overlay.
     pub fn copy_in(&self, src: &Path, dest: &str) {
         let out = Command::new(&self.script)
