@@ -26,6 +26,7 @@ pub mod hugetlb;
 pub mod journal;
 pub mod journald;
 pub mod page_size;
+pub mod perm;
 pub mod placement;
 pub mod policy;
 pub mod pool;
@@ -33,6 +34,7 @@ pub mod prefault;
 pub mod scrub;
 pub mod stats;
 pub mod sys;
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod testing;
 pub mod topology;

@@ -71,6 +71,7 @@ pub async fn serve(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
+        // No receiver left: every listener has stopped already.
         let _ = stop_tx.send(true);
     });
     tracing::info!(?limits, "connection limits");

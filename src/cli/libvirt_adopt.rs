@@ -80,7 +80,9 @@ fn define(args: &LibvirtAdoptArgs, dir: &Path, uuid: &str, xml: &str) -> anyhow:
     let file = dir.join(format!(".{uuid}.define.xml"));
     kept::write_durably(&file, xml)?;
     let defined = virsh(args, &["define", &file.to_string_lossy()]);
-    let _ = std::fs::remove_file(&file);
+    if let Err(err) = std::fs::remove_file(&file) {
+        tracing::warn!(file = %file.display(), %err, "cannot remove the temporary definition");
+    }
     defined.map(|_| ())
 }
 
@@ -208,7 +210,10 @@ fn adopt_one(args: &LibvirtAdoptArgs, dir: &Path, domain: &str) -> anyhow::Resul
     }
     kept.save_original(&original)?;
     if let Err(err) = define(args, dir, &uuid, &xml) {
-        let _ = kept.forget();
+        // The definition failed: that error is the one to report.
+        if let Err(forget) = kept.forget() {
+            tracing::warn!(%forget, "cannot forget the kept original definition");
+        }
         return Err(err);
     }
     // libvirt's own rendering of what was just defined, which a revert compares with.
@@ -285,26 +290,36 @@ fn why_not_as_adopted(domain: &str, standing: Standing, kept: &Kept) -> String {
 pub fn run(args: LibvirtAdoptArgs) -> anyhow::Result<()> {
     let dir = args.state_dir.join(ADOPT_DIR);
     let mut failed = Vec::new();
+    // One domain's result line is its progress.
+    let n = args.domains.len() as u64;
+    let progress =
+        super::progress::Progress::bar(n < 2, super::progress::Unit::Count("domains"), n);
     for domain in &args.domains {
+        progress.set_message(domain.clone());
         let done = if args.revert {
             revert_one(&args, &dir, domain)
         } else {
             adopt_one(&args, &dir, domain)
         };
+        progress.inc(1);
         match done {
-            Ok(text) => print!(
-                "{}",
-                if text.ends_with('\n') {
-                    text
-                } else {
-                    text + "\n"
-                }
-            ),
+            Ok(text) => progress.suspend(|| {
+                print!(
+                    "{}",
+                    if text.ends_with('\n') {
+                        text
+                    } else {
+                        text + "\n"
+                    }
+                )
+            }),
             Err(err) => {
-                eprintln!(
-                    "hugeprep libvirt-adopt: {domain}: {}",
-                    super::render_error(&err)
-                );
+                progress.suspend(|| {
+                    eprintln!(
+                        "hugeprep libvirt-adopt: {domain}: {}",
+                        super::render_error(&err)
+                    )
+                });
                 failed.push(domain.as_str());
             }
         }

@@ -178,7 +178,7 @@ fn hook_backing_dir(hook_toml: &str) -> PathBuf {
 
 /// libvirt's `memory_backing_dir` still the hook's.
 fn backing_dir(qemu_conf_path: &Path, qemu_conf: &str, hook_dir: &Path) -> Option<Blocker> {
-    let dir = hugeprep::doctor::memory_backing_dir(qemu_conf)?;
+    let dir = hugeprep::vmm::libvirt::qemu_conf::QemuConf::parse(qemu_conf).memory_backing_dir?;
     (dir == hook_dir).then(|| Blocker {
         what: format!(
             "{} sets memory_backing_dir = \"{}\", hugeprep's: without hugeprep, file-backed domains take their memory from the kernel's hugepage pool there, which nothing fills any more, and fail to start (\"Cannot allocate memory\")",

@@ -13,6 +13,13 @@ use hugeprep::pool::targets::stored_targets;
 use hugeprep::pool::PoolPolicy;
 use hugeprep::topology::{self, Topology};
 use hugeprep::units::format_bytes;
+use hugeprep::PageSize;
+
+use super::progress::{Progress, Unit};
+
+/// Writes a pool's raise is split into at most, so a terminal sees the pages arrive (the
+/// kernel takes seconds for hundreds of GiB, more when it must compact for 1 GiB pages).
+const RAISE_STEPS: u64 = 32;
 
 /// Raise the per-node hugepage pools to the configured warm targets; report what the kernel
 /// could not supply.
@@ -67,6 +74,8 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
         policy.targets = targets;
     }
     let mut short_any = false;
+    let progress = Progress::bar(false, Unit::Count("pages"), 0);
+    progress.set_message("reading the pools");
     for page_size in kpool::page_sizes() {
         for node in topo.node_ids() {
             let want = policy
@@ -86,14 +95,19 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
                 available,
             );
             let added = if pages > 0 {
-                ledger.raise(node, page_size, pages)?.added
+                progress.restart(pages, format!("node {node} {page_size}: raising the pool"));
+                raise_in_steps(&ledger, node, page_size, pages, |added| {
+                    progress.set_position(added)
+                })?
             } else {
                 0
             };
-            let short = need - added;
+            let short = need.saturating_sub(added);
             let target = format_bytes(want * page_size.bytes());
             if short == 0 {
-                println!("node {node} {page_size}: {target} target, added {added} pages");
+                progress.suspend(|| {
+                    println!("node {node} {page_size}: {target} target, added {added} pages")
+                });
                 continue;
             }
             short_any = true;
@@ -105,7 +119,9 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
                      docs/operations.md)"
                 ),
             };
-            println!("node {node} {page_size}: {target} target, short by {short} pages: {why}");
+            progress.suspend(|| {
+                println!("node {node} {page_size}: {target} target, short by {short} pages: {why}")
+            });
         }
     }
     anyhow::ensure!(
@@ -113,4 +129,28 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
         "--strict: some pools are short of their targets"
     );
     Ok(())
+}
+
+/// Raises `node`'s pool by `pages` in up to [`RAISE_STEPS`] writes, each recorded in the
+/// ledger as it lands; `added` hears the running total. Stops at the first step the kernel
+/// falls short of: memory is short or fragmented, and the next step would fall short too.
+fn raise_in_steps(
+    ledger: &Reservations,
+    node: u32,
+    page_size: PageSize,
+    pages: u64,
+    added: impl Fn(u64),
+) -> anyhow::Result<u64> {
+    let step = pages.div_ceil(RAISE_STEPS).max(1);
+    let mut total = 0;
+    while total < pages {
+        let ask = step.min(pages - total);
+        let got = ledger.raise(node, page_size, ask)?.added;
+        total += got;
+        added(total);
+        if got < ask {
+            break;
+        }
+    }
+    Ok(total)
 }

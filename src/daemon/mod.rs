@@ -177,6 +177,8 @@ pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .on_thread_start(|| {
+            // Whether the class can be had was logged just above; a thread that cannot
+            // follow keeps the class it was started in.
             let _ = crate::sys::priority::set_current_thread_api();
         })
         .enable_all()
@@ -300,7 +302,11 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         p.stop();
     }
     pool.shutdown();
-    let _ = tokio::task::spawn_blocking(move || worker.join()).await;
+    match tokio::task::spawn_blocking(move || worker.join()).await {
+        Ok(Ok(())) => {}
+        // Work it had in flight stays busy: the clean-shutdown mark below refuses.
+        _ => tracing::error!("the pool worker panicked"),
+    }
     if pool.policy().reserve.release_on_stop {
         match pool.give_back_on_stop() {
             Ok(report) => tracing::info!(released = ?report.released, "gave memory back on stop"),
@@ -309,7 +315,11 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
     }
     pool.mark_clean_shutdown()?;
     if !activated {
-        let _ = std::fs::remove_file(&config.socket);
+        if let Err(err) = std::fs::remove_file(&config.socket) {
+            if err.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(socket = %config.socket.display(), %err, "cannot remove the API socket");
+            }
+        }
     }
     served.map_err(|source| DaemonError::Io {
         op: "serve",

@@ -55,6 +55,10 @@ pub struct SizeResult {
     pub results: Vec<CaseResult>,
     /// hugeprep (and immediate over a lease) against immediate preallocation, per VMM.
     pub savings: Vec<Saving>,
+    /// libvirt with QEMU as the package runs it (unprivileged) against QEMU as root, per
+    /// case both ran: `T_libvirt / T_libvirt-root` per repetition.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unprivileged_vs_root: Vec<(Case, Summary)>,
 }
 
 /// The whole run.
@@ -115,7 +119,7 @@ pub(super) fn size_result(
             samples: s.clone(),
             // libvirt releases inside `virsh destroy` (the hook's `release end`), before
             // the benchmark can start a clock.
-            release_to_warm: Summary::of(recycle).filter(|_| case.leased() && vmm != Vmm::Libvirt),
+            release_to_warm: Summary::of(recycle).filter(|_| case.leased() && !vmm.is_libvirt()),
         });
         if case.leased() {
             let (Some(imm), Some(floor)) = (find(vmm, Case::Immediate), find(vmm, Case::Floor))
@@ -135,10 +139,18 @@ pub(super) fn size_result(
             }
         }
     }
+    let unprivileged_vs_root = Case::ROOT
+        .iter()
+        .filter_map(|&case| {
+            let (a, b) = (find(Vmm::Libvirt, case)?, find(Vmm::LibvirtRoot, case)?);
+            Some((case, Summary::of(&paired(a, b, |x, y| x / y))?))
+        })
+        .collect();
     SizeResult {
         size,
         results,
         savings,
+        unprivileged_vs_root,
     }
 }
 
@@ -187,7 +199,7 @@ impl VmStartReport {
         }
         for size in &self.sizes {
             out.push_str(&format!(
-                "\n{}\n{:<8} {:<42} {:>22} {:>22} {:>22}\n",
+                "\n{}\n{:<12} {:<42} {:>22} {:>22} {:>22}\n",
                 format_bytes(size.size),
                 "vmm",
                 "case",
@@ -198,7 +210,7 @@ impl VmStartReport {
             for r in &size.results {
                 let range = |s: &Summary| format!("{:.3} ({:.3}-{:.3})", s.median, s.min, s.max);
                 out.push_str(&format!(
-                    "{:<8} {:<42} {:>22} {:>22} {:>22}\n",
+                    "{:<12} {:<42} {:>22} {:>22} {:>22}\n",
                     vmm_name(r.vmm),
                     r.label,
                     range(&r.seconds),
@@ -208,7 +220,7 @@ impl VmStartReport {
             }
             for s in &size.savings {
                 out.push_str(&format!(
-                    "{:<8} {:<42} {:.3} ({:.3}-{:.3}) of immediate - floor taken off{}\n",
+                    "{:<12} {:<42} {:.3} ({:.3}-{:.3}) of immediate - floor taken off{}\n",
                     vmm_name(s.vmm),
                     s.case.label(s.vmm, self.threads),
                     s.share.median,
@@ -221,6 +233,18 @@ impl VmStartReport {
                     } else {
                         " (goal >= 0.9: NOT met)"
                     }
+                ));
+            }
+        }
+        for size in &self.sizes {
+            for (case, r) in &size.unprivileged_vs_root {
+                out.push_str(&format!(
+                    "{}: libvirt / libvirt-root (QEMU unprivileged / as root), {}: {:.3} ({:.3}-{:.3})\n",
+                    format_bytes(size.size),
+                    case.label(Vmm::Libvirt, self.threads),
+                    r.median,
+                    r.min,
+                    r.max
                 ));
             }
         }
