@@ -571,7 +571,10 @@ mod tests {
         if reach.watch.is_none() {
             return; // not root, or no fanotify
         }
-        let path = std::env::temp_dir().join(format!("hugeprep-recycled-{}", std::process::id()));
+        // On a tmpfs of its own: the walk rightly fails a file whose file system another
+        // mount namespace mounts below its root, as libvirt sandboxes do with /tmp's.
+        let fs = PrivateTmpfs::mount("recycled");
+        let path = fs.dir.join("file");
         std::fs::write(&path, b"memory").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let file = File::open(&path).unwrap();
@@ -594,7 +597,37 @@ mod tests {
         reach.watch(9, &file);
         assert!(opens_as(65534, &path));
         drop(file);
-        std::fs::remove_file(&path).unwrap();
+        reach.forget(9);
+    }
+
+    /// A tmpfs mounted on a directory of its own for one test, unmounted and removed on drop.
+    struct PrivateTmpfs {
+        dir: std::path::PathBuf,
+    }
+
+    impl PrivateTmpfs {
+        fn mount(name: &str) -> PrivateTmpfs {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = std::env::temp_dir().join(format!("hugeprep-{name}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            nix::mount::mount(
+                Some("tmpfs"),
+                &dir,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some("size=1m,mode=0755"),
+            )
+            .unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+            PrivateTmpfs { dir }
+        }
+    }
+
+    impl Drop for PrivateTmpfs {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.dir, nix::mount::MntFlags::MNT_DETACH);
+            let _ = std::fs::remove_dir(&self.dir);
+        }
     }
 
     /// With the kernel's counts, opens are refused (but the daemon's and root's) from the
