@@ -57,6 +57,17 @@ pub enum JournalError {
         /// The key.
         key: String,
     },
+    /// The directory holds records of a format this build does not read (written by a
+    /// newer hugeprep); nothing in it was changed.
+    #[error("journal {dir}: format {found} was written by a newer hugeprep; this build reads formats up to {supported}. Nothing was changed: run the newer build again (its records, leases among them, are all still there)")]
+    Format {
+        /// The journal directory.
+        dir: PathBuf,
+        /// The format its `format` file names (or the file's text when it names none).
+        found: String,
+        /// The newest format this build reads.
+        supported: u32,
+    },
     /// A record could not be encoded.
     #[error("journal: encoding record {key}: {source}")]
     Encode {
@@ -70,6 +81,12 @@ pub enum JournalError {
 /// Result of journal operations.
 pub type Result<T> = std::result::Result<T, JournalError>;
 
+/// The format of the records this build writes, recorded in `<dir>/format`. Raise it when a
+/// record changes so that an older build would misread it, and read the older formats in
+/// [`Journal::open`]'s check (`read_format`). 0 is a directory from before the file: its
+/// records are those of format 1.
+pub const FORMAT: u32 = 1;
+const FORMAT_FILE: &str = "format";
 const RECORDS: &str = "records";
 const CLEAN_MARKER: &str = "clean-shutdown";
 const BOOT_ID: &str = "boot-id";
@@ -167,6 +184,26 @@ fn check_key(key: &str) -> Result<()> {
     }
 }
 
+/// The format `dir` was written in: `None` when it records none (new, or written before
+/// formats were recorded, which format 1 reads as it is); an error for one newer than
+/// [`FORMAT`] or a file that names no format.
+fn read_format(dir: &Path) -> Result<Option<u32>> {
+    let path = dir.join(FORMAT_FILE);
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err("read", &path)(e)),
+    };
+    match text.trim().parse::<u32>() {
+        Ok(found) if found <= FORMAT => Ok(Some(found)),
+        _ => Err(JournalError::Format {
+            dir: dir.to_path_buf(),
+            found: text.trim().chars().take(40).collect(),
+            supported: FORMAT,
+        }),
+    }
+}
+
 /// The running kernel's boot id, `None` where procfs does not say.
 fn kernel_boot_id() -> Option<String> {
     let id = fs::read_to_string(KERNEL_BOOT_ID).ok()?;
@@ -187,6 +224,9 @@ impl Journal {
     }
 
     fn open_with(dir: &Path, lifetime: Lifetime, boot: Option<String>) -> Result<Journal> {
+        // Before anything is changed (records of an earlier boot dropped, the format file
+        // rewritten): a newer build's records are not this build's to read or delete.
+        let format = read_format(dir)?;
         let records = dir.join(RECORDS);
         fs::DirBuilder::new()
             .recursive(true)
@@ -201,7 +241,59 @@ impl Journal {
         if let (Lifetime::Boot, Some(boot)) = (lifetime, boot) {
             journal.enter_boot(&boot)?;
         }
+        if format != Some(FORMAT) {
+            journal.write_format()?;
+        }
         Ok(journal)
+    }
+
+    /// Records [`FORMAT`] in `<dir>/format`, durably.
+    fn write_format(&self) -> Result<()> {
+        let path = self.dir.join(FORMAT_FILE);
+        let tmp = self.dir.join(".format.tmp");
+        write_synced(&tmp, format!("{FORMAT}\n").as_bytes())?;
+        fs::rename(&tmp, &path).map_err(io_err("rename", &path))?;
+        sync_dir(&self.dir)
+    }
+
+    /// The records a daemon opening `dir` in this boot would find, read without changing
+    /// anything (no directory made, no earlier boot's records dropped, no temporary file
+    /// removed): for a look from outside while the daemon may run (`hugeprep
+    /// removal-check`). Records of an earlier boot and records that do not decode (one being
+    /// rewritten at that moment among them) are left out.
+    pub fn peek_boot_records<T: DeserializeOwned>(dir: &Path) -> Result<Vec<(String, T)>> {
+        read_format(dir)?;
+        let stored = fs::read_to_string(dir.join(BOOT_ID)).ok();
+        if let (Some(stored), Some(now)) = (stored, kernel_boot_id()) {
+            if stored.trim() != now {
+                return Ok(Vec::new());
+            }
+        }
+        let records = dir.join(RECORDS);
+        let entries = match fs::read_dir(&records) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("readdir", &records)(e)),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(io_err("readdir", &records))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(key) = name
+                .strip_suffix(".json")
+                .filter(|_| !name.starts_with('.'))
+            else {
+                continue;
+            };
+            let Ok(text) = fs::read(entry.path()) else {
+                continue;
+            };
+            if let Ok(value) = serde_json::from_slice::<T>(&text) {
+                out.push((key.to_string(), value));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
     }
 
     /// Drops the records of an earlier boot (the state they describe is gone) and records
@@ -446,6 +538,73 @@ mod tests {
         let j = Journal::open_with(&dir, Lifetime::Boot, Some("boot-a".into())).unwrap();
         assert_eq!(j.load::<u32>().unwrap().len(), 1);
         assert_eq!(j.lifetime(), Lifetime::Boot);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_without_a_format_is_read_and_gets_this_builds() {
+        // As a build from before formats were recorded left it.
+        let dir = temp("format0");
+        fs::create_dir_all(dir.join(RECORDS)).unwrap();
+        fs::write(dir.join("records/p1.json"), b"7").unwrap();
+        let j = Journal::open_with(&dir, Lifetime::Boot, Some("boot-a".into())).unwrap();
+        assert_eq!(j.load::<u32>().unwrap(), vec![("p1".into(), 7)]);
+        assert_eq!(fs::read_to_string(dir.join(FORMAT_FILE)).unwrap(), "1\n");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_newer_format_is_refused_and_nothing_changes() {
+        let dir = temp("format2");
+        let j = Journal::open_with(&dir, Lifetime::Boot, Some("boot-a".into())).unwrap();
+        j.write("p1", &1u32).unwrap();
+        for text in ["2\n", "hugeprep 9"] {
+            fs::write(dir.join(FORMAT_FILE), text).unwrap();
+            // Another boot: an accepted open would drop the record.
+            let err = Journal::open_with(&dir, Lifetime::Boot, Some("boot-b".into())).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                matches!(
+                    err,
+                    JournalError::Format {
+                        supported: FORMAT,
+                        ..
+                    }
+                ),
+                "{msg}"
+            );
+            assert!(
+                msg.contains("newer hugeprep") && msg.contains(text.trim()),
+                "{msg}"
+            );
+            assert!(matches!(
+                Journal::peek_boot_records::<u32>(&dir),
+                Err(JournalError::Format { .. })
+            ));
+            assert_eq!(fs::read_to_string(dir.join(FORMAT_FILE)).unwrap(), text);
+            assert_eq!(fs::read_to_string(dir.join(BOOT_ID)).unwrap(), "boot-a");
+            assert!(dir.join("records/p1.json").exists());
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn peeking_changes_nothing() {
+        let dir = temp("peek");
+        assert!(Journal::peek_boot_records::<u32>(&dir).unwrap().is_empty());
+        assert!(!dir.exists());
+        let j = Journal::open_boot(&dir).unwrap();
+        j.write("p1", &1u32).unwrap();
+        fs::write(dir.join("records/p2.json"), b"{half").unwrap();
+        fs::write(dir.join("records/.p3.json.tmp"), b"3").unwrap();
+        let peeked = Journal::peek_boot_records::<u32>(&dir).unwrap();
+        assert_eq!(peeked, vec![("p1".to_string(), 1)]);
+        assert!(dir.join("records/.p3.json.tmp").exists());
+        // Records of an earlier boot describe nothing that lives now.
+        fs::write(dir.join(BOOT_ID), "an-earlier-boot").unwrap();
+        if kernel_boot_id().is_some() {
+            assert!(Journal::peek_boot_records::<u32>(&dir).unwrap().is_empty());
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 

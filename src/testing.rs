@@ -73,6 +73,28 @@ impl HugepageReservation {
     }
 }
 
+/// Takes every free 2 MiB page other users left in the kernel's pools (memfds faulted on
+/// each node), so that a daemon starts from none, as on a fresh host: what it needs, it must
+/// raise. The pages go back when the files are dropped. Hold the test [`lock`] meanwhile.
+pub fn occupy_free_pages() -> io::Result<Vec<crate::hugetlb::BackingFile>> {
+    let other = |e: &dyn std::fmt::Display| io::Error::other(e.to_string());
+    let ps = PageSize::Size2M;
+    let topology = crate::topology::Topology::detect().map_err(|e| other(&e))?;
+    let mut held = Vec::new();
+    for node in topology.node_ids() {
+        let cpus = &topology.node(node).map_err(|e| other(&e))?.cpus;
+        let free = crate::hugetlb::pool::available(Some(node), ps).map_err(|e| other(&e))?;
+        if free == 0 {
+            continue;
+        }
+        let size = free * ps.bytes();
+        let f = crate::hugetlb::BackingFile::memfd("occupy", size, ps).map_err(|e| other(&e))?;
+        crate::pool::fault::fault_range(&f, 0..size, node, cpus).map_err(|e| other(&e))?;
+        held.push(f);
+    }
+    Ok(held)
+}
+
 /// Why the kernel gave fewer than `wanted` pages of `page_size`, for a test's skip note: for
 /// 1 GiB pages, which pages rule out every aligned range ([`crate::hugetlb::contig::Census`]).
 pub fn shortfall_note(page_size: PageSize, wanted: u64) -> String {

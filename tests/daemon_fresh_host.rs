@@ -2,7 +2,9 @@
 //! then `hugeprep status` shows 4 GiB warm and `hugeprep lease vm1 4G` returns a warm lease;
 //! `hugeprep drain --release-pools` gives back exactly the pages the daemon added. And the
 //! same host with `reserve = false`: the shortfall and its remedy in the log, `status` and
-//! `doctor`. And `hugeprep reserve` (the boot-time unit) sharing the daemon's ledger.
+//! `doctor`. And `hugeprep reserve` (the boot-time unit) sharing the daemon's ledger. And
+//! the packaged defaults (nothing warm) on such a host: the first lease is served cold, the
+//! daemon raising the kernel's pool for it within `reserve_limit`.
 
 mod daemon_util;
 
@@ -39,19 +41,7 @@ fn node_pools() -> Vec<u64> {
 /// Takes every free 2 MiB page other users left in the pools, so the daemon starts from
 /// none; the pages go back when the memfds are dropped.
 fn occupy_free_pages() -> Vec<BackingFile> {
-    let mut held = Vec::new();
-    let topology = Topology::detect().unwrap();
-    for node in topology.node_ids() {
-        let cpus = &topology.node(node).unwrap().cpus;
-        let free = pool::available(Some(node), PageSize::Size2M).unwrap();
-        if free == 0 {
-            continue;
-        }
-        let size = free * PageSize::Size2M.bytes();
-        let f = BackingFile::memfd("occupy", size, PageSize::Size2M).unwrap();
-        hugeprep::pool::fault::fault_range(&f, 0..size, node, cpus).unwrap();
-        held.push(f);
-    }
+    let held = hugeprep::testing::occupy_free_pages().unwrap();
     assert_eq!(pool::available(None, PageSize::Size2M).unwrap(), 0);
     held
 }
@@ -178,6 +168,52 @@ fn quick_start_on_a_host_with_no_free_hugepages() {
             .count(),
         0
     );
+}
+
+#[test]
+fn nothing_warm_on_a_host_with_no_free_hugepages_serves_the_first_lease_cold() {
+    let env = Env::fresh("first-lease");
+    let before = node_pools();
+    let occupied = occupy_free_pages();
+    // The packaged defaults keep nothing warm; the limit leaves room for 32 MiB.
+    let (mut d, _) = spawn_with_pool(&env, "first.toml", "reserve_limit = \"32M\"\n");
+    let lease: serde_json::Value =
+        serde_json::from_str(&stdout(&hugeprep(&env, &["lease", "t1", "16M", "--json"]))).unwrap();
+    assert_eq!(lease["source"], "cold", "{lease:#}");
+    let status = wait_status(&env, "the raise", |_| true);
+    assert_eq!(
+        status["pool"]["kinds"][0]["reserved_pages"], 8,
+        "{status:#}"
+    );
+    assert!(env
+        .log()
+        .contains("raised the kernel's hugepage pool for a lease"));
+    // Beyond reserve_limit: refused, naming the limit in the log; no page added for it.
+    let out = hugeprep(&env, &["lease", "t2", "64M"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("at most 0 available"), "{err}");
+    assert!(
+        env.log().contains("reserve_limit of 32 MiB reached"),
+        "{}",
+        env.log()
+    );
+    let status = wait_status(&env, "no raise", |_| true);
+    assert_eq!(
+        status["pool"]["kinds"][0]["reserved_pages"], 8,
+        "{status:#}"
+    );
+    // Released: its pages stay in the kernel's pool for the next start, recorded as added.
+    stdout(&hugeprep(&env, &["release", "t1"]));
+    let lease: serde_json::Value =
+        serde_json::from_str(&stdout(&hugeprep(&env, &["lease", "t3", "16M", "--json"]))).unwrap();
+    stdout(&hugeprep(&env, &["release", "t3"]));
+    assert_ne!(lease["id"], serde_json::Value::Null);
+    stdout(&hugeprep(&env, &["drain", "--release-pools"]));
+    d.stop();
+    drop(occupied);
+    assert_eq!(node_pools(), before, "{}", env.log());
+    assert_eq!(env.mount_used(), 0);
 }
 
 #[test]

@@ -1,7 +1,12 @@
 //! The packages: the .deb passes lintian with no errors; the RPM spec (packaging/rpm) parses
 //! (`rpmspec --parse`), passes rpmlint with no errors, builds (`rpmbuild -bb` in place) and
 //! installs the same files, modes and conffiles as the .deb. rpm on Debian has no
-//! systemd-rpm-macros: tests/packaging/macros.systemd stands in for them.
+//! systemd-rpm-macros: tests/packaging/macros.systemd stands in for them. The mandatory access
+//! control snippets the packages ship (packaging/mac) parse with the tools that work without
+//! the LSM: the AppArmor rules inside a profile that includes the distribution's
+//! `abstractions/libvirt-qemu` (`apparmor_parser --skip-kernel-load`), the SELinux module
+//! built with the refpolicy development files (m4 interfaces, `checkmodule`,
+//! `semodule_package`); and a broken rule in each is refused, so the check can fail.
 
 #[path = "systemd_util/mod.rs"]
 mod systemd_util;
@@ -82,6 +87,163 @@ fn deb_reserve_unit_is_the_one_in_service() {
         read("service/hugeprep-reserve.service"),
         "copy service/hugeprep-reserve.service to packaging/debian/"
     );
+}
+
+/// Runs `cmd`; its status and both outputs.
+fn try_run(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn apparmor_snippet_parses_in_libvirts_qemu_abstraction() {
+    if !have_file("apparmor_parser", "/usr/sbin/apparmor_parser", "apparmor")
+        || !have_file(
+            "libvirt's AppArmor abstraction",
+            "/etc/apparmor.d/abstractions/libvirt-qemu",
+            "libvirt-daemon-system",
+        )
+    {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hugeprep-aa-{}", std::process::id()));
+    let _cleanup = RemoveOnDrop(dir.clone());
+    std::fs::create_dir_all(&dir).unwrap();
+    let snippet = root().join("packaging/mac/apparmor-libvirt-qemu");
+    let check = |rules: &Path| {
+        // As virt-aa-helper's TEMPLATE.qemu writes a domain's profile.
+        let profile = dir.join("libvirt-check");
+        std::fs::write(
+            &profile,
+            format!(
+                "#include <tunables/global>
+profile libvirt-check flags=(attach_disconnected) {{
+  #include <abstractions/libvirt-qemu>
+  include \"{}\"
+}}
+",
+                rules.display()
+            ),
+        )
+        .unwrap();
+        try_run(
+            Command::new("apparmor_parser")
+                .args(["--skip-kernel-load", "--skip-cache", "--preprocess"])
+                .arg(&profile),
+        )
+    };
+    let (ok, text) = check(&snippet);
+    assert!(ok, "apparmor_parser refused {}:\n{text}", snippet.display());
+    assert!(text.contains("/dev/hugepages1G/libvirt-backing"), "{text}");
+    let broken = dir.join("broken");
+    std::fs::write(&broken, "  owner /dev/hugepages/x rwz,\n").unwrap();
+    assert!(!check(&broken).0, "a broken rule was accepted");
+}
+
+#[test]
+fn selinux_module_builds_with_the_refpolicy_interfaces() {
+    let makefile = Path::new("/usr/share/selinux/devel/Makefile");
+    if !have("checkmodule", "checkpolicy")
+        || !have_file(
+            "semodule_package",
+            "/usr/bin/semodule_package",
+            "semodule-utils",
+        )
+        || !have_file(
+            "the refpolicy development files",
+            makefile.to_str().unwrap(),
+            "selinux-policy-dev",
+        )
+    {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hugeprep-se-{}", std::process::id()));
+    let _cleanup = RemoveOnDrop(dir.clone());
+    std::fs::create_dir_all(&dir).unwrap();
+    let te = std::fs::read_to_string(root().join("packaging/mac/hugeprep.te")).unwrap();
+    let build = |name: &str, text: &str| {
+        std::fs::write(dir.join(format!("{name}.te")), text).unwrap();
+        let (ok, out) = try_run(
+            Command::new("make")
+                .current_dir(&dir)
+                .arg("-f")
+                .arg(makefile)
+                .arg(format!("{name}.pp")),
+        );
+        (ok && dir.join(format!("{name}.pp")).exists(), out)
+    };
+    let (ok, out) = build("hugeprep", &te);
+    assert!(ok, "the SELinux module does not build:\n{out}");
+    // The module holds the rule: svirt_t may map hugetlbfs_t files.
+    let pp = std::fs::read(dir.join("hugeprep.pp")).unwrap();
+    let has = |s: &str| pp.windows(s.len()).any(|w| w == s.as_bytes());
+    assert!(
+        has("svirt_t") && has("hugetlbfs_t"),
+        "rule missing from the package"
+    );
+    let broken = te.replace("fs_mmap_rw_hugetlbfs_files", "fs_no_such_interface");
+    assert!(
+        !build("broken", &broken).0,
+        "an unknown interface was accepted"
+    );
+}
+
+/// The README the package installs in /usr/share/hugeprep/libvirt names only files the
+/// package installs (it once named the source tree's sandbox.sh and service/ paths).
+#[test]
+fn packaged_libvirt_readme_names_only_installed_files() {
+    let Some(deb) = deb() else {
+        return;
+    };
+    let listing = run(Command::new("dpkg-deb").arg("-c").arg(&deb));
+    let installed: BTreeSet<&str> = listing
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .map(|p| p.trim_start_matches('.'))
+        .collect();
+    let readme = std::fs::read_to_string(root().join("packaging/share/libvirt-README.md")).unwrap();
+    assert!(
+        installed.contains("/usr/share/hugeprep/libvirt/README.md"),
+        "{installed:?}"
+    );
+    let ours = [
+        "/usr/share/hugeprep/",
+        "/usr/share/doc/hugeprep/",
+        "/usr/lib/systemd/system/hugeprep",
+        "/etc/hugeprep/",
+        "/usr/bin/hugeprep",
+    ];
+    let mut named = 0;
+    for span in readme.split('`').skip(1).step_by(2) {
+        for word in span.split_whitespace() {
+            let word = word.trim_end_matches([',', ';', ')']);
+            if !ours.iter().any(|p| word.starts_with(p)) || word.ends_with('/') {
+                continue;
+            }
+            named += 1;
+            assert!(
+                installed.contains(word),
+                "the packaged README names {word}, which the package does not install"
+            );
+        }
+    }
+    assert!(named >= 8, "only {named} paths checked");
+}
+
+/// True when `path` exists; `missing_tool` (fails under scripts/test) otherwise.
+fn have_file(what: &str, path: &str, package: &str) -> bool {
+    let ok = Path::new(path).exists();
+    if !ok {
+        hugeprep::testing::missing_tool(&format!(
+            "{what} is not installed (apt install {package}; scripts/test installs it)"
+        ));
+    }
+    ok
 }
 
 #[test]

@@ -144,6 +144,8 @@ fn package_under_real_systemd() {
         Duration::from_secs(10),
         "reload applied",
     );
+    // The run directory keeps its mode: the socket's group must reach the socket in it.
+    assert_eq!(c.mode("/run/hugeprep"), "755 root:root");
     assert!(c.ok(&["hugeprep", "status"]).contains("vm-one"));
     // A bad config is refused with file, line and field; the old one stays.
     c.write(CONFIG, "[pool]\nverify = \"sample\"\nwarmm = 3\n");
@@ -196,6 +198,13 @@ fn package_under_real_systemd() {
         "systemd-analyze security: {}",
         sec.stdout.lines().last().unwrap_or("")
     );
+
+    // Removal refuses while a lease lives, even with the daemon stopped (its journal says so).
+    c.ok(&["systemctl", "stop", "hugeprep.socket", "hugeprep.service"]);
+    let r = c.run(&["dpkg", "-r", "hugeprep"]);
+    assert!(!r.ok && r.stderr.contains("vm-one"), "{}", r.stderr);
+    c.ok(&["systemctl", "start", "hugeprep.socket"]);
+    c.ok(&["hugeprep", "release", "vm-one"]);
 
     // dpkg -r leaves the conffiles; dpkg -P leaves nothing.
     c.ok(&["systemctl", "stop", "hugeprep.socket", "hugeprep.service"]);

@@ -23,6 +23,7 @@ mod prepare;
 mod progress;
 mod qemu_args;
 mod release;
+mod removal_check;
 mod reserve;
 mod resume;
 mod serve;
@@ -87,6 +88,8 @@ pub enum Command {
     Targets(targets::TargetsArgs),
     /// Show what the daemon can lease now per node and page size: warm and in total.
     Capacity(capacity::CapacityArgs),
+    /// Check what removing the package would break or lose (the package's prerm runs it).
+    RemovalCheck(removal_check::RemovalCheckArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(completions::CompletionsArgs),
     /// Write the man pages, one per command, into a directory (used by the package build).
@@ -210,6 +213,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Reserve(args) => reserve::run(args),
         Command::Targets(args) => targets::run(args),
         Command::Capacity(args) => capacity::run(args),
+        Command::RemovalCheck(args) => removal_check::run(args),
         Command::Completions(args) => completions::run_completions(args),
         Command::Manpages(args) => completions::run_manpages(args),
     }

@@ -199,6 +199,8 @@ impl Pool {
         let deadline = Instant::now() + LEASE_WAIT;
         let mut st = self.lock();
         let mut waiting = false;
+        // The kernel's pool is raised for this lease at most once (see `raise_for_lease`).
+        let mut raised = false;
         let result = loop {
             if self.shutdown.load(Ordering::SeqCst) {
                 break Err(PoolError::ShuttingDown);
@@ -208,7 +210,21 @@ impl Pool {
                     name: v.name.clone(),
                 });
             }
-            match choose(&self.view(&st, v, &mount.root, deadline)) {
+            let view = self.view(&st, v, &mount.root, deadline);
+            match choose(&view) {
+                // More than the kind can supply: raise the node's kernel pool by what the
+                // kernel's free pages lack for the whole lease, once, then choose again.
+                Choice::Refuse { .. } if !raised => {
+                    raised = true;
+                    drop(st);
+                    self.raise_for_lease(
+                        v.node,
+                        v.page_size,
+                        &mount.root,
+                        v.size.saturating_sub(view.avail),
+                    );
+                    st = self.lock();
+                }
                 Choice::Refuse { available } => {
                     break Err(PoolError::Insufficient {
                         size: v.size,

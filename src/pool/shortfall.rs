@@ -86,7 +86,8 @@ impl Pool {
                     None
                 } else if r.added < r.asked {
                     Some(format!(
-                        "kernel pool short by {still} {ps} pages on node {node}; the kernel added                          {} of the {} pages asked (memory short or fragmented{})",
+                        "kernel pool short by {still} {ps} pages on node {node}; the kernel added \
+                         {} of the {} pages asked (memory short or fragmented{})",
                         r.added,
                         r.asked,
                         if ps == PageSize::Size1G {
@@ -110,9 +111,76 @@ impl Pool {
         }
     }
 
+    /// A lease lacks `short` bytes of `ps` pages on `node`: more than the kernel's free pages
+    /// and the pool's files can give. Raises the node's kernel pool for it, as for a warm
+    /// target: within `reserve_limit` and `reserve_margin`, recorded in the ledger (so `drain
+    /// --release-pools` gives the pages back), never when `reserve = false` or the kind is
+    /// drained. This is what lets the packaged defaults, which keep nothing warm, serve a
+    /// first VM start: its lease is cold (faulted on the lease path), and the pages it
+    /// released stay in the kernel's pool for the next one. A lease the limits cannot cover
+    /// in full adds nothing (a failing request changes nothing). Returns the pages the
+    /// kernel added; what it could not add is logged with the reason.
+    pub(super) fn raise_for_lease(
+        &self,
+        node: u32,
+        ps: PageSize,
+        mount: &std::path::Path,
+        short: u64,
+    ) -> u64 {
+        let policy = self.policy();
+        let pages = short.div_ceil(ps.bytes());
+        if !policy.reserve.enabled || pages == 0 {
+            return 0;
+        }
+        // A mount's size limit that leaves less than the lease lacks: more kernel pages
+        // would not be usable.
+        if kernel::mount_free_pages(mount).is_some_and(|free| free < pages) {
+            return 0;
+        }
+        let _gate = self.reserve_gate.lock().unwrap_or_else(|e| e.into_inner());
+        if self.shutdown.load(Ordering::SeqCst) || self.lock().drained.contains(&(node, ps)) {
+            return 0;
+        }
+        let available = crate::topology::node_available_bytes(node).unwrap_or(0);
+        let added_on_node = self.reservations.added_bytes_on(node);
+        let (asked, limit) = reserve::plan(pages, ps, &policy.reserve, added_on_node, available);
+        if asked < pages {
+            // A lease that will fail anyway changes nothing: no pages added for it.
+            if let Some(l) = limit {
+                let reason = l.explain(node, ps, pages - asked);
+                tracing::warn!(node, page_size = %ps, "a lease cannot be served: {reason}");
+            }
+            return 0;
+        }
+        let added = match self.reservations.raise(node, ps, asked) {
+            Ok(r) => r.added,
+            Err(err) => {
+                tracing::warn!(node, page_size = %ps, %err, "raising the kernel's hugepage pool for a lease failed");
+                0
+            }
+        };
+        if added > 0 {
+            tracing::info!(
+                node, page_size = %ps, added, asked = pages,
+                held = self.reservations.added(node, ps),
+                "raised the kernel's hugepage pool for a lease"
+            );
+        }
+        if added < pages {
+            // Those it added stay recorded (`drain --release-pools` gives them back), as
+            // for a target.
+            tracing::warn!(
+                node, page_size = %ps,
+                "a lease cannot be served: kernel pool short by {} {ps} pages on node {node}; the kernel added {added} of the {asked} pages asked (memory short or fragmented)",
+                pages - added
+            );
+        }
+        added
+    }
+
     /// Records why a kind's target is not met (`None`: it is met) and says so in the log once,
-    /// and again whenever the reason changes. The metrics (a later issue) read the same
-    /// reasons through [`Pool::status`].
+    /// and again whenever the reason changes. The metrics read the same reasons through
+    /// [`Pool::status`].
     pub(super) fn explain(&self, st: &mut State, node: u32, ps: PageSize, reason: Option<String>) {
         let key = (node, ps);
         match reason {

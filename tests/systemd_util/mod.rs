@@ -68,6 +68,45 @@ impl Container {
         r.stdout
     }
 
+    /// Runs `args` inside as `user` (`runuser`: the user's own groups, no capabilities).
+    pub fn run_as(&self, user: &str, args: &[&str]) -> Run {
+        let mut all = vec!["runuser", "-u", user, "--"];
+        all.extend_from_slice(args);
+        self.run(&all)
+    }
+
+    /// Adds a user inside (the overlay's /etc), in `groups` besides its own.
+    pub fn add_user(&self, name: &str, groups: &[&str]) {
+        let mut args = vec!["useradd", "--no-create-home", "--shell", "/bin/sh"];
+        let list = groups.join(",");
+        if !groups.is_empty() {
+            args.extend(["--groups", &list]);
+        }
+        args.push(name);
+        self.ok(&args);
+    }
+
+    /// The mode bits of `path` inside, in octal (`stat -c %a`).
+    pub fn mode(&self, path: &str) -> String {
+        self.ok(&["stat", "-c", "%a %U:%G", path])
+            .trim()
+            .to_string()
+    }
+
+    /// Installs the .deb at `deb` (a host path) with `dpkg -i`; panics when dpkg fails.
+    pub fn install(&self, deb: &Path) {
+        self.copy_in(deb, "/tmp/hugeprep.deb");
+        self.ok(&["dpkg", "-i", "/tmp/hugeprep.deb"]);
+    }
+
+    /// Upgrades to the .deb at `deb` as `apt upgrade` does non-interactively: a conffile the
+    /// test changed (`/etc/hugeprep/hugeprep.toml`) is kept (`--force-confold`) when the
+    /// package ships another version of it, instead of dpkg asking on a terminal.
+    pub fn upgrade(&self, deb: &Path) {
+        self.copy_in(deb, "/tmp/hugeprep.deb");
+        self.ok(&["dpkg", "-i", "--force-confold", "/tmp/hugeprep.deb"]);
+    }
+
     /// Copies a host file into the container's overlay.
     pub fn copy_in(&self, src: &Path, dest: &str) {
         let out = Command::new(&self.script)
