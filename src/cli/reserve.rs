@@ -85,11 +85,21 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
                 ledger.added_bytes_on(node),
                 available,
             );
-            let added = if pages > 0 {
-                ledger.raise(node, page_size, pages)?.added
+            let pull_in = reserve::pull_in_bytes(&policy.reserve, available);
+            let raise = if pages > 0 {
+                Some(ledger.raise(node, page_size, pages, pull_in)?)
             } else {
-                0
+                None
             };
+            let added = raise.map_or(0, |r| r.added);
+            if let Some(pulled) = raise.and_then(|r| r.pulled_in) {
+                println!(
+                    "node {node} {page_size}: the kernel gave fewer pages than asked; pulled \
+                     lazily initialised memory in (the 2M pool took {} pages and gave {} back) \
+                     and asked again",
+                    pulled.added, pulled.returned
+                );
+            }
             let short = need - added;
             let target = format_bytes(want * page_size.bytes());
             if short == 0 {
