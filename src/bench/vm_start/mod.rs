@@ -52,7 +52,7 @@ use crate::page_size::PageSize;
 use crate::pool::{PoolPolicy, Verification};
 use holdback::Holdback;
 
-pub use report::{CaseResult, Saving, SizeResult, VmStartReport};
+pub use report::{CaseResult, Saving, SizeResult, VmStartReport, WarmBreakdown};
 
 /// How long the warm pool may take to settle between starts (a liveness bound).
 const SETTLE: Duration = Duration::from_secs(120);
@@ -62,8 +62,8 @@ const SETTLE: Duration = Duration::from_secs(120);
 pub struct VmStartBenchConfig {
     /// Guest memory sizes.
     pub sizes: Vec<u64>,
-    /// Page size of every case.
-    pub page_size: PageSize,
+    /// Page sizes: every case runs on each, side by side in the same repetitions.
+    pub page_sizes: Vec<PageSize>,
     /// QEMU `prealloc-threads`, libvirt `<allocation threads=>` and hugeprep's workers.
     pub threads: usize,
     /// Measured repetitions per case (after one warm-up start of each).
@@ -122,6 +122,10 @@ pub enum Case {
     /// A warm lease, mapped with `discard-data=on` (libvirt `<discard/>`, as OpenStack Nova
     /// sets it): QEMU punches the pages out when it stops, and the pool refills them.
     HugeprepDiscard,
+    /// QEMU alone, with `qemu-args`' options, on a file whose pages are all present but that
+    /// hugeprep never leased (faulted by the bench, untimed): the start's cost of mapping
+    /// present pages, without the lease call and the watched open (the warm-start breakdown).
+    Present,
 }
 
 impl Case {
@@ -129,6 +133,16 @@ impl Case {
     pub const ALL: [Case; 5] = [
         Case::Immediate,
         Case::Floor,
+        Case::Hugeprep,
+        Case::ImmediateOnLease,
+        Case::HugeprepDiscard,
+    ];
+
+    /// QEMU alone's cases: every case, and the present file of the warm-start breakdown.
+    pub const QEMU: [Case; 6] = [
+        Case::Immediate,
+        Case::Floor,
+        Case::Present,
         Case::Hugeprep,
         Case::ImmediateOnLease,
         Case::HugeprepDiscard,
@@ -150,6 +164,8 @@ impl Case {
             (Vmm::Qemu, Case::Hugeprep) => "hugeprep warm lease, qemu-args".into(),
             (Vmm::Qemu, Case::ImmediateOnLease) => "prealloc=on over a warm lease".into(),
             (Vmm::Qemu, Case::HugeprepDiscard) => "hugeprep warm lease, discard-data=on".into(),
+            (Vmm::Qemu, Case::Present) => "present file, not leased, qemu-args".into(),
+            (_, Case::Present) => "(not run)".into(),
             (Vmm::Libvirt, Case::Immediate) => {
                 format!("<hugepages/> + immediate, threads={threads}")
             }
@@ -244,6 +260,11 @@ pub(crate) struct World {
     pub daemon: BenchDaemon,
     /// Where each VMM the run starts itself gets a cgroup of its own (`None`: no cgroup v2).
     pub cgroups: Option<VmmCgroups>,
+    /// The machine holds one copy of the VM's memory in these pages, not two: the pool is
+    /// emptied (untimed) before each fresh-file case and refilled after it.
+    pub one_copy: bool,
+    /// The pool policy the world's daemon started with.
+    pub policy: PoolPolicy,
 }
 
 impl World {
@@ -278,15 +299,20 @@ pub(crate) trait Starter {
     /// Starts a VM of `case` and returns the seconds to ready; the VM is stopped and every
     /// lease and file of it given back before it returns.
     fn start(&mut self, world: &World, case: Case, tag: &str) -> Result<f64>;
+    /// Seconds the last start spent in the lease call over the API, when it made one (the
+    /// warm-start breakdown); `None` where the lease is not timed apart.
+    fn last_lease_seconds(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// The run's journal and socket directory on an ordinary file system; removed on drop.
 struct TempDir(PathBuf);
 
 impl TempDir {
-    fn new(size: u64) -> Result<TempDir> {
+    fn named(tag: &str) -> Result<TempDir> {
         let dir = std::env::temp_dir().join(format!(
-            "hugeprep-bench-vm-start-{}-{size}",
+            "hugeprep-bench-vm-start-{}-{tag}",
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&dir);
@@ -351,15 +377,23 @@ fn check(cfg: &VmStartBenchConfig) -> Result<()> {
     if cfg.sizes.is_empty() {
         return invalid("sizes", "give at least one size".into());
     }
+    if cfg.page_sizes.is_empty() {
+        return invalid("page-size", "give at least one page size".into());
+    }
+    // Every size fits the smallest page size asked for; a larger page size that does not
+    // divide a size is left out of that size (listed as skipped).
+    let smallest = cfg.page_sizes.iter().copied().min_by_key(|p| p.bytes());
     for &size in &cfg.sizes {
-        if crate::hugetlb::check_size(size, cfg.page_size).is_err() || size < (2 << 20) {
-            return invalid(
-                "sizes",
-                format!(
-                    "{size} is not a positive multiple of the {} page size of at least 2 MiB",
-                    cfg.page_size
-                ),
-            );
+        if let Some(ps) = smallest {
+            if crate::hugetlb::check_size(size, ps).is_err() || size < (2 << 20) {
+                return invalid(
+                    "sizes",
+                    format!(
+                        "{size} is not a positive multiple of the {ps} page size of at least \
+                         2 MiB (--page-size {ps})"
+                    ),
+                );
+            }
         }
     }
     Ok(())
@@ -387,60 +421,72 @@ pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport
     let mut sizes = Vec::new();
     let mut skipped = Vec::new();
     for &size in &cfg.sizes {
-        // The warm pool, and one fresh file at a time; a VM too large for both (the largest
-        // the machine holds) has the pool emptied for the fresh-file cases, as a host would.
-        let fits = |needed: u64| !mem_available().is_some_and(|m| m < needed + cfg.headroom);
-        let one_copy = !fits(2 * size);
-        if one_copy && !fits(size) {
-            let why = format!(
-                "{}: needs {} of hugepages, more than the memory available less the headroom",
-                crate::units::format_bytes(size),
-                crate::units::format_bytes(size)
-            );
-            log(&format!("skipped {why}"));
-            skipped.push(why);
-            continue;
-        }
-        if one_copy {
-            log(&format!(
-                "{}: the machine holds one copy only: the pool is emptied (untimed) before each fresh-file case and refilled after it",
-                crate::units::format_bytes(size)
-            ));
-        }
-        match run_size(cfg, &vmms, size, one_copy, cgroups.as_ref(), log) {
-            Ok(result) => sizes.push(result),
-            // The kernel could not supply the pages (memory short or fragmented): the other
-            // sizes' results still stand.
-            Err(VmStartBenchError::KernelPool(e)) => {
-                let why = format!("{}: {e}", crate::units::format_bytes(size));
-                log(&format!("skipped {why}"));
-                skipped.push(why);
-            }
+        match run_size(cfg, &vmms, size, cgroups.as_ref(), &mut skipped, log) {
+            Ok(Some(result)) => sizes.push(result),
+            Ok(None) => {}
             Err(e) => return Err(e),
         }
     }
     Ok(report::report(cfg, &vmms, not_measured, sizes, skipped))
 }
 
-fn run_size(
+/// How many copies of a VM of `pages` pages of `ps` the machine holds for the run (2: the
+/// warm pool and a fresh file; 1: the pool is emptied for the fresh-file cases), with the
+/// pages topped up; `Err` with the reason when not even one.
+fn top_up(
     cfg: &VmStartBenchConfig,
-    vmms: &[Vmm],
     size: u64,
+    ps: PageSize,
+) -> std::result::Result<(PoolTopUp, bool), String> {
+    let pages = size / ps.bytes();
+    // Pages a raise would take from the rest of the machine: the pool's free pages are
+    // already set aside.
+    let free = crate::hugetlb::pool::available(None, ps).unwrap_or(0);
+    let fits = |copies: u64| {
+        let taken = copies.saturating_mul(pages).saturating_sub(free) * ps.bytes();
+        taken == 0 || !mem_available().is_some_and(|m| m < taken + cfg.headroom)
+    };
+    let mut why = format!(
+        "needs {} of {ps} hugepages, more than the pool's free pages and the memory available \
+         less the headroom",
+        crate::units::format_bytes(size)
+    );
+    for copies in [2, 1] {
+        if !fits(copies) {
+            continue;
+        }
+        match PoolTopUp::ensure_free(None, ps, copies * pages) {
+            Ok(top_up) => return Ok((top_up, copies == 1)),
+            Err(e) => why = e.to_string(),
+        }
+    }
+    Err(why)
+}
+
+/// One page size's world for `size`: its pages, mounts, directory and daemon, settled.
+struct PageWorld {
+    // Dropped in order: the world (its daemon and files), the mounts, then the pages.
+    world: World,
+    _pool_mount: OwnedMount,
+    _scratch: OwnedMount,
+    _tmp: TempDir,
+    _top_up: PoolTopUp,
+}
+
+fn page_world(
+    cfg: &VmStartBenchConfig,
+    size: u64,
+    ps: PageSize,
+    top_up: PoolTopUp,
     one_copy: bool,
     cgroups: Option<&VmmCgroups>,
-    log: &dyn Fn(&str),
-) -> Result<SizeResult> {
-    let ps = cfg.page_size;
-    let pages = size / ps.bytes();
-    // Dropped in reverse: the starters (libvirtd) and the daemon with its files, the mounts,
-    // then the pages: the warm pool's and one fresh file's, kept in the kernel's hugetlb pool
-    // for the whole size (pages handed back to the buddy allocator between starts would
-    // come back cold).
-    let copies = if one_copy { 1 } else { 2 };
-    let _top_up = PoolTopUp::ensure_free(None, ps, copies * pages)?;
+) -> Result<PageWorld> {
+    // The pages (the warm pool's and one fresh file's) stay in the kernel's hugetlb pool for
+    // the whole size: pages handed back to the buddy allocator between starts would come back
+    // cold.
     let scratch = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
     let pool_mount = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
-    let tmp = TempDir::new(size)?;
+    let tmp = TempDir::named(&format!("{size}-{}", ps.name()))?;
     let mut policy = PoolPolicy::embedded();
     policy.set_warm(ps, size, vec![size]);
     policy.scrub_bandwidth = None;
@@ -456,30 +502,89 @@ fn run_size(
         tmp: tmp.0.clone(),
         daemon,
         cgroups: cgroups.cloned(),
+        one_copy,
+        policy,
     };
     world.settle()?;
-    let mut starters: Vec<Box<dyn Starter>> = Vec::new();
-    for vmm in vmms {
-        starters.push(match vmm {
-            Vmm::Qemu => Box::new(qemu::QemuStarter::new(cfg)),
-            Vmm::Libvirt => {
-                log("starting a private libvirtd (about 10 s: it probes QEMU)");
-                Box::new(libvirt::LibvirtStarter::up(cfg, &world)?)
+    Ok(PageWorld {
+        world,
+        _pool_mount: pool_mount,
+        _scratch: scratch,
+        _tmp: tmp,
+        _top_up: top_up,
+    })
+}
+
+/// One size on every page size the machine has pages for, their cases interleaved; `None`
+/// when no page size could be had (each reason in `skipped`).
+fn run_size(
+    cfg: &VmStartBenchConfig,
+    vmms: &[Vmm],
+    size: u64,
+    cgroups: Option<&VmmCgroups>,
+    skipped: &mut Vec<String>,
+    log: &dyn Fn(&str),
+) -> Result<Option<SizeResult>> {
+    let size_name = crate::units::format_bytes(size);
+    // Gigantic pages first: their free pages are set aside already, and a 2M top-up after
+    // them sees the memory that is left.
+    let mut order = cfg.page_sizes.clone();
+    order.sort_by_key(|ps| std::cmp::Reverse(ps.bytes()));
+    let mut worlds: Vec<PageWorld> = Vec::new();
+    for ps in order {
+        if size % ps.bytes() != 0 {
+            let why = format!("{size_name} on {ps} pages: not a whole number of pages");
+            log(&format!("skipped {why}"));
+            skipped.push(why);
+            continue;
+        }
+        let (top_up, one_copy) = match top_up(cfg, size, ps) {
+            Ok(t) => t,
+            Err(why) => {
+                let why = format!("{size_name} on {ps} pages: {why}");
+                log(&format!("skipped {why}"));
+                skipped.push(why);
+                continue;
             }
-            Vmm::CloudHypervisor => match &cfg.cloud_hypervisor {
-                Some(binary) => Box::new(cloud_hypervisor::ChStarter::new(binary)),
-                None => continue,
-            },
-        });
+        };
+        if one_copy {
+            log(&format!(
+                "{size_name} on {ps} pages: the machine holds one copy only: the pool is emptied (untimed) before each fresh-file case and refilled after it"
+            ));
+        }
+        worlds.push(page_world(cfg, size, ps, top_up, one_copy, cgroups)?);
+    }
+    worlds.sort_by_key(|w| cfg.page_sizes.iter().position(|&p| p == w.world.page_size));
+    if worlds.is_empty() {
+        return Ok(None);
+    }
+    let mut starters: Vec<(usize, Box<dyn Starter>)> = Vec::new();
+    for (w, pw) in worlds.iter().enumerate() {
+        for vmm in vmms {
+            starters.push((
+                w,
+                match vmm {
+                    Vmm::Qemu => Box::new(qemu::QemuStarter::new(cfg)),
+                    Vmm::Libvirt => {
+                        log("starting a private libvirtd (about 10 s: it probes QEMU)");
+                        Box::new(libvirt::LibvirtStarter::up(cfg, &pw.world)?)
+                    }
+                    Vmm::CloudHypervisor => match &cfg.cloud_hypervisor {
+                        Some(binary) => Box::new(cloud_hypervisor::ChStarter::new(binary)),
+                        None => continue,
+                    },
+                },
+            ));
+        }
     }
     let runs: Vec<(usize, Case)> = starters
         .iter()
         .enumerate()
-        .flat_map(|(s, starter)| starter.cases().iter().map(move |&c| (s, c)))
+        .flat_map(|(s, (_, starter))| starter.cases().iter().map(move |&c| (s, c)))
         .collect();
     let mut samples = vec![Vec::with_capacity(cfg.reps); runs.len()];
     let mut recycles = vec![Vec::with_capacity(cfg.reps); runs.len()];
-    let size_name = crate::units::format_bytes(size);
+    let mut lease_calls = vec![Vec::with_capacity(cfg.reps); runs.len()];
     for (rep, timed) in std::iter::once((0, false)).chain((0..cfg.reps).map(|r| (r, true))) {
         for i in 0..runs.len() {
             if cfg
@@ -491,18 +596,25 @@ fn run_size(
             }
             let k = if timed { (rep + i) % runs.len() } else { i };
             let (s, case) = runs[k];
-            let starter = &mut starters[s];
+            let (w, starter) = &mut starters[s];
+            let world = &worlds[*w].world;
+            let (ps, one_copy) = (world.page_size, world.one_copy);
             // The fresh pages stay reserved while hugeprep's cases run: the pool cannot
             // refill behind the lease while the start is timed (with one copy there are none
             // to refill with).
-            let held = if case.leased() && !one_copy { pages } else { 0 };
+            let held = if case.leased() && !one_copy {
+                size / ps.bytes()
+            } else {
+                0
+            };
             let holdback = Holdback::reserve(&world.scratch, held, ps)?;
             if one_copy && !case.leased() {
-                world.set_warm(&policy, 0)?;
+                world.set_warm(&world.policy, 0)?;
             }
-            let seconds = starter.start(&world, case, &format!("{rep}-{k}"))?;
+            let seconds = starter.start(world, case, &format!("{rep}-{k}"))?;
+            let lease_call = starter.last_lease_seconds();
             if one_copy && !case.leased() {
-                world.set_warm(&policy, size)?;
+                world.set_warm(&world.policy, size)?;
             }
             // The lease was released as the VM stopped: until the pool is warm again is
             // what recycling it costs (a scrub, or a refill of what QEMU punched out).
@@ -515,26 +627,35 @@ fn run_size(
             if timed {
                 samples[k].push(seconds);
                 recycles[k].push(recycle);
+                lease_calls[k].extend(lease_call);
                 log(&format!(
-                    "{size_name} rep {}/{}  {vmm:<8} {label:<44} {seconds:.3} s",
+                    "{size_name} {ps} rep {}/{}  {vmm:<8} {label:<44} {seconds:.3} s",
                     rep + 1,
                     cfg.reps,
                 ));
             } else {
                 log(&format!(
-                    "{size_name} warm-up  {vmm:<8} {label:<44} {seconds:.3} s"
+                    "{size_name} {ps} warm-up  {vmm:<8} {label:<44} {seconds:.3} s"
                 ));
             }
         }
     }
-    let runs: Vec<(Vmm, Case)> = runs.iter().map(|&(s, c)| (starters[s].vmm(), c)).collect();
+    let runs: Vec<report::Run> = runs
+        .iter()
+        .map(|&(s, case)| report::Run {
+            page_size: worlds[starters[s].0].world.page_size,
+            vmm: starters[s].1.vmm(),
+            case,
+        })
+        .collect();
     drop(starters);
-    drop(world);
-    Ok(report::size_result(
+    drop(worlds);
+    Ok(Some(report::size_result(
         size,
         cfg.threads,
         &runs,
         samples,
         recycles,
-    ))
+        lease_calls,
+    )))
 }
