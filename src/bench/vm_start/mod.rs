@@ -402,6 +402,7 @@ fn check(cfg: &VmStartBenchConfig) -> Result<()> {
 /// Runs the benchmark; `log` gets a line per start.
 pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport> {
     check(cfg)?;
+    let load_before = crate::bench::load_average();
     let mut not_measured = Vec::new();
     let mut vmms = cfg.vmms.clone();
     if vmms.contains(&Vmm::Libvirt) {
@@ -427,7 +428,14 @@ pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport
             Err(e) => return Err(e),
         }
     }
-    Ok(report::report(cfg, &vmms, not_measured, sizes, skipped))
+    Ok(report::report(
+        cfg,
+        &vmms,
+        not_measured,
+        sizes,
+        skipped,
+        load_before,
+    ))
 }
 
 /// How many copies of a VM of `pages` pages of `ps` the machine holds for the run (2: the

@@ -119,6 +119,8 @@ pub struct VmStartReport {
     pub sizes: Vec<SizeResult>,
     /// Sizes left out, and why.
     pub skipped: Vec<String>,
+    /// The machine's 1-minute load average before and after the run.
+    pub load_average: (Option<f64>, Option<f64>),
 }
 
 fn paired(a: &[f64], b: &[f64], f: impl Fn(f64, f64) -> f64) -> Vec<f64> {
@@ -256,6 +258,7 @@ pub(super) fn report(
     not_measured: Vec<String>,
     sizes: Vec<SizeResult>,
     skipped: Vec<String>,
+    load_before: Option<f64>,
 ) -> VmStartReport {
     VmStartReport {
         page_sizes: cfg.page_sizes.clone(),
@@ -271,6 +274,7 @@ pub(super) fn report(
         not_measured,
         sizes,
         skipped,
+        load_average: (load_before, crate::bench::load_average()),
     }
 }
 
@@ -292,6 +296,12 @@ impl VmStartReport {
         if let Some(v) = &self.qemu_version {
             out.push_str(&format!("{v}\n"));
         }
+        let load = |l: Option<f64>| l.map_or("-".into(), |l| format!("{l:.1}"));
+        out.push_str(&format!(
+            "load average {} before, {} after\n",
+            load(self.load_average.0),
+            load(self.load_average.1)
+        ));
         if let Some(v) = &self.cloud_hypervisor_version {
             out.push_str(&format!("{v}\n"));
         }

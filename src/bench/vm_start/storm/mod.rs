@@ -59,6 +59,7 @@ pub fn run(
     log: &dyn Fn(&str),
 ) -> Result<StormReport> {
     super::check(cfg)?;
+    let load_before = crate::bench::load_average();
     if counts.is_empty() || counts.contains(&0) {
         return Err(VmStartBenchError::Invalid {
             field: "concurrent",
@@ -111,9 +112,7 @@ pub fn run(
             match run_count(
                 cfg,
                 &vmms,
-                count,
-                size,
-                ps,
+                Shape { count, size, ps },
                 with_refill,
                 cgroups.as_ref(),
                 log,
@@ -138,19 +137,27 @@ pub fn run(
         storms,
         skipped,
         not_measured,
+        load_average: (load_before, crate::bench::load_average()),
     })
+}
+
+/// One storm's shape: how many VMs, each of how many bytes, on which pages.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    count: usize,
+    size: u64,
+    ps: crate::page_size::PageSize,
 }
 
 fn run_count(
     cfg: &VmStartBenchConfig,
     vmms: &[Vmm],
-    count: usize,
-    size: u64,
-    ps: crate::page_size::PageSize,
+    shape: Shape,
     with_refill: bool,
     cgroups: Option<&VmmCgroups>,
     log: &dyn Fn(&str),
 ) -> Result<Vec<StormResult>> {
+    let Shape { count, size, ps } = shape;
     let vm_pages = size / ps.bytes();
     let all_pages = count as u64 * vm_pages;
     let _top_up = PoolTopUp::ensure_free(None, ps, 2 * all_pages)?;

@@ -71,6 +71,8 @@ pub struct StormReport {
     pub skipped: Vec<String>,
     /// What this run does not measure.
     pub not_measured: Vec<String>,
+    /// The machine's 1-minute load average before and after the run.
+    pub load_average: (Option<f64>, Option<f64>),
 }
 
 impl StormReport {
@@ -87,6 +89,12 @@ impl StormReport {
             self.threads,
             self.reps,
         );
+        let load = |l: Option<f64>| l.map_or("-".into(), |l| format!("{l:.1}"));
+        out.push_str(&format!(
+            "load average {} before, {} after\n",
+            load(self.load_average.0),
+            load(self.load_average.1)
+        ));
         for s in &self.storms {
             out.push_str(&format!(
                 "\n{} VMs x {} ({} in all) of {} pages, {}\n{:<44} {:>22} {:>9} {:>9} {:>8} {:>8} {:>8}\n",
