@@ -144,6 +144,25 @@ fn a_one_gib_raise_reports_what_the_kernel_gave() {
     );
 }
 
+/// A pull-in raises the 2M pool and lowers it by exactly what that raise added: the pool ends
+/// as it was, with 2M pages someone holds (this test's) untouched.
+#[test]
+fn a_pull_in_leaves_the_two_meg_pool_as_it_found_it() {
+    let env = HugeEnv::new(PageSize::Size2M, 4).unwrap();
+    let held = BackingFile::create(&env.dir().join("held"), 4 << 21, PageSize::Size2M, None)
+        .unwrap();
+    held.allocate(0, 4 << 21).unwrap();
+    let before = pool::read(Scope::System, PageSize::Size2M).unwrap();
+    let pulled = pool::pull_in(Scope::System, 64 << 20).unwrap();
+    assert_eq!(pulled.asked, 32);
+    assert!(pulled.added <= 32, "{pulled:?}");
+    assert_eq!(pulled.returned, pulled.added, "{pulled:?}");
+    let after = pool::read(Scope::System, PageSize::Size2M).unwrap();
+    assert_eq!(after.total, before.total);
+    assert!(after.free + 4 <= after.total, "the held pages stay held: {after:?}");
+    held.remove().unwrap();
+}
+
 /// The census behind every 1G shortfall note reads the kernel's page flags right: a 2M pool
 /// this test holds shows up as hugetlb pages, the kernel's own slab as slab pages, and all of
 /// memory is counted.
