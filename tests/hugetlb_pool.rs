@@ -149,8 +149,8 @@ fn a_one_gib_raise_reports_what_the_kernel_gave() {
 #[test]
 fn a_pull_in_leaves_the_two_meg_pool_as_it_found_it() {
     let env = HugeEnv::new(PageSize::Size2M, 4).unwrap();
-    let held = BackingFile::create(&env.dir().join("held"), 4 << 21, PageSize::Size2M, None)
-        .unwrap();
+    let held =
+        BackingFile::create(&env.dir().join("held"), 4 << 21, PageSize::Size2M, None).unwrap();
     held.allocate(0, 4 << 21).unwrap();
     let before = pool::read(Scope::System, PageSize::Size2M).unwrap();
     let pulled = pool::pull_in(Scope::System, 64 << 20).unwrap();
@@ -159,7 +159,10 @@ fn a_pull_in_leaves_the_two_meg_pool_as_it_found_it() {
     assert_eq!(pulled.returned, pulled.added, "{pulled:?}");
     let after = pool::read(Scope::System, PageSize::Size2M).unwrap();
     assert_eq!(after.total, before.total);
-    assert!(after.free + 4 <= after.total, "the held pages stay held: {after:?}");
+    assert!(
+        after.free + 4 <= after.total,
+        "the held pages stay held: {after:?}"
+    );
     held.remove().unwrap();
 }
 

@@ -211,8 +211,10 @@ fn one_gig(node: u32, needed: bool, message: String) -> Finding {
 /// (`deferred_init=lazy`): memory nobody touched since boot is then outside the page
 /// allocator, where the 1G allocator does not look.
 fn initialises_memory_lazily() -> bool {
-    std::fs::read_to_string("/proc/cmdline")
-        .is_ok_and(|c| c.split_whitespace().any(|w| w.starts_with("deferred_init=")))
+    std::fs::read_to_string("/proc/cmdline").is_ok_and(|c| {
+        c.split_whitespace()
+            .any(|w| w.starts_with("deferred_init="))
+    })
 }
 
 fn daemon_kind(k: &KindStatus) -> Option<Finding> {
