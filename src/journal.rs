@@ -308,7 +308,10 @@ impl Journal {
             let name = entry.file_name().to_string_lossy().into_owned();
             let path = entry.path();
             if name.starts_with('.') {
-                let _ = fs::remove_file(&path);
+                // A write interrupted before its rename; the next load tries again.
+                if let Err(err) = fs::remove_file(&path) {
+                    tracing::warn!(path = %path.display(), %err, "cannot remove a leftover journal temporary file");
+                }
                 continue;
             }
             let Some(key) = name.strip_suffix(".json") else {

@@ -24,13 +24,16 @@ pub mod daemon;
 pub mod doctor;
 pub mod hugetlb;
 pub mod journal;
+pub mod journald;
 pub mod page_size;
+pub mod placement;
 pub mod policy;
 pub mod pool;
 pub mod prefault;
 pub mod scrub;
 pub mod stats;
 pub mod sys;
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod testing;
 pub mod topology;

@@ -9,7 +9,7 @@ mod daemon_util;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use daemon_util::Env;
+use daemon_util::{succeeded as stdout, Env};
 use hugeprep::hugetlb::pool::{self, Scope};
 use hugeprep::hugetlb::BackingFile;
 use hugeprep::topology::Topology;
@@ -24,16 +24,6 @@ fn hugeprep(env: &Env, args: &[&str]) -> Output {
         .env("NO_COLOR", "1")
         .output()
         .unwrap()
-}
-
-fn stdout(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// `nr_hugepages` of 2 MiB pages on every node.

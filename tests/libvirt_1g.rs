@@ -128,16 +128,7 @@ fn warm_leases_for_libvirt_and_qemu(mut lab: Lab, page_size: PageSize, size: u64
         )
         .unwrap();
     let text = read.as_str().unwrap_or_default().to_string();
-    let bytes: Vec<u8> = text
-        .lines()
-        .flat_map(|l| {
-            l.split_once(':')
-                .map(|x| x.1)
-                .unwrap_or("")
-                .split_whitespace()
-        })
-        .map(|b| u8::from_str_radix(b.trim_start_matches("0x"), 16).unwrap())
-        .collect();
+    let bytes = libvirt_util::hmp_bytes(&text);
     assert_eq!(bytes, b"qemu-one-gig", "{text}");
     vm.quit(std::time::Duration::from_secs(10));
     lab.daemon.release(lease.id).unwrap();

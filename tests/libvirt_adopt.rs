@@ -8,7 +8,7 @@ mod libvirt_util;
 
 use std::process::Output;
 
-use daemon_util::{map_lease, Env, MIB};
+use daemon_util::{map_lease, succeeded as ok, Env, MIB};
 use libvirt_util::{inode, tools_present, Lab};
 
 fn adopt(lab: &Lab, extra: &[&str]) -> Output {
@@ -24,16 +24,6 @@ fn adopt(lab: &Lab, extra: &[&str]) -> Output {
         .args(extra)
         .output()
         .unwrap()
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// An example domain scaled to this test: 64 MiB, cells of 32 MiB on host node 0, a fixed

@@ -279,12 +279,7 @@ fn shortage_daemon_down_bad_input_and_stale_leases_leak_nothing() {
             32 * MIB,
         )
         .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hugeprep"))
-        .args(["libvirt-hook", "--reconcile", "--config"])
-        .arg(&lab.config_path)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    lab.reconcile();
     lab.assert_clean();
 
     // QEMU dies while libvirtd is down: libvirtd finds it gone when it comes back and the

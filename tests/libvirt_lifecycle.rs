@@ -274,11 +274,6 @@ fn destroy_during_another_prepare_and_libvirtd_restart_mid_start() {
     }
     // Leases of a start libvirt forgot are released by reconciliation (a timer in
     // production; stale_after_s = 0 here).
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hugeprep"))
-        .args(["libvirt-hook", "--reconcile", "--config"])
-        .arg(&lab.config_path)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    lab.reconcile();
     lab.assert_clean();
 }

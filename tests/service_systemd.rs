@@ -86,6 +86,13 @@ fn package_under_real_systemd() {
     assert!(c
         .ok(&["man", "-w", "hugeprep-serve"])
         .contains("hugeprep-serve.1"));
+    // The configuration files' pages (hugeprep::daemon::config_page).
+    assert!(c
+        .ok(&["man", "-w", "5", "hugeprep.toml"])
+        .contains("hugeprep.toml.5"));
+    assert!(c
+        .ok(&["man", "-w", "5", "libvirt-hook.toml"])
+        .contains("libvirt-hook.toml.5"));
 
     // hugeprep-reserve: reserve = false leaves the pools; it says so.
     c.write(CONFIG, &config("8M"));

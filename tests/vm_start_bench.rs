@@ -1,45 +1,33 @@
 //! `hugeprep bench vm-start` runs end to end, QEMU alone and through a private libvirtd (a smoke test: the numbers are the benchmark's
 //! business, not a test's).
 
+mod daemon_util;
+
 use std::process::Command;
 
 #[test]
 fn bench_vm_start_reports_every_qemu_case_and_rejects_bad_sizes() {
-    for tool in [
-        "/usr/bin/qemu-system-x86_64",
-        "/dev/kvm",
-        "/usr/sbin/libvirtd",
-        "/usr/sbin/virtlogd",
-        "/usr/bin/virsh",
-    ] {
-        if !std::path::Path::new(tool).exists() {
-            hugeprep::testing::missing_tool(&format!("{tool} missing"));
-            return;
-        }
+    if !daemon_util::qemu_and_libvirt_present() {
+        return;
     }
     let dir = std::env::temp_dir().join(format!("hugeprep-vm-start-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let svg = dir.join("vm-start.svg");
-    let out = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
-        .args([
-            "bench", "vm-start", "--sizes", "64M", "--reps", "1", "--json",
-        ])
-        // cloud-hypervisor's cases: tests/ch_vm_start_bench.rs.
-        .args(["--vmms", "qemu,libvirt"])
-        .args(["--headroom", "0", "--svg"])
-        .arg(&svg)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    // Each VMM runs in a cgroup of its own (the bench's for QEMU alone, libvirt's machine
-    // cgroup), so every release is proven and scrubbed: none takes the kernel's path, as
-    // each did while the bench's QEMUs shared its never-emptying cgroups.
-    assert!(
-        !stderr.contains("takes the kernel's path"),
-        "a release took the kernel's path: {stderr}"
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let svg_arg = svg.to_str().unwrap();
+    // cloud-hypervisor's cases: tests/ch_vm_start_bench.rs.
+    let report = daemon_util::vm_start_report(&[
+        "--sizes",
+        "64M",
+        "--reps",
+        "1",
+        "--json",
+        "--vmms",
+        "qemu,libvirt",
+        "--headroom",
+        "0",
+        "--svg",
+        svg_arg,
+    ]);
     let results = report["sizes"][0]["results"].as_array().unwrap();
     for vmm in ["qemu", "libvirt"] {
         let cases: Vec<&str> = results

@@ -2,39 +2,29 @@
 //! QEMU alone and through a private libvirtd, for every case; the figures are the
 //! benchmark's business, not a test's).
 
+mod daemon_util;
+
 use std::process::Command;
 
 #[test]
 fn bench_vm_start_storm_reports_every_case_and_rejects_bad_counts() {
-    for tool in [
-        "/usr/bin/qemu-system-x86_64",
-        "/dev/kvm",
-        "/usr/sbin/libvirtd",
-        "/usr/sbin/virtlogd",
-        "/usr/bin/virsh",
-    ] {
-        if !std::path::Path::new(tool).exists() {
-            hugeprep::testing::missing_tool(&format!("{tool} missing"));
-            return;
-        }
+    if !daemon_util::qemu_and_libvirt_present() {
+        return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
-        .args(["bench", "vm-start", "--concurrent", "2", "--sizes", "32M"])
-        // Storms start QEMU alone and through libvirt (cloud-hypervisor is in the default list).
-        .args(["--vmms", "qemu,libvirt"])
-        .args(["--reps", "1", "--headroom", "0", "--json"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    // Each VMM runs in a cgroup of its own (the bench's for QEMU alone, libvirt's machine
-    // cgroup), so every release is proven and scrubbed: none takes the kernel's path, as
-    // each did while the bench's QEMUs shared its never-emptying cgroups.
-    assert!(
-        !stderr.contains("takes the kernel's path"),
-        "a release took the kernel's path: {stderr}"
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Storms start QEMU alone and through libvirt (cloud-hypervisor is in the default list).
+    let report = daemon_util::vm_start_report(&[
+        "--concurrent",
+        "2",
+        "--sizes",
+        "32M",
+        "--vmms",
+        "qemu,libvirt",
+        "--reps",
+        "1",
+        "--headroom",
+        "0",
+        "--json",
+    ]);
     let storms = report["storms"].as_array().unwrap();
     let vmms: Vec<&str> = storms.iter().map(|s| s["vmm"].as_str().unwrap()).collect();
     assert_eq!(vmms, ["qemu", "libvirt"], "{report:#}");

@@ -122,6 +122,7 @@ mod tests {
                         let rx = Arc::clone(&rx);
                         async move {
                             if let Some(rx) = rx.lock().await.take() {
+                                // An error is the sender dropped: the wait is over too.
                                 let _ = rx.await;
                             }
                             "ok"

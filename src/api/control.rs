@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::body::decode_json;
 use super::error::ApiError;
-use super::routes::ApiState;
+use super::state::ApiState;
 use crate::page_size::PageSize;
 use crate::policy::pool::{FlavorSpec, PoolPolicyError, TargetSpec};
 use crate::pool::{Capacity, PoolError, TargetsError, TargetsReport};

@@ -112,8 +112,18 @@ pub fn status_of(err: &ApiError) -> StatusCode {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        // The route layer counts answers by this kind (`hugeprep_errors_total{kind}`).
+        let kind = ErrorKind(self.kind());
+        let mut response = self.answer();
+        response.extensions_mut().insert(kind);
+        response
+    }
+}
+
+impl ApiError {
+    /// The answer: status, and the body naming the field at fault.
+    fn answer(self) -> Response {
         let status = status_of(&self);
-        super::metrics::api_metrics().error(self.kind());
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
         }
@@ -124,6 +134,11 @@ impl IntoResponse for ApiError {
         (status, axum::Json(body)).into_response()
     }
 }
+
+/// The kind of an error answer ([`ApiError::kind`]), carried in the response's extensions
+/// for the route layer to count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorKind(pub &'static str);
 
 #[cfg(test)]
 mod tests {

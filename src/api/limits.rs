@@ -282,6 +282,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 
 /// Waits until `stop` says true.
 async fn stopped(mut stop: watch::Receiver<bool>) {
+    // An error is the sender gone, which means stopping too.
     let _ = stop.wait_for(|s| *s).await;
 }
 
@@ -419,7 +420,8 @@ pub async fn serve_unix(
             _ => (u32::MAX, false),
         };
         let Some(ticket) = gate.enter(uid, privileged) else {
-            // A few hundred bytes fit any socket buffer: never blocks.
+            // A few hundred bytes fit any socket buffer: never blocks. A client that has gone
+            // needs no answer.
             let _ = stream.try_write(&busy_response());
             continue;
         };
@@ -431,6 +433,7 @@ pub async fn serve_unix(
         });
     }
     drop(done_tx);
+    // `None` once every connection's sender is dropped: what this waits for.
     let _ = done_rx.recv().await;
     Ok(())
 }
@@ -464,6 +467,7 @@ pub async fn serve_tls(
     }
     drop(rx);
     drop(done_tx);
+    // `None` once every connection's sender is dropped: what this waits for.
     let _ = done_rx.recv().await;
     Ok(())
 }

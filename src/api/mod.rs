@@ -16,6 +16,7 @@
 //! | `DELETE /v1/pool/targets` | return to the configuration's targets |
 //! | `GET /v1/capacity` | what can be leased now, warm and in total |
 //! | `GET /metrics` | Prometheus metrics ([`metrics`]) |
+//! | `GET /health` | ready, or degraded with reasons ([`health`]) |
 //!
 //! Errors are `{"error": "...", "field": "..."}` with a status from [`status_of`].
 //!
@@ -27,18 +28,22 @@ pub mod admission;
 mod body;
 mod control;
 mod error;
+pub mod health;
 pub mod limits;
 pub mod metrics;
+pub mod monitor;
 pub mod owner;
 pub mod peer;
 pub mod pidwatch;
 mod routes;
+mod state;
 pub mod tls;
 
 pub use body::{decode_json, parse_lease_body, parse_lease_request, LEASE_FIELDS};
 pub use control::{parse_targets_body, ByteCount, FlavorBody, TargetBody, TargetsBody};
-pub use error::{status_of, ApiError, ErrorBody};
-pub use routes::{router, ApiState, CpuReport, ResumeRequest, VersionReport};
+pub use error::{status_of, ApiError, ErrorBody, ErrorKind};
+pub use routes::{router, ResumeRequest, VersionReport};
+pub use state::{ApiState, CpuReport};
 
 use std::future::Future;
 
@@ -66,6 +71,7 @@ pub async fn serve(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
+        // No receiver left: every listener has stopped already.
         let _ = stop_tx.send(true);
     });
     tracing::info!(?limits, "connection limits");

@@ -12,44 +12,11 @@ use serde::{Deserialize, Serialize};
 
 use super::access::Caller;
 use super::body::parse_lease_body;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorKind};
+use super::metrics::events;
 use super::pidwatch;
-use crate::clear::{ClearPlan, Method as ClearMethod};
-use crate::pool::{DrainReport, DrainRequest, LeaseInfo, Pool, PoolStatus};
-
-/// `GET /v1/cpu`: how memory is cleared and why.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CpuReport {
-    /// The clearing method in use.
-    pub method: ClearMethod,
-    /// The plan (fence interval, minimum non-temporal extent).
-    pub plan: ClearPlan,
-    /// The policy rule that matched this CPU.
-    pub rule: String,
-    /// Where the rule's choice comes from (its `source` in the policy file).
-    pub source: String,
-    /// Whether the rule or the calibration run decided the method.
-    pub decided_by: crate::policy::DecidedBy,
-    /// The rule's confidence: `measured`, `published` or `guess`.
-    #[serde(default)]
-    pub confidence: crate::policy::Confidence,
-    /// Why this method is in use: the rule alone, or what calibration measured and the
-    /// margin it applied.
-    #[serde(default)]
-    pub reason: String,
-    /// Calibration results, when a calibration ran.
-    #[serde(default)]
-    pub calibration: Option<serde_json::Value>,
-}
-
-/// Shared state of the handlers.
-#[derive(Debug, Clone)]
-pub struct ApiState {
-    /// The pool.
-    pub pool: Arc<Pool>,
-    /// What `/v1/cpu` reports.
-    pub cpu: Arc<CpuReport>,
-}
+use super::state::{ApiState, CpuReport};
+use crate::pool::{DrainReport, DrainRequest, LeaseInfo, PoolStatus};
 
 /// The API's routes.
 pub fn router(state: ApiState) -> Router {
@@ -69,8 +36,19 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/capacity", get(super::control::capacity))
         .route("/metrics", get(metrics))
+        .route("/health", get(health))
         .fallback(no_route)
+        .layer(axum::middleware::map_response(count_errors))
         .with_state(state)
+}
+
+/// Counts each error answer by its kind: the handlers' errors say their kind in the
+/// response's extensions ([`ErrorKind`]).
+async fn count_errors(response: axum::response::Response) -> axum::response::Response {
+    if let Some(ErrorKind(kind)) = response.extensions().get::<ErrorKind>() {
+        events().error(kind);
+    }
+    response
 }
 
 async fn blocking<T: Send + 'static>(
@@ -123,7 +101,7 @@ async fn create_lease(
             .and_then(|l| l.2);
         pidwatch::watch(Arc::clone(&state.pool), info.id, pid, start);
     }
-    super::metrics::api_metrics().lease(info.source, info.ready_ms);
+    events().lease(info.source, info.ready_ms);
     tracing::info!(id = info.id, name = %info.name, size = info.size, source = info.source.name(), ready_ms = info.ready_ms, "leased");
     Ok((StatusCode::CREATED, HeaderMap::new(), Json(info)))
 }
@@ -223,7 +201,7 @@ async fn version() -> Json<VersionReport> {
 }
 
 async fn metrics(State(state): State<ApiState>) -> Result<impl IntoResponse, ApiError> {
-    let text = blocking(move || Ok(super::metrics::render(&state.pool, &state.cpu))).await?;
+    let text = blocking(move || Ok(state.metrics_text())).await?;
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,
@@ -231,6 +209,11 @@ async fn metrics(State(state): State<ApiState>) -> Result<impl IntoResponse, Api
         )],
         text,
     ))
+}
+
+async fn health(State(state): State<ApiState>) -> Result<impl IntoResponse, ApiError> {
+    let health = blocking(move || Ok(state.health())).await?;
+    Ok((super::health::http_status(&health), Json(health)))
 }
 
 async fn no_route(method: Method, uri: Uri) -> ApiError {

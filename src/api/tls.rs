@@ -223,6 +223,7 @@ async fn accept_loop(
         let Some(ticket) = gates.connections.enter(addr.ip(), false) else {
             continue;
         };
+        // Latency only: a socket without it still works.
         let _ = stream.set_nodelay(true);
         let acceptor = acceptor.clone();
         let tx = tx.clone();
@@ -253,6 +254,7 @@ async fn accept_loop(
                         addr,
                         cert_subject: cert_subject(&tls),
                     };
+                    // Fails only once the accept loop has stopped (shutdown).
                     let _ = tx
                         .send(Handshaken {
                             stream: tls,

@@ -95,6 +95,7 @@ impl BenchDaemon {
                 reason: "the benchmark's own plan".into(),
                 calibration: None,
             }),
+            placement: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         // The benchmark's own user (and root) are admin on its socket.

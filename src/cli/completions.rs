@@ -34,7 +34,13 @@ pub fn run_manpages(args: ManpagesArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.dir).with_context(|| format!("mkdir {}", args.dir.display()))?;
     let mut cmd = Cli::command();
     cmd.build();
-    write_pages(&cmd, &args.dir)
+    write_pages(&cmd, &args.dir)?;
+    // Section 5: the configuration files, from the default files the packages install.
+    for (name, text) in hugeprep::daemon::config_page::pages() {
+        let path = args.dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// `build()` named every subcommand `hugeprep-serve`, `hugeprep-bench-clear` ... as its

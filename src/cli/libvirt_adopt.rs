@@ -80,7 +80,9 @@ fn define(args: &LibvirtAdoptArgs, dir: &Path, uuid: &str, xml: &str) -> anyhow:
     let file = dir.join(format!(".{uuid}.define.xml"));
     kept::write_durably(&file, xml)?;
     let defined = virsh(args, &["define", &file.to_string_lossy()]);
-    let _ = std::fs::remove_file(&file);
+    if let Err(err) = std::fs::remove_file(&file) {
+        tracing::warn!(file = %file.display(), %err, "cannot remove the temporary definition");
+    }
     defined.map(|_| ())
 }
 
@@ -208,7 +210,10 @@ fn adopt_one(args: &LibvirtAdoptArgs, dir: &Path, domain: &str) -> anyhow::Resul
     }
     kept.save_original(&original)?;
     if let Err(err) = define(args, dir, &uuid, &xml) {
-        let _ = kept.forget();
+        // The definition failed: that error is the one to report.
+        if let Err(forget) = kept.forget() {
+            tracing::warn!(%forget, "cannot forget the kept original definition");
+        }
         return Err(err);
     }
     // libvirt's own rendering of what was just defined, which a revert compares with.

@@ -109,8 +109,11 @@ pub enum BenchCommand {
     Pin(bench_pin::BenchPinArgs),
 }
 
-/// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`.
+/// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`. When stderr is the journal, to
+/// the journal in its native protocol, with priorities and fields (`hugeprep::journald`).
 pub fn init_tracing(verbose: u8) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let default = match verbose {
         0 => "info",
         1 => "debug",
@@ -118,8 +121,17 @@ pub fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    // Under systemd (stderr is the journal): plain key=value text, no colour codes, no second
-    // timestamp (journald stamps every line).
+    if hugeprep::journald::stderr_is_journal() {
+        if let Ok(layer) = hugeprep::journald::JournaldLayer::new() {
+            let _ = tracing_subscriber::registry()
+                .with(filter)
+                .with(layer)
+                .try_init();
+            return;
+        }
+    }
+    // Under systemd without the native socket (stderr is the journal's stream): plain
+    // key=value text, no colour codes, no second timestamp (journald stamps every line).
     use std::io::IsTerminal;
     let journal = std::env::var_os("JOURNAL_STREAM").is_some();
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
@@ -127,6 +139,7 @@ pub fn init_tracing(verbose: u8) {
         .with_env_filter(filter)
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
+    // Fails only when a subscriber is set already (a test harness): that one logs.
     let _ = if journal {
         builder.without_time().try_init()
     } else {

@@ -91,6 +91,10 @@ pub struct ServeArgs {
     /// Bearer tokens file (TOML, mode 0600; `access.tokens`).
     #[arg(long, value_name = "FILE")]
     pub tokens: Option<PathBuf>,
+    /// Serve GET /metrics and GET /health, read-only, over plain HTTP on this address (e.g.
+    /// 127.0.0.1:9733; the config file's `metrics.listen`). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 }
 
 /// The `[access]` table with the flags applied, validated, and the TLS configuration built
@@ -214,6 +218,29 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
     };
     let mut policy = pool_policy(&args, &file)?;
     let (access, tls) = access(&args, &file)?;
+    let metrics_listen = match (
+        &args.metrics_listen,
+        file.metrics.as_ref().and_then(|m| m.listen.as_ref()),
+    ) {
+        (Some(a), _) => Some(
+            hugeprep::daemon::config::parse_listen("--metrics-listen", a)
+                .map_err(anyhow::Error::msg)?,
+        ),
+        (None, Some(a)) => Some(
+            hugeprep::daemon::config::parse_listen("[metrics] listen", a)
+                .map_err(anyhow::Error::msg)?,
+        ),
+        (None, None) => None,
+    };
+    let placement = file
+        .placement
+        .as_ref()
+        .map(|p| p.validate())
+        .transpose()
+        .with_context(|| match &args.config {
+            Some(p) => format!("config file {}", p.display()),
+            None => "config".to_string(),
+        })?;
     let reload_args = args.clone();
     let clearing_path = args
         .clearing_policy
@@ -297,6 +324,8 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
         plan,
         access,
         tls,
+        metrics_listen,
+        placement,
         reload: Some(daemon::Reload(std::sync::Arc::new(move || {
             reload(&reload_args)
         }))),

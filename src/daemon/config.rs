@@ -25,6 +25,13 @@
 //! [[access.unix_peer]]
 //! user = "libvirt-qemu"
 //! role = "lease"
+//!
+//! [metrics]                     # see docs/operations.md, "Monitoring"
+//! listen = "127.0.0.1:9733"     # plain HTTP, GET /metrics and GET /health only
+//!
+//! [placement]                   # see docs/openstack.md
+//! endpoint = "http://placement:8778"
+//! token_file = "/etc/hugeprep/placement-token"
 //! ```
 //!
 //! Command-line options override the file.
@@ -60,6 +67,25 @@ pub struct ConfigFile {
     pub recalibrate: bool,
     /// Roles and the TLS listener (`[access]`; see `docs/api.md`, "Remote access").
     pub access: Option<crate::api::access::AccessSpec>,
+    /// The monitoring listener (`[metrics]`).
+    pub metrics: Option<MetricsSpec>,
+    /// Publishing warm capacity to OpenStack Placement (`[placement]`).
+    pub placement: Option<crate::placement::PlacementSpec>,
+}
+
+/// `[metrics]`: the read-only monitoring listener.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSpec {
+    /// `ADDR:PORT` to serve `GET /metrics` and `GET /health` on, plain HTTP; absent: off.
+    pub listen: Option<String>,
+}
+
+/// Parses a listener address (`127.0.0.1:9733`, `[::1]:9733`); the error names `field`.
+pub fn parse_listen(field: &str, text: &str) -> Result<std::net::SocketAddr, String> {
+    text.parse().map_err(|_| {
+        format!("{field}: {text:?} is not an address with a port (e.g. 127.0.0.1:9733)")
+    })
 }
 
 /// A configuration file that cannot be read or parsed.

@@ -9,6 +9,7 @@
 pub mod calibration;
 pub mod calibration_pages;
 pub mod config;
+pub mod config_page;
 pub mod mounts;
 mod notify;
 mod socket;
@@ -71,6 +72,14 @@ pub enum DaemonError {
     /// The TLS listener could not start.
     #[error(transparent)]
     Tls(#[from] crate::api::tls::TlsError),
+    /// The monitoring listener could not bind its address.
+    #[error("metrics listener {addr}: {source}")]
+    MetricsListen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The kernel's answer.
+        source: std::io::Error,
+    },
 }
 
 /// Everything the daemon needs, after config file and flags are merged.
@@ -98,6 +107,10 @@ pub struct DaemonConfig {
     pub access: crate::api::access::AccessConfig,
     /// The TCP listener's TLS configuration (built from `access` at start).
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The read-only monitoring listener's address (`/metrics`, `/health`); `None`: off.
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Publish warm capacity to OpenStack Placement; `None`: off.
+    pub placement: Option<crate::placement::PlacementConfig>,
 }
 
 /// Builds the pool policy again from the configuration file and the command line, for a
@@ -164,6 +177,8 @@ pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .on_thread_start(|| {
+            // Whether the class can be had was logged just above; a thread that cannot
+            // follow keeps the class it was started in.
             let _ = crate::sys::priority::set_current_thread_api();
         })
         .enable_all()
@@ -226,6 +241,17 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         }
         _ => None,
     };
+    let monitor = match config.metrics_listen {
+        Some(addr) => {
+            let listener = api::monitor::MonitorListener::bind(addr)
+                .await
+                .map_err(|source| DaemonError::MetricsListen { addr, source })?;
+            let bound = listener.local_addr().map_or(addr, |a| a);
+            tracing::info!(metrics = %bound, "serving /metrics and /health over http");
+            Some(listener)
+        }
+        None => None,
+    };
     api::pidwatch::watch_existing(&pool);
     let served: Vec<String> = pool
         .mounts()
@@ -247,10 +273,19 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
     ));
     notify::spawn_status_and_watchdog(Arc::clone(&pool));
     spawn_reload_on_sighup(Arc::clone(&pool), config.reload.clone());
+    let placement = config
+        .placement
+        .clone()
+        .map(|p| crate::placement::spawn(Arc::clone(&pool), p));
     let state = ApiState {
         pool: Arc::clone(&pool),
         cpu: Arc::new(config.cpu.clone()),
+        placement: placement.as_ref().map(|p| Arc::clone(&p.status)),
     };
+    let (monitor_stop, monitor_stopped) = tokio::sync::watch::channel(false);
+    if let Some(monitor) = monitor {
+        tokio::spawn(monitor.serve(state.clone(), monitor_stopped));
+    }
     let pool_for_signal = Arc::clone(&pool);
     let shutdown = async move {
         shutdown_signal().await;
@@ -262,8 +297,16 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
     let activated = api_socket.activated;
     let limits = api::limits::Limits::for_process();
     let served = api::serve(api_socket.listener, tls, state, access, limits, shutdown).await;
+    let _ = monitor_stop.send(true);
+    if let Some(p) = placement {
+        p.stop();
+    }
     pool.shutdown();
-    let _ = tokio::task::spawn_blocking(move || worker.join()).await;
+    match tokio::task::spawn_blocking(move || worker.join()).await {
+        Ok(Ok(())) => {}
+        // Work it had in flight stays busy: the clean-shutdown mark below refuses.
+        _ => tracing::error!("the pool worker panicked"),
+    }
     if pool.policy().reserve.release_on_stop {
         match pool.give_back_on_stop() {
             Ok(report) => tracing::info!(released = ?report.released, "gave memory back on stop"),
@@ -272,7 +315,11 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
     }
     pool.mark_clean_shutdown()?;
     if !activated {
-        let _ = std::fs::remove_file(&config.socket);
+        if let Err(err) = std::fs::remove_file(&config.socket) {
+            if err.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(socket = %config.socket.display(), %err, "cannot remove the API socket");
+            }
+        }
     }
     served.map_err(|source| DaemonError::Io {
         op: "serve",

@@ -33,11 +33,14 @@ pub fn ready(status: &str) {
 
 /// Tells systemd a reload started.
 pub fn reloading() {
+    // Outside systemd (no NOTIFY_SOCKET) a no-op; a message systemd misses costs it only
+    // the state shown in `systemctl status`.
     let _ = sd_notify::notify(false, &[NotifyState::Reloading]);
 }
 
 /// Tells systemd the daemon is stopping.
 pub fn stopping() {
+    // As `reloading`: systemd sees the stop anyway when the process exits.
     let _ = sd_notify::notify(false, &[NotifyState::Stopping]);
 }
 
@@ -94,6 +97,7 @@ pub fn spawn_status_and_watchdog(pool: Arc<Pool>) {
             if watchdog {
                 states.push(NotifyState::Watchdog);
             }
+            // A ping systemd misses is what its watchdog is for: it restarts the daemon.
             let _ = sd_notify::notify(false, &states);
         }
     });

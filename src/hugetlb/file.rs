@@ -198,6 +198,8 @@ impl BackingFile {
             backing.set_len(size)
         })();
         if let Err(e) = setup {
+            // The error is `e`; the caller's cleanup (or the pool's recovery) removes a file
+            // left behind.
             let _ = fs::remove_file(path);
             return Err(e);
         }

@@ -211,6 +211,7 @@ pub fn mount(dir: &Path, options: &MountOptions) -> Result<HugetlbfsMount> {
     })?;
     let found = hugetlbfs_page_size(dir).ok().flatten();
     if found != Some(options.page_size) {
+        // The error below says what was wrong; a mount that will not go is left to `Drop`.
         let _ = unmount(dir);
         return Err(MountError::Verify {
             path: dir.to_path_buf(),
@@ -264,6 +265,7 @@ impl OwnedMount {
                 active: true,
             }),
             Err(e) => {
+                // The error is `e`; an empty directory left behind is harmless.
                 let _ = fs::remove_dir(&dir);
                 Err(e)
             }
@@ -284,6 +286,7 @@ impl OwnedMount {
     pub fn unmount(mut self) -> Result<()> {
         self.active = false;
         unmount(&self.mount.path)?;
+        // Unmounted: an empty directory left behind is harmless.
         let _ = fs::remove_dir(&self.mount.path);
         Ok(())
     }
@@ -296,8 +299,11 @@ impl Drop for OwnedMount {
         }
         // A file still mapped elsewhere keeps the mount busy: detach it so it goes once free.
         if unmount(&self.mount.path).is_err() {
-            let _ = nix::mount::umount2(&self.mount.path, MntFlags::MNT_DETACH);
+            if let Err(err) = nix::mount::umount2(&self.mount.path, MntFlags::MNT_DETACH) {
+                tracing::warn!(mount = %self.mount.path.display(), %err, "cannot unmount");
+            }
         }
+        // A directory still mounted on (or not empty) stays: nothing to lose.
         let _ = fs::remove_dir(&self.mount.path);
     }
 }

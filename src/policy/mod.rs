@@ -31,4 +31,6 @@ pub use confidence::{
 pub use error::PolicyError;
 
 pub use pool::{PoolPolicy, PoolPolicyError, Verification};
-pub use resolution::{CalibrationOutcome, DecidedBy, Resolution, Timings, CALIBRATION_TOLERANCE};
+pub use resolution::{
+    CalibrationOutcome, DecidedBy, Resolution, Timings, Verdict, CALIBRATION_TOLERANCE,
+};

@@ -107,6 +107,52 @@ pub struct CalibrationOutcome {
     pub reason: String,
 }
 
+/// What a calibration said about the policy rule, in one word (metrics, health, alerts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// No calibration ran (`calibration = "off"`, or it failed): the rule decided alone.
+    NotCalibrated,
+    /// The rule's method is within [`CALIBRATION_TOLERANCE`] of the fastest measured.
+    Agrees,
+    /// The rule's method was clearly slower and calibration replaced it: the daemon clears
+    /// with the fastest, and the policy file is wrong for this CPU.
+    Overridden,
+    /// The rule's method was clearly slower and stays in use (`report` mode, or within the
+    /// rule's margins in `auto` mode): scrubs run slower than the host allows.
+    Disagrees,
+}
+
+impl Verdict {
+    /// Every verdict, in label order.
+    pub const ALL: [Verdict; 4] = [
+        Verdict::NotCalibrated,
+        Verdict::Agrees,
+        Verdict::Overridden,
+        Verdict::Disagrees,
+    ];
+
+    /// The verdict of `outcome` (`None`: no calibration).
+    pub fn of(outcome: Option<&CalibrationOutcome>) -> Verdict {
+        match outcome {
+            None => Verdict::NotCalibrated,
+            Some(o) if o.within_tolerance => Verdict::Agrees,
+            Some(o) if o.overridden => Verdict::Overridden,
+            Some(_) => Verdict::Disagrees,
+        }
+    }
+
+    /// `not_calibrated`, `agrees`, `overridden` or `disagrees`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Verdict::NotCalibrated => "not_calibrated",
+            Verdict::Agrees => "agrees",
+            Verdict::Overridden => "overridden",
+            Verdict::Disagrees => "disagrees",
+        }
+    }
+}
+
 /// The clearing decision for one CPU: the plan, the default thread count, and who decided.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Resolution {

@@ -47,8 +47,8 @@ impl Pool {
                 let st = self.lock();
                 let idle: Vec<u64> = st
                     .of_kind(node, *ps)
-                    .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
-                    .map(|e| e.rec.size)
+                    .filter(|e| e.is_idle(&FileState::Warm))
+                    .map(|e| e.rec().size)
                     .collect();
                 let warm_bytes: u64 = idle.iter().sum();
                 kinds.push(KindCapacity {

@@ -21,7 +21,46 @@ pub struct Counters {
     proven: AtomicU64,
     proof_ns: AtomicU64,
     kernel_path: [AtomicU64; Unproven::LABELS.len()],
+    failed: [AtomicU64; ReleaseFailure::ALL.len()],
     unreturned: AtomicU64,
+}
+
+/// Where recycling a released file failed, so that it was deleted instead of coming back
+/// warm (the pages go back to the kernel; the refill faults new ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseFailure {
+    /// The released file could not be opened.
+    Open,
+    /// It could not be cut to the size in demand.
+    Cut,
+    /// Its holes could not be refilled.
+    Holes,
+    /// The scrub or its verification failed.
+    Scrub,
+    /// The scrubbed file could not be journaled as warm.
+    Journal,
+}
+
+impl ReleaseFailure {
+    /// Every stage, in label order.
+    pub const ALL: [ReleaseFailure; 5] = [
+        ReleaseFailure::Open,
+        ReleaseFailure::Cut,
+        ReleaseFailure::Holes,
+        ReleaseFailure::Scrub,
+        ReleaseFailure::Journal,
+    ];
+
+    /// The stage's name, a metric label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            ReleaseFailure::Open => "open",
+            ReleaseFailure::Cut => "cut",
+            ReleaseFailure::Holes => "holes",
+            ReleaseFailure::Scrub => "scrub",
+            ReleaseFailure::Journal => "journal",
+        }
+    }
 }
 
 /// A copy of [`Counters`] at one moment.
@@ -52,6 +91,10 @@ pub struct CounterSnapshot {
     /// Released files that took the kernel's path (truncated and deleted).
     #[serde(default)]
     pub kernel_path_releases: u64,
+    /// Released files whose recycling failed (open, cut, holes, scrub or journal): deleted,
+    /// their pages back to the kernel.
+    #[serde(default)]
+    pub failed_releases: u64,
     /// Pages of those files that did not come back to the kernel's free list when truncated:
     /// someone still held them (measured from the node's free count across the truncate).
     #[serde(default)]
@@ -94,6 +137,14 @@ impl Counters {
         self.kernel_path[at].fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(super) fn release_failed(&self, stage: ReleaseFailure) {
+        let at = ReleaseFailure::ALL
+            .iter()
+            .position(|s| *s == stage)
+            .unwrap_or(0);
+        self.failed[at].fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(super) fn unreturned(&self, pages: u64) {
         self.unreturned.fetch_add(pages, Ordering::Relaxed);
     }
@@ -104,6 +155,15 @@ impl Counters {
             .iter()
             .zip(&self.kernel_path)
             .map(|(l, n)| (*l, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Released files whose recycling failed, by stage ([`ReleaseFailure::label`]).
+    pub fn failed_by_stage(&self) -> Vec<(&'static str, u64)> {
+        ReleaseFailure::ALL
+            .iter()
+            .zip(&self.failed)
+            .map(|(s, n)| (s.label(), n.load(Ordering::Relaxed)))
             .collect()
     }
 
@@ -123,6 +183,7 @@ impl Counters {
                 .iter()
                 .map(|n| n.load(Ordering::Relaxed))
                 .sum(),
+            failed_releases: self.failed.iter().map(|n| n.load(Ordering::Relaxed)).sum(),
             unreturned_pages: self.unreturned.load(Ordering::Relaxed),
         }
     }

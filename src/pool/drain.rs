@@ -91,22 +91,28 @@ impl Pool {
             }
             self.changed.notify_all();
             loop {
+                let drainable = |e: &Entry| {
+                    kinds.contains(&(e.rec().node, e.rec().page_size))
+                        && e.busy().is_none()
+                        && !matches!(e.rec().state, FileState::Leased(_))
+                };
                 let idle: Vec<(u64, (u32, PageSize), u64)> = st
-                    .files
-                    .values()
-                    .filter(|e| kinds.contains(&(e.rec.node, e.rec.page_size)))
-                    .filter(|e| e.busy.is_none() && !matches!(e.rec.state, FileState::Leased(_)))
-                    .map(|e| (e.rec.id, (e.rec.node, e.rec.page_size), e.rec.size))
+                    .core
+                    .files()
+                    .filter(|e| drainable(e))
+                    .map(|e| (e.rec().id, (e.rec().node, e.rec().page_size), e.rec().size))
                     .collect();
+                let ids = idle.iter().map(|f| f.0).collect::<Vec<_>>();
+                let gone;
+                (st, gone) = self.give_up_all(st, &ids);
                 for (id, kind, size) in idle {
-                    self.delete_locked(&mut st, id);
-                    if !st.files.contains_key(&id) {
+                    if gone.contains(&id) {
                         *deleted.entry(kind).or_default() += size;
                     }
                 }
-                let unsettled = st.files.values().any(|e| {
-                    kinds.contains(&(e.rec.node, e.rec.page_size))
-                        && (e.busy.is_some() || !matches!(e.rec.state, FileState::Leased(_)))
+                let unsettled = st.core.files().any(|e| {
+                    kinds.contains(&(e.rec().node, e.rec().page_size))
+                        && (e.busy().is_some() || !matches!(e.rec().state, FileState::Leased(_)))
                 });
                 if !unsettled || Instant::now() >= deadline {
                     incomplete = unsettled;
@@ -151,6 +157,34 @@ impl Pool {
             released,
             incomplete,
         })
+    }
+
+    /// Gives up the idle files `ids` together: all marked deleting under one hold of the lock
+    /// (so that the worker, woken by the drain, takes none of them meanwhile), truncated and
+    /// unlinked outside it. Returns the lock taken again and the files deleted.
+    fn give_up_all<'a>(
+        &'a self,
+        mut st: locked::Locked<'a>,
+        ids: &[u64],
+    ) -> (locked::Locked<'a>, Vec<u64>) {
+        let removals: Vec<(u64, core::Action)> = ids
+            .iter()
+            .filter_map(|&id| st.core.begin_delete(id).ok().map(|a| (id, a)))
+            .collect();
+        drop(st);
+        let removed: Vec<_> = removals
+            .into_iter()
+            .map(|(id, remove)| (id, self.perform(&remove)))
+            .collect();
+        let mut st = self.lock();
+        let mut gone = Vec::new();
+        for (id, result) in removed {
+            self.finish_delete(&mut st, id, result);
+            if st.core.get(id).is_none() {
+                gone.push(id);
+            }
+        }
+        (st, gone)
     }
 
     /// Lets the kinds `node`/`page_size` name refill to their targets again after a drain;

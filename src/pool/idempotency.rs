@@ -57,10 +57,10 @@ fn conflict(key: &str, why: &str) -> PoolError {
 impl Pool {
     /// The live lease made with `key`, with the request it answered.
     fn lease_of_key(&self, st: &State, key: &str) -> Option<(LeaseInfo, LeaseRequest)> {
-        st.files.values().find_map(|e| match &e.rec.state {
+        st.core.files().find_map(|e| match &e.rec().state {
             FileState::Leased(l) => match &l.idempotency {
                 Some(tag) if tag.key == key => {
-                    Some((LeaseInfo::of(&e.rec, l), tag.request.clone()))
+                    Some((LeaseInfo::of(e.rec(), l), tag.request.clone()))
                 }
                 _ => None,
             },

@@ -2,11 +2,25 @@
 //! journaling each step before it takes effect, and rolling back a failed lease so that it
 //! leaves no file, link or pool state behind.
 
+use super::core::choice::{choose, Choice, LeaseView};
 use super::fault::FaultError;
 use super::placement::{self, NodeSupply};
 use super::*;
 use crate::prefault::PrefaultError;
 use crate::sys::priority::{OutOfRealtime, RT_WORK_BYTES};
+
+/// A driver's failure as the request's error.
+fn action_error(err: super::driver::ActionError) -> PoolError {
+    match err {
+        super::driver::ActionError::Journal(e) => PoolError::Journal(e),
+        super::driver::ActionError::Mount(e) => e,
+        super::driver::ActionError::File { path, source } => PoolError::Io {
+            op: "removing",
+            path,
+            source,
+        },
+    }
+}
 
 /// How many times a lease chooses again when the kernel's free pages ran out under its
 /// fault.
@@ -73,8 +87,8 @@ impl Pool {
                 .map(|node| {
                     let bytes = st
                         .of_kind(node, page_size)
-                        .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
-                        .map(|e| e.rec.size)
+                        .filter(|e| e.is_idle(&FileState::Warm))
+                        .map(|e| e.rec().size)
                         .sum();
                     (node, bytes)
                 })
@@ -189,141 +203,102 @@ impl Pool {
             if self.shutdown.load(Ordering::SeqCst) {
                 break Err(PoolError::ShuttingDown);
             }
-            if st.name_in_use(&v.name) {
+            if st.core.name_in_use(&v.name) {
                 break Err(PoolError::DuplicateName {
                     name: v.name.clone(),
                 });
             }
-            let promised = st.promised(v.node, v.page_size);
-            let faulting = promised.bytes;
-            let avail = self
-                .supply
-                .available_after(v.node, v.page_size, &mount.root, &promised);
-            let warm: Vec<(u64, u64)> = st
-                .of_kind(v.node, v.page_size)
-                .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
-                .map(|e| (e.rec.id, e.rec.size))
-                .collect();
-            let warm_bytes: u64 = warm.iter().map(|w| w.1).sum();
-            let pending = st.pending_clean_bytes(v.node, v.page_size);
-            let supply = avail + warm_bytes + pending;
-            // Pages promised to faults in progress come back once those end (a failed fault)
-            // or as warm files (a refill): wait for them before saying no.
-            let settling = pending > 0 || faulting > 0;
-            // A failing request changes nothing: a lease larger than all the kind could ever
-            // supply (faults in progress included, should they fail) is refused before any
-            // file is touched; one that only the end of a fault could make room for waits for
-            // it without deleting anything meanwhile.
-            if v.size > supply.saturating_add(faulting)
-                || (v.size > supply && !(faulting > 0 && Instant::now() < deadline))
-            {
-                break Err(PoolError::Insufficient {
-                    size: v.size,
-                    page_size: v.page_size,
-                    node: v.node,
-                    available: supply,
-                });
-            }
-            if v.size > supply {
-                // Waits for faults in progress (a refill among them): urgent, so that the
-                // start gate and the scrub's cap let that work finish (see `gate`).
-                if !waiting {
-                    tracing::debug!(
-                        name = %v.name,
-                        size = v.size,
-                        supply,
-                        promised = faulting,
-                        "lease waits for faults in progress"
-                    );
-                }
-                self.wait_urgently(&mut waiting);
-                st = st.wait_timeout(&self.changed, Duration::from_millis(50));
-                continue;
-            }
-            let exact = warm.iter().find(|w| w.1 == v.size);
-            let larger = warm.iter().filter(|w| w.1 > v.size).min_by_key(|w| w.1);
-            let smaller = warm.iter().filter(|w| w.1 < v.size).max_by_key(|w| w.1);
-            let (choice, source, need) = match (exact, larger, smaller) {
-                (Some(w), _, _) => (Some(*w), LeaseSource::WarmExact, 0),
-                (None, Some(w), _) => (Some(*w), LeaseSource::WarmShrunk, 0),
-                (None, None, Some(w)) => (Some(*w), LeaseSource::WarmGrown, v.size - w.1),
-                (None, None, None) => (None, LeaseSource::Cold, v.size),
-            };
-            if need > avail {
-                // Make room: give back another warm file, else a released file still waiting
-                // for the worker (its pages go back to the kernel, which zeroes them again
-                // in this lease's fault), else wait for the memory being cleaned now. A lease
-                // never queues behind the worker's backlog: under pressure every lease thread
-                // makes its own pages, in parallel, instead of one worker scrubbing for all.
-                // Nothing is deleted unless deleting is enough to serve the lease now.
-                let deletable = warm
-                    .iter()
-                    .filter(|w| Some(w.0) != choice.map(|c| c.0))
-                    .map(|w| w.1)
-                    .sum::<u64>()
-                    + st.dirty_idle_bytes(v.node, v.page_size);
-                let victim = warm
-                    .iter()
-                    .filter(|w| Some(w.0) != choice.map(|c| c.0))
-                    .min_by_key(|w| w.1)
-                    .map(|w| w.0)
-                    .or_else(|| st.dirty_victim(v.node, v.page_size, need - avail))
-                    .filter(|_| avail + deletable >= need);
-                if let Some(vid) = victim {
-                    self.delete_locked(&mut st, vid);
-                    continue;
-                }
-                if settling && Instant::now() < deadline {
-                    self.wait_urgently(&mut waiting);
-                    st = st.wait_timeout(&self.changed, Duration::from_millis(50));
-                    continue;
-                }
-                break Err(PoolError::Insufficient {
-                    size: v.size,
-                    page_size: v.page_size,
-                    node: v.node,
-                    available: avail + warm_bytes,
-                });
-            }
-            let reserved = match choice {
-                Some((id, old)) => {
-                    // No journal write here: until the lease is journaled the record still
-                    // says warm, and a warm record is only trusted after a clean shutdown,
-                    // which waits for this request. A crash in between makes it dirty.
-                    let Some(e) = st.files.get_mut(&id) else {
-                        continue;
-                    };
-                    e.busy = Some(Work::Leasing);
-                    (id, source, old)
-                }
-                None => {
-                    let id = st.new_id();
-                    let rec = FileRecord {
-                        id,
+            match choose(&self.view(&st, v, &mount.root, deadline)) {
+                Choice::Refuse { available } => {
+                    break Err(PoolError::Insufficient {
+                        size: v.size,
                         page_size: v.page_size,
                         node: v.node,
-                        size: v.size,
-                        state: FileState::Filling,
-                    };
-                    if let Err(err) = self.journal.write(&rec.key(), &rec) {
-                        break Err(err.into());
-                    }
-                    st.files.insert(id, Entry::new(rec, Some(Work::Leasing)));
-                    (id, source, 0)
+                        available,
+                    })
                 }
-            };
-            if need > 0 {
-                st.start_faulting(reserved.0, v.node, v.page_size, need);
+                Choice::Wait { for_faults } => {
+                    if for_faults && !waiting {
+                        tracing::debug!(name = %v.name, size = v.size, "lease waits for faults in progress");
+                    }
+                    self.wait_urgently(&mut waiting);
+                    st = st.wait_timeout(&self.changed, Duration::from_millis(50));
+                }
+                // Room for the lease: the victim's truncate and unlink run outside the lock.
+                Choice::MakeRoom(victim) => st = self.give_up(st, victim),
+                Choice::Take { file, source, need } => {
+                    break self.claim(&mut st, v, file, source, need);
+                }
             }
-            st.pending_names.insert(v.name.clone());
-            st.note_demand(v.node, v.page_size, v.size);
-            st.missed |= source != LeaseSource::WarmExact;
-            break Ok(reserved);
         };
         if waiting {
             self.control.end_urgent();
         }
         result
+    }
+
+    /// What the lease sees of its kind: the pool's files under the lock, the kernel's free
+    /// pages and the clock ([`core::choice::choose`] decides from it).
+    fn view(&self, st: &State, v: &ValidRequest, root: &Path, deadline: Instant) -> LeaseView {
+        let promised = st.promised(v.node, v.page_size);
+        let idle = |state: FileState| -> Vec<(u64, u64)> {
+            st.of_kind(v.node, v.page_size)
+                .filter(|e| e.is_idle(&state))
+                .map(|e| (e.rec().id, e.rec().size))
+                .collect()
+        };
+        LeaseView {
+            size: v.size,
+            avail: self
+                .supply
+                .available_after(v.node, v.page_size, root, &promised),
+            faulting: promised.bytes,
+            warm: idle(FileState::Warm),
+            dirty: idle(FileState::Dirty),
+            pending: st.pending_clean_bytes(v.node, v.page_size),
+            may_wait: Instant::now() < deadline,
+        }
+    }
+
+    /// Makes the chosen file the request's (a warm one as it is, a new one journaled
+    /// filling first) and promises the pages its fault needs.
+    fn claim(
+        &self,
+        st: &mut State,
+        v: &ValidRequest,
+        file: Option<(u64, u64)>,
+        source: LeaseSource,
+        need: u64,
+    ) -> Result<(u64, LeaseSource, u64)> {
+        let core_err = |e: core::CoreError| PoolError::Field {
+            field: "name",
+            message: e.to_string(),
+        };
+        let claimed = match file {
+            Some((id, old)) => {
+                st.core.take_warm(id, &v.name).map_err(core_err)?;
+                (id, source, old)
+            }
+            None => {
+                let (id, journal) = st
+                    .core
+                    .new_cold(v.node, v.page_size, v.size, &v.name)
+                    .map_err(core_err)?;
+                if let Err(err) = self.perform(&journal) {
+                    if let Err(refused) = st.core.forget_unjournaled(id) {
+                        tracing::error!(%refused, "pool core refused to forget a cold lease");
+                    }
+                    return Err(action_error(err));
+                }
+                (id, source, 0)
+            }
+        };
+        if need > 0 {
+            st.start_faulting(claimed.0, v.node, v.page_size, need);
+        }
+        st.note_demand(v.node, v.page_size, v.size);
+        st.missed |= source != LeaseSource::WarmExact;
+        Ok(claimed)
     }
 
     /// A lease starts waiting for background work (once per lease; `reserve` ends it):
@@ -364,6 +339,8 @@ impl Pool {
                     let _long = long_work(v.size - old_size);
                     let grown = self.fault_lease(id, &f, old_size..v.size, v.node, &cpus);
                     if let Err(e) = grown {
+                        // The abort journals the file dirty at the size it has on the mount,
+                        // whichever that is.
                         let _ = f.set_len(old_size);
                         return Err(e.into());
                     }
@@ -375,6 +352,7 @@ impl Pool {
                     let t = Instant::now();
                     let _long = long_work(v.size);
                     if let Err(e) = self.fault_lease(id, &f, 0..v.size, v.node, &cpus) {
+                        // The abort removes it again (and its record), logging a failure.
                         let _ = fs::remove_file(&path);
                         return Err(e.into());
                     }
@@ -431,7 +409,7 @@ impl Pool {
         tag: Option<&Idempotency>,
     ) -> Result<LeaseInfo> {
         let mut st = self.lock();
-        let lease_id = st.new_id();
+        let lease_id = st.core.new_id();
         let lease = LeaseRecord {
             id: lease_id,
             name: v.name.clone(),
@@ -447,25 +425,20 @@ impl Pool {
             recycle: v.recycle,
             principal: v.principal.clone(),
         };
-        let Some(entry) = st.files.get(&id) else {
-            return Err(PoolError::NotFound { id });
-        };
-        let rec = FileRecord {
-            size: v.size,
-            state: FileState::Leased(lease.clone()),
-            ..entry.rec.clone()
-        };
-        // The fsync runs outside the lock: the file is busy leasing, so nothing else touches
+        let rec = st
+            .core
+            .lease_record(id, v.size, lease.clone())
+            .map_err(|_| PoolError::NotFound { id })?;
+        // The write runs outside the lock: the file is busy leasing, so nothing else touches
         // it, and the other leases need not wait for this one's journal.
         drop(st);
-        self.journal.write(&rec.key(), &rec)?;
+        self.perform(&core::Action::Journal(rec.clone()))
+            .map_err(action_error)?;
         let info = LeaseInfo::of(&rec, &lease);
         let mut st = self.lock();
-        if let Some(e) = st.files.get_mut(&id) {
-            e.rec = rec;
-            e.busy = None;
+        if let Err(err) = st.core.leased(id, rec) {
+            tracing::error!(%err, "pool core refused a lease's commit");
         }
-        st.pending_names.remove(&v.name);
         st.lessee_grace = self.lessee_grace_until();
         self.gate.leased(id);
         self.changed.notify_all();
@@ -483,51 +456,35 @@ impl Pool {
                 unlink_if_same(&mount.lease_dir.join(&v.name), m.dev(), m.ino());
             }
         }
+        let size = fs::metadata(&path).map(|m| m.len());
         let mut st = self.lock();
-        st.pending_names.remove(&v.name);
         if source == LeaseSource::Cold {
-            let _ = fs::remove_file(&path);
-            if self.journal.remove(&file_key(id)).is_ok() {
-                st.files.remove(&id);
+            match st.core.abort_cold(id) {
+                Ok(undo) => self.perform_all(&undo, "a cold lease"),
+                Err(err) => tracing::error!(%err, "pool core refused a cold lease's abort"),
             }
-        } else if let Some(e) = st.files.get_mut(&id) {
-            // It may have been resized or handed to the owner: scrub it before reuse.
-            if let Ok(m) = fs::metadata(&path) {
-                e.rec.size = m.len();
-            }
-            e.rec.state = FileState::Dirty;
-            if let Err(err) = self.journal.write(&e.rec.key(), &e.rec) {
-                tracing::error!(%err, "cannot journal an aborted lease as dirty");
-            }
-            e.busy = None;
-            // It may have been linked and handed to the owner: proven like any release
-            // (`take_back` runs again before the proof).
-            e.released = Some(Released {
+        } else {
+            // It may have been resized or handed to the owner: scrub it before reuse. It may
+            // have been linked and handed to the owner: proven like any release (`take_back`
+            // runs again before the proof).
+            let size = size.unwrap_or_else(|_| st.core.get(id).map_or(0, |e| e.rec().size));
+            let released = Released {
                 lease: 0,
                 name: v.name.clone(),
                 recycle: v.recycle,
-            });
+                // Watched from `prepare` on, before anyone but the daemon could open it.
+                watched: true,
+            };
+            match st.core.abort_warm(id, size, released) {
+                Ok(journal) => {
+                    if let Err(err) = self.perform(&journal) {
+                        tracing::error!(%err, "cannot journal an aborted lease as dirty");
+                    }
+                }
+                Err(err) => tracing::error!(%err, "pool core refused a lease's abort"),
+            }
         }
         self.changed.notify_all();
-    }
-
-    /// Deletes an idle file under the lock (used to make room for a lease).
-    pub(super) fn delete_locked(&self, st: &mut State, id: u64) {
-        let Some(e) = st.files.get(&id) else { return };
-        let Ok(mount) = self.mount(e.rec.page_size) else {
-            return;
-        };
-        let path = mount.file_path(id);
-        let rec = e.rec.clone();
-        let released = e.released.clone();
-        if let Err(err) = self.remove_file(&path, &rec, released.as_ref()) {
-            tracing::warn!(id, %err, "cannot delete pool file");
-            return;
-        }
-        if let Err(err) = self.journal.remove(&file_key(id)) {
-            tracing::error!(id, %err, "cannot remove journal record of deleted file");
-        }
-        st.files.remove(&id);
     }
 
     /// Releases a lease: the file is journaled dirty, the lease path removed, the file taken
@@ -535,42 +492,33 @@ impl Pool {
     pub fn release(&self, lease_id: u64) -> Result<LeaseInfo> {
         let (id, info, mount, dirty) = {
             let mut st = self.lock();
-            let found = st.files.values_mut().find(|e| {
-                e.busy.is_none() && matches!(&e.rec.state, FileState::Leased(l) if l.id == lease_id)
-            });
-            let Some(entry) = found else {
-                return Err(PoolError::NotFound { id: lease_id });
-            };
-            let FileState::Leased(lease) = &entry.rec.state else {
-                return Err(PoolError::NotFound { id: lease_id });
-            };
-            let info = LeaseInfo::of(&entry.rec, lease);
-            let mount = self.mount(entry.rec.page_size)?.clone();
-            let dirty = FileRecord {
-                state: FileState::Dirty,
-                ..entry.rec.clone()
-            };
-            entry.released = Some(Released {
-                lease: lease.id,
-                name: lease.name.clone(),
-                recycle: lease.recycle,
-            });
             // Busy from here: a second release of the same lease finds nothing.
-            entry.busy = Some(Work::Releasing);
-            (entry.rec.id, info, mount, dirty)
+            let Some((id, dirty)) = st.core.begin_release(lease_id) else {
+                return Err(PoolError::NotFound { id: lease_id });
+            };
+            let Some(e) = st.core.get(id) else {
+                return Err(PoolError::NotFound { id: lease_id });
+            };
+            let FileState::Leased(lease) = &e.rec().state else {
+                return Err(PoolError::NotFound { id: lease_id });
+            };
+            let info = LeaseInfo::of(e.rec(), lease);
+            let mount = self.mount(dirty.page_size)?.clone();
+            (id, info, mount, dirty)
         };
-        // The fsync runs outside the lock (see `commit`).
-        let written = self.journal.write(&dirty.key(), &dirty);
+        // The write runs outside the lock (see `commit`).
+        let written = self.perform(&core::Action::Journal(dirty));
         {
             let mut st = self.lock();
-            let Some(entry) = st.files.get_mut(&id) else {
-                return Err(PoolError::NotFound { id: lease_id });
+            let outcome = match written {
+                Ok(()) => st.core.release_journaled(id).map(|()| None),
+                Err(err) => st.core.release_failed(id).map(|()| Some(err)),
             };
-            if let Err(err) = written {
-                entry.busy = None;
-                return Err(err.into());
+            match outcome {
+                Ok(None) => {}
+                Ok(Some(err)) => return Err(action_error(err)),
+                Err(_) => return Err(PoolError::NotFound { id: lease_id }),
             }
-            entry.rec = dirty;
         }
         let path = mount.file_path(id);
         if let Ok(m) = fs::metadata(&path) {
@@ -581,8 +529,8 @@ impl Pool {
         self.unpin(id);
         self.gate.forget(id);
         let mut st = self.lock();
-        if let Some(e) = st.files.get_mut(&id) {
-            e.busy = None;
+        if let Err(err) = st.core.release_done(id) {
+            tracing::error!(%err, "pool core refused a release's end");
         }
         st.lessee_grace = self.lessee_grace_until();
         self.changed.notify_all();
@@ -594,8 +542,16 @@ impl Pool {
     /// open it again.
     pub(super) fn take_back(&self, path: &Path) {
         let o = self.daemon_owner;
-        let _ = std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid));
-        let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o600));
+        // The pool directory (0700, the daemon's) keeps the file from anyone else by name
+        // either way, and the release proof does not depend on it; but a file its lessee
+        // still owns is worth a warning.
+        if let Err(err) = std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid))
+            .and_then(|()| fs::set_permissions(path, fs::Permissions::from_mode(0o600)))
+        {
+            if err.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(file = %path.display(), %err, "cannot take a released file back from its owner");
+            }
+        }
     }
 }
 

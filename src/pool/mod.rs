@@ -18,13 +18,16 @@
 //! handed out unproven. See `docs/pool.md`.
 
 pub mod capacity;
+pub mod core;
 mod counters;
 mod drain;
+mod driver;
 mod error;
 pub mod fault;
 pub mod gate;
 pub mod holes;
 pub mod idempotency;
+mod jobs;
 mod kernel;
 mod kernel_path;
 mod lease;
@@ -64,7 +67,7 @@ use state::State;
 pub use crate::policy::pool as policy;
 pub use crate::policy::pool::{PoolPolicy, Verification};
 pub use capacity::{Capacity, KindCapacity};
-pub use counters::CounterSnapshot;
+pub use counters::{CounterSnapshot, ReleaseFailure};
 pub use drain::{DrainReport, DrainRequest};
 pub use error::{PoolError, Result};
 pub use idempotency::{Idempotency, MAX_IDEMPOTENCY_KEY};
@@ -161,43 +164,7 @@ impl PoolMount {
     }
 }
 
-/// Work in progress on a file, outside the state lock. Only the worker or request that set
-/// it touches the file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Work {
-    Leasing,
-    Releasing,
-    Scrub,
-    Refill,
-    Delete,
-}
-
-#[derive(Debug)]
-struct Entry {
-    rec: FileRecord,
-    busy: Option<Work>,
-    /// A dirty file's last lease, while its proof is pending (see [`reach`]); `None` for a
-    /// file whose history is not known (recovered after a restart), which is never proven.
-    released: Option<Released>,
-}
-
-/// What the proof and the kernel's path need of a released lease.
-#[derive(Debug, Clone)]
-struct Released {
-    lease: u64,
-    name: String,
-    recycle: policy::Recycle,
-}
-
-impl Entry {
-    fn new(rec: FileRecord, busy: Option<Work>) -> Entry {
-        Entry {
-            rec,
-            busy,
-            released: None,
-        }
-    }
-}
+use self::core::{Entry, Released, Work};
 
 /// The warm pool: files, leases, the journal and the background worker's shared state.
 #[derive(Debug)]
@@ -234,6 +201,25 @@ pub struct Pool {
     reach: Arc<reach::Reach>,
 }
 
+/// The hugeprep directories of each mount, by the page size the mount serves.
+fn open_mounts(roots: &[PathBuf]) -> Result<BTreeMap<PageSize, PoolMount>> {
+    let mut mounts = BTreeMap::new();
+    for root in roots {
+        let ps = crate::hugetlb::hugetlbfs_page_size(root)
+            .map_err(|source| PoolError::Io {
+                op: "statfs",
+                path: root.clone(),
+                source,
+            })?
+            .ok_or_else(|| PoolError::Field {
+                field: "mount",
+                message: format!("{} is not a hugetlbfs mount", root.display()),
+            })?;
+        mounts.insert(ps, PoolMount::new(root, ps)?);
+    }
+    Ok(mounts)
+}
+
 fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -245,7 +231,11 @@ fn now_unix() -> u64 {
 fn unlink_if_same(link: &Path, dev: u64, ino: u64) {
     if let Ok(m) = fs::symlink_metadata(link) {
         if m.dev() == dev && m.ino() == ino {
-            let _ = fs::remove_file(link);
+            // A lease path that stays names a file the daemon has taken back (mode 0600, the
+            // daemon's); recovery removes it at the next start.
+            if let Err(err) = fs::remove_file(link) {
+                tracing::warn!(path = %link.display(), %err, "cannot remove a lease path");
+            }
         }
     }
 }
@@ -260,20 +250,7 @@ impl Pool {
             path: "/sys/devices/system/node".into(),
             source: std::io::Error::other(e.to_string()),
         })?;
-        let mut mounts = BTreeMap::new();
-        for root in &config.mounts {
-            let ps = crate::hugetlb::hugetlbfs_page_size(root)
-                .map_err(|source| PoolError::Io {
-                    op: "statfs",
-                    path: root.clone(),
-                    source,
-                })?
-                .ok_or_else(|| PoolError::Field {
-                    field: "mount",
-                    message: format!("{} is not a hugetlbfs mount", root.display()),
-                })?;
-            mounts.insert(ps, PoolMount::new(root, ps)?);
-        }
+        let mounts = open_mounts(&config.mounts)?;
         let journal = Journal::open_boot(&config.state_dir)?;
         let reservations = reserve::Reservations::open(&config.state_dir)?;
         let page_sizes = mounts.keys().copied().collect();
@@ -294,11 +271,7 @@ impl Pool {
         );
         let next_id = (max_id + 1).max(now_unix() << 20);
         let state = State {
-            files: files
-                .into_iter()
-                .map(|rec| (rec.id, Entry::new(rec, None)))
-                .collect(),
-            next_id,
+            core: self::core::Core::with_files(files, next_id),
             ..State::default()
         };
         let grace_ms = u64::try_from(policy.lessee_grace.as_millis()).unwrap_or(u64::MAX);
@@ -385,6 +358,11 @@ impl Pool {
         self.counters.kernel_path_by_reason()
     }
 
+    /// Released files whose recycling failed since start, by stage.
+    pub fn failed_releases_by_stage(&self) -> Vec<(&'static str, u64)> {
+        self.counters.failed_by_stage()
+    }
+
     /// The scrubber (clearing method).
     pub fn scrubber(&self) -> &Scrubber {
         &self.scrubber
@@ -432,10 +410,10 @@ impl Pool {
     pub fn leases(&self) -> Vec<LeaseInfo> {
         let st = self.lock();
         let mut out: Vec<LeaseInfo> = st
-            .files
-            .values()
-            .filter_map(|e| match &e.rec.state {
-                FileState::Leased(l) => Some(LeaseInfo::of(&e.rec, l)),
+            .core
+            .files()
+            .filter_map(|e| match &e.rec().state {
+                FileState::Leased(l) => Some(LeaseInfo::of(e.rec(), l)),
                 _ => None,
             })
             .collect();
@@ -448,9 +426,9 @@ impl Pool {
     /// The leases that name a process, with the process's start time.
     pub fn leases_with_pid(&self) -> Vec<(u64, u32, Option<u64>)> {
         let st = self.lock();
-        st.files
-            .values()
-            .filter_map(|e| match &e.rec.state {
+        st.core
+            .files()
+            .filter_map(|e| match &e.rec().state {
                 FileState::Leased(l) => l.pid.map(|p| (l.id, p, l.pid_start)),
                 _ => None,
             })
@@ -461,9 +439,10 @@ impl Pool {
     /// every target met as far as the kernel allows.
     pub fn is_idle(&self) -> bool {
         let st = self.lock();
-        st.files.values().all(|e| {
-            e.busy.is_none() && matches!(e.rec.state, FileState::Warm | FileState::Leased(_))
-        })
+        let idle = st.core.files().all(|e| {
+            e.busy().is_none() && matches!(e.rec().state, FileState::Warm | FileState::Leased(_))
+        });
+        idle
     }
 
     /// Sets how long the worker leaves a new lessee alone (zero: not at all, as before
@@ -506,9 +485,15 @@ impl Pool {
     /// is true, so the next start trusts them.
     pub fn mark_clean_shutdown(&self) -> Result<()> {
         let st = self.lock();
-        if st.files.values().any(|e| e.busy.is_some()) {
+        if st.core.any_busy() {
             tracing::warn!("work still in flight: not marking a clean shutdown");
             return Ok(());
+        }
+        for action in st.core.prepare_clean_shutdown() {
+            if let Err(err) = self.perform(&action) {
+                tracing::warn!(%err, "cannot journal a dirty file: not marking a clean shutdown");
+                return Ok(());
+            }
         }
         Ok(self.journal.mark_clean_shutdown()?)
     }

@@ -58,9 +58,9 @@ impl Pool {
     pub(super) fn mark_pinned(&self, leases: &mut [LeaseInfo]) {
         let pins = self.lock_pins();
         let st = self.lock();
-        for e in st.files.values() {
-            if let FileState::Leased(l) = &e.rec.state {
-                if pins.contains_key(&e.rec.id) {
+        for e in st.core.files() {
+            if let FileState::Leased(l) = &e.rec().state {
+                if pins.contains_key(&e.rec().id) {
                     if let Some(info) = leases.iter_mut().find(|i| i.id == l.id) {
                         info.pinned = true;
                     }

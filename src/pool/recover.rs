@@ -1,36 +1,18 @@
-//! Start-up reconciliation of the journal with the files on the mounts.
-//!
-//! - Leased files stay leased (their lease path is re-linked if it went missing).
-//! - Dirty, scrubbing and undecodable records: the file is scrubbed again.
-//! - Filling records: the file is deleted (it was never handed out).
-//! - Warm records are trusted only after a clean shutdown; otherwise scrubbed again.
-//! - Records without a file are dropped; files in the pool directory without a record are
-//!   deleted, never handed out; lease paths that belong to no lease are removed.
+//! Start-up reconciliation of the journal with the files on the mounts: the driver of
+//! [`core::recovery`](super::core::recovery), which decides. This file reads the facts (the
+//! journal, the pool and lease directories through their handles) and performs the plan's
+//! steps in order.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 
-use serde::Serialize;
-
+use super::core::recovery::{self, Facts, LeasePathFact, PoolFileFact, Step};
 use super::{file_key, FileRecord, FileState, PoolError, PoolMount, Result};
 use crate::journal::Journal;
 use crate::page_size::PageSize;
 
-/// What reconciliation found.
-#[derive(Debug, Default, Clone, Serialize)]
-pub struct RecoveryReport {
-    /// Leases kept.
-    pub leases: usize,
-    /// Warm files trusted.
-    pub warm: usize,
-    /// Files to scrub again.
-    pub dirty: usize,
-    /// Files deleted (unknown, filling, or broken).
-    pub deleted_files: usize,
-    /// Records dropped because their file was gone.
-    pub dropped_records: usize,
-}
+pub use recovery::RecoveryReport;
 
 fn io<'a>(
     op: &'static str,
@@ -43,8 +25,12 @@ fn io<'a>(
     }
 }
 
+/// Removes a pool or lease directory entry, a file or a directory someone made there.
 fn remove_any(path: &std::path::Path) {
-    let _ = fs::remove_file(path).or_else(|_| fs::remove_dir_all(path));
+    if let Err(err) = fs::remove_file(path).or_else(|_| fs::remove_dir_all(path)) {
+        // Found again (and retried) at the next start; nothing hands it out meanwhile.
+        tracing::warn!(path = %path.display(), %err, "cannot remove a stray entry");
+    }
 }
 
 /// Reconciles; returns the records to keep, the highest id seen and a report.
@@ -53,126 +39,95 @@ pub(super) fn reconcile(
     mounts: &BTreeMap<PageSize, PoolMount>,
     clean: bool,
 ) -> Result<(Vec<FileRecord>, u64, RecoveryReport)> {
-    let mut report = RecoveryReport::default();
-    let mut max_id = 0;
-    let mut records: BTreeMap<String, FileRecord> = BTreeMap::new();
-    for (key, rec) in journal.load_raw::<FileRecord>()? {
-        match rec {
-            Ok(rec) if rec.key() == key && mounts.contains_key(&rec.page_size) => {
-                records.insert(key, rec);
-            }
-            Ok(rec) => {
-                // A page size this run does not serve: leave the record for a run that does.
-                if !mounts.contains_key(&rec.page_size) && rec.key() == key {
-                    max_id = max_id.max(rec.id);
-                    continue;
-                }
-                tracing::warn!(key, "journal record does not match its key: dropping it");
-                journal.remove(&key)?;
-            }
-            Err(err) => {
-                tracing::warn!(
-                    key,
-                    err,
-                    "undecodable journal record: its file will be deleted"
-                );
-                journal.remove(&key)?;
-            }
-        }
+    let facts = facts(journal, mounts, clean)?;
+    let plan = recovery::plan(&facts);
+    for step in &plan.steps {
+        perform(journal, mounts, step)?;
     }
-    // Files in pool directories that no record names are deleted.
-    // Both directories are listed and emptied through their handles (see `hugetlb::dir`).
-    for mount in mounts.values() {
+    Ok((plan.kept, plan.max_id, plan.report))
+}
+
+/// Reads what recovery decides from: the journal and both directories of every mount, each
+/// listed through its handle (see `hugetlb::dir`).
+fn facts(journal: &Journal, mounts: &BTreeMap<PageSize, PoolMount>, clean: bool) -> Result<Facts> {
+    let mut facts = Facts {
+        records: journal.load_raw::<FileRecord>()?,
+        served: mounts.keys().copied().collect(),
+        clean,
+        ..Facts::default()
+    };
+    for (&ps, mount) in mounts {
         let handle = mount.pool_dir_handle().fd_path();
         let dir = fs::read_dir(&handle).map_err(io("readdir", &mount.pool_dir))?;
+        let files = facts.pool_files.entry(ps).or_default();
         for entry in dir.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let known = records
-                .get(&name)
-                .is_some_and(|r| r.page_size == mount.page_size);
-            if !known {
-                tracing::warn!(file = %mount.pool_dir.join(&name).display(), "file hugeprep did not create (or lost track of): deleting");
-                remove_any(&entry.path());
-                report.deleted_files += 1;
-            }
+            let file = fs::metadata(entry.path()).ok().map(|m| PoolFileFact {
+                len: m.len(),
+                inode: (m.dev(), m.ino()),
+            });
+            files.insert(name, file);
         }
-    }
-    let mut kept = Vec::new();
-    for (key, mut rec) in records {
-        max_id = max_id.max(rec.id);
-        if let FileState::Leased(l) = &rec.state {
-            max_id = max_id.max(l.id);
-        }
-        let mount = &mounts[&rec.page_size];
-        let path = mount.file_path(rec.id);
-        let meta = match fs::metadata(&path) {
-            Ok(m) => m,
-            Err(_) => {
-                journal.remove(&key)?;
-                report.dropped_records += 1;
-                continue;
-            }
-        };
-        let mut changed = false;
-        if meta.len() != rec.size {
-            rec.size = meta.len();
-            changed = true;
-        }
-        match &rec.state {
-            FileState::Filling => {
-                let _ = fs::remove_file(&path);
-                journal.remove(&key)?;
-                report.deleted_files += 1;
-                continue;
-            }
-            FileState::Leased(lease) => {
-                if fs::symlink_metadata(&lease.path).is_err() {
-                    if let Err(err) = fs::hard_link(&path, &lease.path) {
-                        tracing::warn!(path = %lease.path.display(), %err, "cannot re-link lease path");
-                    }
-                }
-                report.leases += 1;
-            }
-            FileState::Warm if clean && rec.size > 0 => report.warm += 1,
-            _ => {
-                if rec.state != FileState::Dirty {
-                    rec.state = FileState::Dirty;
-                    changed = true;
-                }
-                report.dirty += 1;
-            }
-        }
-        if rec.size == 0 {
-            let _ = fs::remove_file(&path);
-            journal.remove(&key)?;
-            report.deleted_files += 1;
-            continue;
-        }
-        if changed {
-            journal.write(&key, &rec)?;
-        }
-        kept.push(rec);
-    }
-    // Lease paths that belong to no kept lease.
-    for mount in mounts.values() {
         let handle = mount.lease_dir_handle().fd_path();
         let dir = fs::read_dir(&handle).map_err(io("readdir", &mount.lease_dir))?;
+        let paths = facts.lease_paths.entry(ps).or_default();
         for entry in dir.flatten() {
-            let path = mount.lease_dir.join(entry.file_name());
-            let ours = kept.iter().any(|r| match &r.state {
-                FileState::Leased(l) if l.path == path => {
-                    let pool = fs::metadata(mount.file_path(r.id));
-                    let link = fs::symlink_metadata(entry.path());
-                    matches!((pool, link), (Ok(a), Ok(b)) if a.ino() == b.ino() && a.dev() == b.dev())
-                }
-                _ => false,
-            });
-            if !ours {
-                tracing::warn!(path = %path.display(), "lease path of no live lease: removing");
-                remove_any(&entry.path());
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = mount.lease_dir.join(&name);
+            let inode = fs::symlink_metadata(entry.path())
+                .ok()
+                .map(|m| (m.dev(), m.ino()));
+            paths.insert(name, LeasePathFact { path, inode });
+        }
+    }
+    for (_, rec) in &facts.records {
+        if let Ok(FileRecord {
+            state: FileState::Leased(lease),
+            ..
+        }) = rec
+        {
+            if fs::symlink_metadata(&lease.path).is_ok() {
+                facts.existing_paths.insert(lease.path.clone());
             }
         }
     }
-    let _ = file_key;
-    Ok((kept, max_id, report))
+    Ok(facts)
+}
+
+/// Performs one step of the plan; a journal failure stops recovery (the daemon does not
+/// start on a journal it cannot write).
+fn perform(journal: &Journal, mounts: &BTreeMap<PageSize, PoolMount>, step: &Step) -> Result<()> {
+    let mount = |ps: &PageSize| {
+        mounts.get(ps).ok_or_else(|| PoolError::Field {
+            field: "page_size",
+            message: format!("no mount for {ps} pages"),
+        })
+    };
+    match step {
+        Step::Unjournal(key) => journal.remove(key)?,
+        Step::Journal(rec) => journal.write(&rec.key(), rec)?,
+        Step::RemovePoolEntry(ps, name) => {
+            remove_any(&mount(ps)?.pool_dir_handle().fd_path().join(name));
+        }
+        Step::RemoveFile(ps, id) => {
+            let path = mount(ps)?.file_path(*id);
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                // Its record goes next: the file, unnamed then, is deleted at the next start.
+                Err(err) => {
+                    tracing::warn!(file = %file_key(*id), %err, "cannot delete a pool file")
+                }
+            }
+        }
+        Step::Relink(ps, id, path) => {
+            if let Err(err) = fs::hard_link(mount(ps)?.file_path(*id), path) {
+                tracing::warn!(path = %path.display(), %err, "cannot re-link lease path");
+            }
+        }
+        Step::RemoveLeasePath(ps, name) => {
+            remove_any(&mount(ps)?.lease_dir_handle().fd_path().join(name));
+        }
+    }
+    Ok(())
 }

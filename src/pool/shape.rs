@@ -37,7 +37,7 @@ impl State {
     pub(super) fn note_demand(&mut self, node: u32, ps: PageSize, size: u64) {
         let held = 1 + self
             .of_kind(node, ps)
-            .filter(|e| matches!(e.rec.state, FileState::Leased(_)) && e.rec.size == size)
+            .filter(|e| matches!(e.rec().state, FileState::Leased(_)) && e.rec().size == size)
             .count() as u64;
         let h = self.demand.entry((node, ps)).or_default();
         if h.len() == HISTORY {
@@ -50,13 +50,13 @@ impl State {
     fn warm_sizes(&self, node: u32, ps: PageSize) -> BTreeMap<u64, usize> {
         let mut have = BTreeMap::new();
         for e in self.of_kind(node, ps) {
-            let counted = match e.busy {
+            let counted = match e.busy() {
                 Some(Work::Scrub) | Some(Work::Refill) => true,
-                None => e.rec.state == FileState::Warm,
+                None => e.rec().state == FileState::Warm,
                 _ => false,
             };
             if counted {
-                *have.entry(e.rec.size).or_insert(0) += 1;
+                *have.entry(e.rec().size).or_insert(0) += 1;
             }
         }
         have
@@ -241,8 +241,8 @@ impl Pool {
         let (missing, excess) = compare(&want, &st.warm_sizes(node, ps));
         let idle: Vec<(u64, u64)> = st
             .of_kind(node, ps)
-            .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
-            .map(|e| (e.rec.id, e.rec.size))
+            .filter(|e| e.busy().is_none() && e.rec().state == FileState::Warm)
+            .map(|e| (e.rec().id, e.rec().size))
             .collect();
         let surplus: Vec<(u64, u64)> = idle
             .iter()

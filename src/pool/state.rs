@@ -7,13 +7,13 @@ use std::time::Instant;
 
 use crate::prefault::Taken;
 
+use super::core::Core;
 use super::{idempotency, shape, Entry, FileState, PageSize, ScrubReport, Work};
 
 #[derive(Debug, Default)]
 pub(super) struct State {
-    pub(super) files: BTreeMap<u64, Entry>,
-    pub(super) next_id: u64,
-    pub(super) pending_names: BTreeSet<String>,
+    /// Every pool file, in its phase (see [`super::core`]): changed only by its transitions.
+    pub(super) core: Core,
     pub(super) refill_turn: usize,
     pub(super) refill_backoff: Option<Instant>,
     /// Until then the worker starts no refill or background scrub: the lessee's VMM is
@@ -114,59 +114,20 @@ impl State {
         self.faulting.remove(&id);
     }
 
-    pub(super) fn new_id(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        id
-    }
-
-    pub(super) fn name_in_use(&self, name: &str) -> bool {
-        self.pending_names.contains(name)
-            || self.files.values().any(|e| match &e.rec.state {
-                FileState::Leased(l) => l.name == name,
-                _ => false,
-            })
-    }
-
     pub(super) fn of_kind(&self, node: u32, ps: PageSize) -> impl Iterator<Item = &Entry> {
-        self.files
-            .values()
-            .filter(move |e| e.rec.node == node && e.rec.page_size == ps)
+        self.core.of_kind(node, ps)
     }
 
     /// Bytes that are or will be warm: warm files not on their way out, plus scrubs and
     /// refills in progress.
     pub(super) fn pool_bytes(&self, node: u32, ps: PageSize) -> u64 {
         self.of_kind(node, ps)
-            .filter(|e| match e.busy {
+            .filter(|e| match e.busy() {
                 Some(Work::Scrub) | Some(Work::Refill) => true,
-                None => e.rec.state == FileState::Warm,
+                None => e.rec().state == FileState::Warm,
                 _ => false,
             })
-            .map(|e| e.rec.size)
-            .sum()
-    }
-
-    /// A released file waiting for the worker to give back for `short` bytes: the smallest
-    /// that covers them, else the largest.
-    pub(super) fn dirty_victim(&self, node: u32, ps: PageSize, short: u64) -> Option<u64> {
-        let dirty = || {
-            self.of_kind(node, ps)
-                .filter(|e| e.busy.is_none() && e.rec.state == FileState::Dirty)
-        };
-        dirty()
-            .filter(|e| e.rec.size >= short)
-            .min_by_key(|e| e.rec.size)
-            .or_else(|| dirty().max_by_key(|e| e.rec.size))
-            .map(|e| e.rec.id)
-    }
-
-    /// Bytes of released files waiting for the worker (what [`State::dirty_victim`] can
-    /// give back).
-    pub(super) fn dirty_idle_bytes(&self, node: u32, ps: PageSize) -> u64 {
-        self.of_kind(node, ps)
-            .filter(|e| e.busy.is_none() && e.rec.state == FileState::Dirty)
-            .map(|e| e.rec.size)
+            .map(|e| e.rec().size)
             .sum()
     }
 
@@ -174,10 +135,10 @@ impl State {
     pub(super) fn pending_clean_bytes(&self, node: u32, ps: PageSize) -> u64 {
         self.of_kind(node, ps)
             .filter(|e| {
-                matches!(e.busy, Some(Work::Scrub) | Some(Work::Refill))
-                    || (e.busy.is_none() && e.rec.state == FileState::Dirty)
+                matches!(e.busy(), Some(Work::Scrub) | Some(Work::Refill))
+                    || (e.busy().is_none() && e.rec().state == FileState::Dirty)
             })
-            .map(|e| e.rec.size)
+            .map(|e| e.rec().size)
             .sum()
     }
 }

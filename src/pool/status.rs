@@ -79,13 +79,13 @@ impl Pool {
                 let sum = |f: &dyn Fn(&Entry) -> bool| -> (u64, usize) {
                     st.of_kind(n, *ps)
                         .filter(|e| f(e))
-                        .fold((0, 0), |(b, c), e| (b + e.rec.size, c + 1))
+                        .fold((0, 0), |(b, c), e| (b + e.rec().size, c + 1))
                 };
-                let warm = sum(&|e| e.rec.state == FileState::Warm);
-                let leased = sum(&|e| matches!(e.rec.state, FileState::Leased(_)));
-                let dirty = sum(&|e| e.rec.state == FileState::Dirty);
-                let scrubbing = sum(&|e| e.rec.state == FileState::Scrubbing);
-                let filling = sum(&|e| e.rec.state == FileState::Filling);
+                let warm = sum(&|e| e.rec().state == FileState::Warm);
+                let leased = sum(&|e| matches!(e.rec().state, FileState::Leased(_)));
+                let dirty = sum(&|e| e.rec().state == FileState::Dirty);
+                let scrubbing = sum(&|e| e.rec().state == FileState::Scrubbing);
+                let filling = sum(&|e| e.rec().state == FileState::Filling);
                 let policy = self.policy();
                 let target = policy.target(n, *ps);
                 kinds.push(KindStatus {

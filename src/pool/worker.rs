@@ -1,35 +1,31 @@
 //! The background worker: scrubs released files (or deletes them above target), trims the
-//! pool to its target and refills it, at idle priority.
+//! pool to its target and refills it, at idle priority. This file chooses the next job;
+//! `jobs.rs` does it.
 
-use std::fs;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::reach::Unproven;
+use super::core::Action;
 use super::shape::Reshape;
-use super::{fault, file_key, holes, Entry, FileRecord, FileState, Pool, State, Work};
-use crate::background::Yield;
-use crate::hugetlb::BackingFile;
+use super::{FileRecord, FileState, Pool, State};
 use crate::page_size::PageSize;
-use crate::policy::pool::Recycle;
 use crate::policy::pool::Shape;
-use crate::scrub::{ScrubError, ScrubOptions};
-use crate::units::format_bytes;
-
-/// How long a release's proof waits for a lessee that has just exited to be torn down.
-const TEARDOWN_WAIT: Duration = Duration::from_secs(2);
 
 /// How long refill waits after the kernel could not supply a file.
-const REFILL_BACKOFF: Duration = Duration::from_secs(2);
+pub(super) const REFILL_BACKOFF: Duration = Duration::from_secs(2);
 
+/// The worker's next job; each file's carries the core's action that starts it.
 #[derive(Debug)]
-enum Job {
-    Scrub(u64),
-    Delete(u64),
-    Fill(u64),
-    /// Cut a warm file to a size in demand (see `shape`).
-    Shrink(u64, u64),
+pub(super) enum Job {
+    /// Journal the file scrubbing, prove it out of reach, scrub it.
+    Scrub(u64, Action),
+    /// Truncate and unlink the file.
+    Delete(u64, Action),
+    /// Journal the new file filling, create and fault it.
+    Fill(u64, Action),
+    /// Cut a warm file to a size in demand (see `shape`), then journal it.
+    Shrink(u64, u64, Action),
     Reserve {
         node: u32,
         page_size: PageSize,
@@ -54,6 +50,7 @@ impl Pool {
         loop {
             // Choosing the next job takes microseconds and runs at normal priority: at idle
             // priority a busy host delays even the choice of work the next lease needs.
+            // A failure leaves it idle, as the warning at the worker's start said.
             let _ = set_current_thread_normal();
             let (job, pressing) = {
                 let mut st = self.lock();
@@ -79,15 +76,16 @@ impl Pool {
             // a cut, a give-back) runs at normal priority while the shape lacks a file; the
             // rest (refills, raising the kernel's pool) at idle priority; their calls into the
             // kernel that hold locks a lease needs leave it for their length (`OutOfIdle`).
-            let quick = matches!(job, Job::Scrub(_) | Job::Shrink(..) | Job::Delete(_));
+            let quick = matches!(job, Job::Scrub(..) | Job::Shrink(..) | Job::Delete(..));
             if !(pressing && quick) {
+                // Refused at the worker's start already (and logged there).
                 let _ = set_current_thread_idle();
             }
             match job {
-                Job::Scrub(id) => self.scrub_job(id, pressing),
-                Job::Delete(id) => self.delete_job(id),
-                Job::Fill(id) => self.fill_job(id),
-                Job::Shrink(id, size) => self.shrink_job(id, size),
+                Job::Scrub(id, journal) => self.scrub_job(id, &journal, pressing),
+                Job::Delete(id, remove) => self.delete_job(id, &remove),
+                Job::Fill(id, journal) => self.fill_job(id, &journal),
+                Job::Shrink(id, size, journal) => self.shrink_job(id, size, &journal),
                 Job::Reserve {
                     node,
                     page_size,
@@ -106,7 +104,7 @@ impl Pool {
         self.policy().target_bytes(node, ps)
     }
 
-    /// Picks the next job and marks its file busy (journaling the new state first).
+    /// Picks the next job and moves its file to the job's phase (the job journals it).
     fn next_job(&self, st: &mut State) -> Option<Job> {
         // A VMM is starting on a lease just given out (or a lease was just given back): its
         // pin and first touches fault through the same hugetlb fault mutexes, CPUs and memory
@@ -131,71 +129,95 @@ impl Pool {
         let held = !urgent && self.gate.under_way();
         // 1. Released and unproven files: scrub them back to warm, or delete them.
         let dirty = st
-            .files
-            .values()
-            .find(|e| e.busy.is_none() && e.rec.state == FileState::Dirty)
-            .map(|e| e.rec.clone());
+            .core
+            .files()
+            .find(|e| e.is_idle(&FileState::Dirty))
+            .map(|e| e.rec().clone());
         if let Some(rec) = dirty.filter(|_| incomplete || !held) {
-            // Under the demand shape a file of a size in demand is kept (cut to a missing
-            // size when its own is not), whatever the pool holds (see `shape`).
-            let (keep, size) = match self.policy().shape {
-                Shape::Demand => match self.reshape_dirty(st, &rec) {
-                    Reshape::Keep(_, size) => (true, size),
-                    _ => (false, rec.size),
-                },
-                Shape::Fixed => (
-                    st.pool_bytes(rec.node, rec.page_size) + rec.size
-                        <= self.target(st, rec.node, rec.page_size),
-                    rec.size,
-                ),
-            };
-            if keep {
-                let scrubbing = FileRecord {
-                    state: FileState::Scrubbing,
-                    size,
-                    ..rec.clone()
-                };
-                if let Err(err) = self.journal.write(&scrubbing.key(), &scrubbing) {
-                    tracing::error!(%err, "cannot journal a scrub: deleting the file instead");
-                    return self.mark(st, rec.id, Work::Delete).map(Job::Delete);
-                }
-                if let Some(e) = st.files.get_mut(&rec.id) {
-                    e.rec = scrubbing;
-                }
-                return self.mark(st, rec.id, Work::Scrub).map(Job::Scrub);
-            }
-            return self.mark(st, rec.id, Work::Delete).map(Job::Delete);
+            return self.dirty_job(st, &rec);
         }
-        // 2. Demand shape: cut or give back warm files of sizes not in demand.
-        match self.reshape_any(st) {
-            Some(Reshape::Shrink(id, size)) => {
-                let e = st.files.get_mut(&id)?;
-                e.rec.size = size;
-                e.busy = Some(Work::Scrub);
-                return Some(Job::Shrink(id, size));
-            }
-            Some(Reshape::Delete(id)) => return self.mark(st, id, Work::Delete).map(Job::Delete),
-            _ => {}
-        }
-        // 2. Above target (the policy changed, or leases came back): give back warm files.
-        for (ps, _) in self.mounts.iter() {
-            for node in self.topology.node_ids() {
-                if st.pool_bytes(node, *ps) > self.target(st, node, *ps) {
-                    let victim = st
-                        .of_kind(node, *ps)
-                        .filter(|e| e.busy.is_none() && e.rec.state == FileState::Warm)
-                        .max_by_key(|e| e.rec.size)
-                        .map(|e| e.rec.id);
-                    if let Some(id) = victim {
-                        return self.mark(st, id, Work::Delete).map(Job::Delete);
-                    }
-                }
-            }
+        // 2. Cut or give back warm files of sizes not in demand, or above target.
+        if let Some(job) = self.trim_job(st) {
+            return Some(job);
         }
         // 3. Below target: make a new warm file of the next size in the mix that fits.
         if held || (graced && !st.missed) || st.refill_backoff.is_some_and(|t| Instant::now() < t) {
             return None;
         }
+        self.refill_job(st)
+    }
+
+    /// A released file: kept and scrubbed, or given back.
+    fn dirty_job(&self, st: &mut State, rec: &FileRecord) -> Option<Job> {
+        // Under the demand shape a file of a size in demand is kept (cut to a missing size
+        // when its own is not), whatever the pool holds (see `shape`).
+        let (keep, size) = match self.policy().shape {
+            Shape::Demand => match self.reshape_dirty(st, rec) {
+                Reshape::Keep(_, size) => (true, size),
+                _ => (false, rec.size),
+            },
+            Shape::Fixed => (
+                st.pool_bytes(rec.node, rec.page_size) + rec.size
+                    <= self.target(st, rec.node, rec.page_size),
+                rec.size,
+            ),
+        };
+        if keep {
+            return self.start(st.core.begin_scrub(rec.id, size), |a| Job::Scrub(rec.id, a));
+        }
+        self.delete(st, rec.id)
+    }
+
+    /// Marks the file deleting: the job that truncates and unlinks it.
+    fn delete(&self, st: &mut State, id: u64) -> Option<Job> {
+        self.start(st.core.begin_delete(id), |a| Job::Delete(id, a))
+    }
+
+    /// The job of a transition the core allowed (none, logged, if it refused).
+    fn start(
+        &self,
+        moved: super::core::Result<Action>,
+        job: impl FnOnce(Action) -> Job,
+    ) -> Option<Job> {
+        match moved {
+            Ok(action) => Some(job(action)),
+            Err(err) => {
+                tracing::error!(%err, "pool core refused the worker's job");
+                None
+            }
+        }
+    }
+
+    /// Demand shape: cut or give back warm files of sizes not in demand; any shape: give back
+    /// warm files above target (the policy changed, or leases came back).
+    fn trim_job(&self, st: &mut State) -> Option<Job> {
+        match self.reshape_any(st) {
+            Some(Reshape::Shrink(id, size)) => {
+                return self.start(st.core.begin_cut(id, size), |a| Job::Shrink(id, size, a));
+            }
+            Some(Reshape::Delete(id)) => return self.delete(st, id),
+            _ => {}
+        }
+        for ps in self.mounts.keys() {
+            for node in self.topology.node_ids() {
+                if st.pool_bytes(node, *ps) > self.target(st, node, *ps) {
+                    let victim = st
+                        .of_kind(node, *ps)
+                        .filter(|e| e.is_idle(&FileState::Warm))
+                        .max_by_key(|e| e.rec().size)
+                        .map(|e| e.rec().id);
+                    if let Some(id) = victim {
+                        return self.delete(st, id);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Below target: a new file of the next size that fits, or a raise of the kernel's pool
+    /// when the kernel cannot supply it.
+    fn refill_job(&self, st: &mut State) -> Option<Job> {
         let policy = self.policy();
         for (ps, mount) in self.mounts.iter() {
             for node in self.topology.node_ids() {
@@ -210,19 +232,11 @@ impl Pool {
                     self.explain(st, node, *ps, None);
                     continue;
                 }
-                let n = target.sizes.len();
-                // Files come back from leases at their own sizes, so the deficit can be
-                // smaller than every size in the mix: fill it exactly then, or the pool would
-                // stay below its target for good (a small warm file still serves a grown lease).
-                let page = ps.bytes();
-                let demand = self.policy().shape == Shape::Demand;
+                let demand = policy.shape == Shape::Demand;
                 let size = if demand {
                     self.next_missing(st, node, *ps, deficit)
                 } else {
-                    (0..n)
-                        .map(|i| target.sizes[(st.refill_turn + i) % n])
-                        .find(|&s| s <= deficit)
-                        .unwrap_or(deficit / page * page)
+                    next_fixed_size(&target.sizes, st.refill_turn, deficit, ps.bytes())
                 };
                 if size == 0 {
                     continue;
@@ -245,318 +259,48 @@ impl Pool {
                 if !demand {
                     st.refill_turn = st.refill_turn.wrapping_add(1);
                 }
-                return self.new_fill(st, node, *ps, size);
+                let (id, journal) = st.core.new_fill(node, *ps, size);
+                st.start_faulting(id, node, *ps, size);
+                return Some(Job::Fill(id, journal));
             }
         }
         None
     }
+}
 
-    /// Journals a new file of `size` as filling and hands it to the worker.
-    fn new_fill(&self, st: &mut State, node: u32, ps: PageSize, size: u64) -> Option<Job> {
-        let id = st.new_id();
-        let rec = FileRecord {
-            id,
-            page_size: ps,
-            node,
-            size,
-            state: FileState::Filling,
-        };
-        if let Err(err) = self.journal.write(&rec.key(), &rec) {
-            tracing::error!(%err, "cannot journal a refill");
-            st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
-            return None;
-        }
-        st.start_faulting(id, node, ps, size);
-        st.files.insert(id, Entry::new(rec, Some(Work::Refill)));
-        Some(Job::Fill(id))
+/// The fixed shape's next refill: the next size of the mix (from `turn`) that fits the
+/// deficit. Files come back from leases at their own sizes, so the deficit can be smaller
+/// than every size in the mix: fill it exactly then, or the pool would stay below its target
+/// for good (a small warm file still serves a grown lease).
+fn next_fixed_size(sizes: &[u64], turn: usize, deficit: u64, page: u64) -> u64 {
+    let n = sizes.len();
+    (0..n)
+        .map(|i| sizes[(turn + i) % n])
+        .find(|&s| s <= deficit)
+        .unwrap_or(deficit / page * page)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_fixed_size;
+
+    const M: u64 = 1 << 20;
+
+    #[test]
+    fn the_fixed_shape_cycles_through_its_sizes() {
+        let sizes = [4 * M, 8 * M];
+        assert_eq!(next_fixed_size(&sizes, 0, 64 * M, 2 * M), 4 * M);
+        assert_eq!(next_fixed_size(&sizes, 1, 64 * M, 2 * M), 8 * M);
+        assert_eq!(next_fixed_size(&sizes, 2, 64 * M, 2 * M), 4 * M);
     }
 
-    /// Cuts a warm file to `size` (its record already says `size` in memory), then journals
-    /// it; the journal still says the larger size until then, which recovery handles (an
-    /// unclean start scrubs it, a clean one cannot happen while the job runs).
-    fn shrink_job(&self, id: u64, size: u64) {
-        let Some(rec) = self.record(id) else { return };
-        let Ok(mount) = self.mount(rec.page_size) else {
-            return;
-        };
-        let cut = BackingFile::open(&mount.file_path(id), rec.page_size).and_then(|mut f| {
-            let _lock_holder = crate::sys::priority::OutOfIdle::enter();
-            f.set_len(size)?;
-            Ok(())
-        });
-        let warm = FileRecord {
-            size,
-            state: FileState::Warm,
-            ..rec
-        };
-        let journaled = cut.map_err(|e| e.to_string()).and_then(|()| {
-            self.journal
-                .write(&warm.key(), &warm)
-                .map_err(|e| e.to_string())
-        });
-        match journaled {
-            Ok(()) => {
-                tracing::info!(id, size = %format_bytes(size), "warm file cut to a size in demand");
-                let mut st = self.lock();
-                if let Some(e) = st.files.get_mut(&id) {
-                    e.busy = None;
-                }
-            }
-            Err(err) => {
-                tracing::error!(id, %err, "cannot cut a warm file: deleting it");
-                self.delete_job(id);
-            }
-        }
-    }
-
-    fn mark(&self, st: &mut State, id: u64, work: Work) -> Option<u64> {
-        let e = st.files.get_mut(&id)?;
-        e.busy = Some(work);
-        Some(id)
-    }
-
-    /// [`Reach::prove`](super::reach::Reach::prove), given a moment for the teardown of a
-    /// lessee that has just exited: its mappings and files are released, and its io_uring
-    /// rings torn down, after its pidfd says it exited (from a kernel worker, or after a
-    /// `/proc` reader lets go of its memory). Only those two answers wait; every other one
-    /// is final at once.
-    fn prove_settled(
-        &self,
-        id: u64,
-        file: &std::fs::File,
-    ) -> Result<super::reach::Proof, Unproven> {
-        let deadline = Instant::now() + TEARDOWN_WAIT;
-        loop {
-            match self.reach.prove(id, file) {
-                Err(Unproven::OpenElsewhere | Unproven::IoUring { .. })
-                    if Instant::now() < deadline && !self.shutdown.load(Ordering::SeqCst) =>
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                other => return other,
-            }
-        }
-    }
-
-    fn record(&self, id: u64) -> Option<FileRecord> {
-        self.lock().files.get(&id).map(|e| e.rec.clone())
-    }
-
-    /// Scrubs a released file back to warm. `pressing`: the shape lacks a file, which this
-    /// one restores, and a lease of its size would otherwise be served grown or cold: the
-    /// scrub runs at normal priority without the bandwidth cap (a few ms; at idle priority a
-    /// busy host starved it), as for a lease that waits.
-    fn scrub_job(&self, id: u64, pressing: bool) {
-        let Some(rec) = self.record(id) else { return };
-        let Ok(mount) = self.mount(rec.page_size) else {
-            return;
-        };
-        let path = mount.file_path(id);
-        self.take_back(&path);
-        let released = self.lock().files.get(&id).and_then(|e| e.released.clone());
-        let opts = ScrubOptions {
-            cpus: self.cpus(rec.node),
-            bandwidth: self.policy().scrub_bandwidth,
-            background: !pressing,
-            verify: self.policy().verify,
-            yield_to: (!pressing).then(|| Arc::clone(&self.gate) as Arc<dyn Yield>),
-        };
-        let mut file = match BackingFile::open(&path, rec.page_size) {
-            Ok(f) => f,
-            Err(err) => {
-                tracing::error!(%err, "cannot open a released file: deleting it");
-                return self.delete_job(id);
-            }
-        };
-        // Recycled in place only when nobody else can reach these pages (see `reach`).
-        let proof = match &released {
-            None => Err(Unproven::NotWatched),
-            Some(r) if r.recycle == Recycle::Kernel => Err(Unproven::Trust),
-            Some(_) => self.prove_settled(id, file.file()),
-        };
-        match proof {
-            Ok(p) => {
-                self.counters.proven(p.took);
-                tracing::debug!(
-                    id,
-                    openers = p.openers,
-                    took_us = p.took.as_micros() as u64,
-                    "released file proven out of reach"
-                );
-            }
-            Err(reason) => {
-                drop(file);
-                let name = released.as_ref().map_or("", |r| r.name.as_str());
-                let lease = released.as_ref().map_or(0, |r| r.lease);
-                tracing::warn!(
-                    id, lease, name, reason = reason.label(), detail = %reason,
-                    "released memory takes the kernel's path: truncated and deleted, the refill faults new pages"
-                );
-                self.counters.kernel_path(&reason);
-                return self.delete_job(id);
-            }
-        }
-        if file.size() > rec.size {
-            // Kept at a smaller size in demand: cut first, scrub only what stays.
-            if let Err(err) = file.set_len(rec.size) {
-                tracing::error!(%err, "cannot cut a released file to the size in demand: deleting it");
-                return self.delete_job(id);
-            }
-        }
-        if file.size() != rec.size {
-            // Resized under a crash: scrub what is there and record it.
-            tracing::info!(id, size = file.size(), "file size differs from journal");
-        }
-        // Pages punched out (discard-data, a balloon) come back from the kernel zeroed:
-        // only the pages still present are scrubbed.
-        let refill = match holes::refill(&file, rec.node, &opts.cpus) {
-            Ok(r) => r,
-            Err(err) => {
-                tracing::warn!(%err, "cannot refill a released file's holes: deleting it");
-                return self.delete_job(id);
-            }
-        };
-        if refill.filled > 0 {
-            tracing::info!(
-                id,
-                filled = refill.filled,
-                present = refill.present.iter().map(|r| r.end - r.start).sum::<u64>(),
-                "released file had holes: refilled them, scrubbing only the present pages"
-            );
-        }
-        let result = self
-            .scrubber
-            .scrub_file_ranges(&file, &refill.present, &opts, &self.control)
-            .map(|r| (r, file.size()));
-        drop(file);
-        match result {
-            Ok((report, size)) => {
-                self.counters.scrubbed(report.bytes, report.seconds);
-                let mut st = self.lock();
-                let warm = FileRecord {
-                    size,
-                    state: FileState::Warm,
-                    ..rec
-                };
-                match self.journal.write(&warm.key(), &warm) {
-                    Ok(()) => {
-                        tracing::info!(
-                            id,
-                            bytes = report.bytes,
-                            gbps = report.gbps(),
-                            "scrubbed and verified"
-                        );
-                        st.last_scrub = Some(report);
-                        if let Some(e) = st.files.get_mut(&id) {
-                            e.rec = warm;
-                            e.busy = None;
-                            e.released = None;
-                        }
-                    }
-                    Err(err) => {
-                        tracing::error!(%err, "cannot journal a scrubbed file");
-                        drop(st);
-                        self.delete_job(id);
-                    }
-                }
-            }
-            Err(ScrubError::Cancelled { .. }) => {
-                // Journaled as scrubbing: the next start scrubs it again.
-                let mut st = self.lock();
-                if let Some(e) = st.files.get_mut(&id) {
-                    e.busy = None;
-                    e.rec.state = FileState::Dirty;
-                }
-            }
-            Err(err) => {
-                tracing::error!(%err, "scrub failed: deleting the file");
-                self.delete_job(id);
-            }
-        }
-    }
-
-    fn delete_job(&self, id: u64) {
-        let Some(rec) = self.record(id) else { return };
-        let Ok(mount) = self.mount(rec.page_size) else {
-            return;
-        };
-        let path = mount.file_path(id);
-        let released = self.lock().files.get(&id).and_then(|e| e.released.clone());
-        // Freeing hugepages takes the hugetlb fault mutexes (see `OutOfIdle`).
-        let removed = {
-            let _lock_holder = crate::sys::priority::OutOfIdle::enter();
-            self.remove_file(&path, &rec, released.as_ref())
-        };
-        match removed {
-            Ok(()) => {}
-            Err(err) => {
-                tracing::error!(file = %path.display(), %err, "cannot delete pool file");
-                let mut st = self.lock();
-                if let Some(e) = st.files.get_mut(&id) {
-                    e.busy = None;
-                }
-                return;
-            }
-        }
-        let mut st = self.lock();
-        match self.journal.remove(&file_key(id)) {
-            Ok(()) => {
-                st.files.remove(&id);
-            }
-            Err(err) => {
-                // The record outlives the file; the next start drops it.
-                tracing::error!(%err, "cannot remove journal record");
-                st.files.remove(&id);
-            }
-        }
-    }
-
-    fn fill_job(&self, id: u64) {
-        let found = self
-            .record(id)
-            .and_then(|r| self.mount(r.page_size).ok().map(|m| (r, m)));
-        let Some((rec, mount)) = found else {
-            self.lock().end_faulting(id);
-            return;
-        };
-        let path = mount.file_path(id);
-        let cpus = self.cpus(rec.node);
-        let t = Instant::now();
-        let taken = self.lock().taken(id).unwrap_or_default();
-        let made = BackingFile::create(&path, rec.size, rec.page_size, None)
-            .map_err(|e| e.to_string())
-            .and_then(|f| {
-                let gate = Arc::clone(&self.gate) as Arc<dyn Yield>;
-                fault::fault_range_background(&f, 0..rec.size, rec.node, &cpus, gate, taken)
-                    .map_err(|e| e.to_string())
-            });
-        if made.is_ok() {
-            self.counters.refill_faulted(rec.size, t.elapsed());
-        }
-        let mut st = self.lock();
-        st.end_faulting(id);
-        self.changed.notify_all();
-        match made {
-            Ok(()) => {
-                let warm = FileRecord {
-                    state: FileState::Warm,
-                    ..rec
-                };
-                if let Err(err) = self.journal.write(&warm.key(), &warm) {
-                    tracing::error!(%err, "cannot journal a refilled file");
-                } else if let Some(e) = st.files.get_mut(&id) {
-                    e.rec = warm;
-                    e.busy = None;
-                    return;
-                }
-            }
-            Err(err) => {
-                tracing::warn!(%err, size = rec.size, "refill failed; retrying later");
-                st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
-            }
-        }
-        let _ = fs::remove_file(&path);
-        let _ = self.journal.remove(&file_key(id));
-        st.files.remove(&id);
+    #[test]
+    fn a_deficit_below_every_size_is_filled_exactly_in_whole_pages() {
+        let sizes = [4 * M, 8 * M];
+        // 8M does not fit a 6M deficit: the next size that does.
+        assert_eq!(next_fixed_size(&sizes, 1, 6 * M, 2 * M), 4 * M);
+        assert_eq!(next_fixed_size(&sizes, 0, 3 * M, 2 * M), 2 * M);
+        assert_eq!(next_fixed_size(&[], 0, 5 * M, 2 * M), 4 * M);
+        assert_eq!(next_fixed_size(&sizes, 0, M, 2 * M), 0);
     }
 }

@@ -331,6 +331,7 @@ fn run_workers(
                 let finished = finished_tx.clone();
                 s.spawn(move || {
                     let result = ctx.run(pin, lo..hi);
+                    // The receiver lives until every worker has sent.
                     let _ = finished.send(());
                     result
                 })

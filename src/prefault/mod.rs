@@ -114,6 +114,7 @@ impl Taken {
     fn begin(&self, file: &crate::hugetlb::BackingFile) {
         if let Ok(f) = file.file().try_clone() {
             let before = allocated_bytes(&f);
+            // Set once per run: a second `begin` keeps the first's count.
             let _ = self.file.set((f, before));
         }
     }

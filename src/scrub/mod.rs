@@ -168,6 +168,7 @@ impl Throttle<'_> {
 fn set_priority(background: bool, control: &ScrubControl) {
     let want_idle = background && !control.is_urgent();
     if want_idle != priority::current_thread_is_idle() {
+        // A thread that cannot change class scrubs in the one it has.
         let _ = if want_idle {
             priority::set_current_thread_idle()
         } else {
@@ -347,6 +348,7 @@ impl Scrubber {
                     let n = per_worker.min(len - off);
                     (n > 0).then(|| {
                         s.spawn(move || {
+                            // Unpinned, it still clears; only locality suffers.
                             let _ = pin_current_thread(&[cpu]);
                             let affinity = crate::sys::affinity::allowed_cpus();
                             tracing::debug!(what, cpu, ?affinity, "scrub worker pinned");
@@ -389,6 +391,7 @@ impl Scrubber {
                     let cpu = cpus.get(w).copied();
                     s.spawn(move || {
                         if let Some(cpu) = cpu {
+                            // Unpinned, it still clears; only locality suffers.
                             let _ = pin_current_thread(&[cpu]);
                         }
                         verify(chunk, (base + w * per_worker) as u64, page, opts.verify)

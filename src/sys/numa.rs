@@ -170,6 +170,8 @@ impl Drop for ThreadBinding {
             )
         };
         if ret != 0 {
+            // The error returned below is what matters; a reset that fails too leaves the
+            // default policy the failed call did not change.
             let _ = reset_current_thread();
         }
     }

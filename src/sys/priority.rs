@@ -170,6 +170,8 @@ impl Leave {
     /// Calls `to` if the thread is `inside` the class, and `back` when dropped.
     fn when(inside: bool, to: fn() -> io::Result<()>, back: fn() -> io::Result<()>) -> Leave {
         if inside {
+            // A thread that cannot change class keeps its own: the ceiling is a latency aid,
+            // and whether the classes can be had is logged when the daemon starts.
             let _ = to();
         }
         Leave {
@@ -181,6 +183,7 @@ impl Leave {
 impl Drop for Leave {
     fn drop(&mut self) {
         if let Some(back) = self.back {
+            // As in `when`: a thread that cannot go back keeps the higher class.
             let _ = back();
         }
     }

@@ -443,3 +443,52 @@ pub fn http_text(
     // The daemon answers with a content-length body (no chunked encoding) for these routes.
     (status, head.to_ascii_lowercase(), body.to_string())
 }
+
+/// The standard output of a command that must have succeeded (both streams shown if not).
+pub fn succeeded(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `hugeprep bench vm-start` with `args` (a bench run through the real binary): its JSON
+/// report, after checking that it succeeded and that no release took the kernel's path. Each
+/// VMM runs in a cgroup of its own (the bench's for QEMU alone, libvirt's machine cgroup), so
+/// every release is proven and scrubbed, as none was while the bench's QEMUs shared its
+/// never-emptying cgroups.
+pub fn vm_start_report(args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .args(["bench", "vm-start"])
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stderr.contains("takes the kernel's path"),
+        "a release took the kernel's path: {stderr}"
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Whether QEMU/KVM and libvirt are installed; when not, says so (a failure under
+/// `scripts/test`, see `hugeprep::testing::missing_tool`) and the caller returns.
+pub fn qemu_and_libvirt_present() -> bool {
+    for tool in [
+        "/usr/bin/qemu-system-x86_64",
+        "/dev/kvm",
+        "/usr/sbin/libvirtd",
+        "/usr/sbin/virtlogd",
+        "/usr/bin/virsh",
+    ] {
+        if !std::path::Path::new(tool).exists() {
+            hugeprep::testing::missing_tool(&format!("{tool} missing"));
+            return false;
+        }
+    }
+    true
+}

@@ -222,16 +222,18 @@ impl Lab {
                 &format!("xp /{len}xb {gpa:#x}"),
             ])
             .unwrap();
-        // "0000000002000000: 0x81 0x80 ..."
-        out.lines()
-            .flat_map(|l| {
-                l.split_once(':')
-                    .map(|x| x.1)
-                    .unwrap_or("")
-                    .split_whitespace()
-            })
-            .map(|b| u8::from_str_radix(b.trim_start_matches("0x"), 16).unwrap())
-            .collect()
+        hmp_bytes(&out)
+    }
+
+    /// Runs `hugeprep libvirt-hook --reconcile` on the lab's configuration (what a timer does
+    /// in production; `stale_after_s = 0` here), which must succeed.
+    pub fn reconcile(&self) {
+        let out = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+            .args(["libvirt-hook", "--reconcile", "--config"])
+            .arg(&self.config_path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
     }
 
     /// Runs the hook binary directly, as libvirt would.
@@ -360,4 +362,17 @@ pub fn run_hook(config: &Path, name: &str, op: &str, subop: &str, xml: &str) -> 
         .write_all(xml.as_bytes())
         .unwrap();
     child.wait_with_output().unwrap()
+}
+
+/// The bytes of an HMP `xp /Nxb` dump ("0000000002000000: 0x81 0x80 ...").
+pub fn hmp_bytes(text: &str) -> Vec<u8> {
+    text.lines()
+        .flat_map(|l| {
+            l.split_once(':')
+                .map(|x| x.1)
+                .unwrap_or("")
+                .split_whitespace()
+        })
+        .map(|b| u8::from_str_radix(b.trim_start_matches("0x"), 16).unwrap())
+        .collect()
 }

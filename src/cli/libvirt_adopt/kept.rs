@@ -230,6 +230,7 @@ pub fn write_durably(path: &Path, text: &str) -> Result<(), KeptError> {
         std::fs::rename(&tmp, path)
     };
     write().map_err(|source| {
+        // The write's error is the one to report; a temporary left is rewritten next time.
         let _ = std::fs::remove_file(&tmp);
         KeptError::Write {
             path: path.to_path_buf(),

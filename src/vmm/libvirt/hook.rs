@@ -140,6 +140,7 @@ impl Hook {
             self.blocking(self.client.release(l.id))
                 .map_err(|e| self.classify(d, &format!("release of {}", l.name), None, e))?;
         }
+        // Best effort: the domain's own leases are what this start needs.
         let _ = self.reconcile_from(&existing, Some(&d.uuid));
         let short = plan::short_name(id, &d.name, self.utf8_locale());
         let dir = plan::domain_dir(mbd, &short);
@@ -211,13 +212,16 @@ impl Hook {
         if let Some((parent, name, dir)) = &taken.dir {
             for link in &taken.links {
                 if let Some(alias) = link.file_name() {
+                    // Every step is attempted; the prepare's own error is the one reported.
                     let _ = dir.unlink(alias);
                 }
             }
             let _ = parent.rmdir(name);
         }
         for l in &taken.leases {
-            let _ = self.blocking(self.client.release(l.id));
+            if let Err(err) = self.blocking(self.client.release(l.id)) {
+                tracing::warn!(lease = l.id, name = %l.name, %err, "cannot release a lease of a failed prepare");
+            }
         }
     }
 

@@ -1,0 +1,183 @@
+//! The pool's gauges and counters, read at each scrape: bytes by state, targets and whether
+//! they are met, the refill's backlog, the kernel's pages, and how released memory came back.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::int;
+use crate::pool::{Pool, PoolStatus};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    node: String,
+    page_size: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    node: String,
+    page_size: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabel {
+    path: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RecycleLabels {
+    path: String,
+    reason: String,
+}
+
+/// Registers the gauges of `status` (one consistent snapshot).
+pub(super) fn register_status(reg: &mut Registry, status: &PoolStatus) {
+    let bytes = Family::<StateLabels, Gauge>::default();
+    let target = Family::<KindLabels, Gauge>::default();
+    let met = Family::<KindLabels, Gauge>::default();
+    let backlog = Family::<KindLabels, Gauge>::default();
+    let free = Family::<KindLabels, Gauge>::default();
+    let total = Family::<KindLabels, Gauge>::default();
+    let reserved = Family::<KindLabels, Gauge>::default();
+    for k in &status.kinds {
+        let kind = KindLabels {
+            node: k.node.to_string(),
+            page_size: k.page_size.name().to_string(),
+        };
+        for (state, b) in [
+            ("warm", k.warm_bytes),
+            ("leased", k.leased_bytes),
+            ("dirty", k.dirty_bytes),
+            ("scrubbing", k.scrubbing_bytes),
+            ("filling", k.filling_bytes),
+        ] {
+            let labels = StateLabels {
+                node: kind.node.clone(),
+                page_size: kind.page_size.clone(),
+                state: state.to_string(),
+            };
+            bytes.get_or_create(&labels).set(int(b));
+        }
+        target.get_or_create(&kind).set(int(k.target_bytes));
+        met.get_or_create(&kind)
+            .set(i64::from(k.warm_bytes >= k.target_bytes));
+        backlog
+            .get_or_create(&kind)
+            .set(int(k.target_bytes.saturating_sub(k.warm_bytes)));
+        free.get_or_create(&kind).set(int(k.kernel_free_pages));
+        total.get_or_create(&kind).set(int(k.kernel_total_pages));
+        reserved.get_or_create(&kind).set(int(k.reserved_pages));
+    }
+    reg.register(
+        "pool_bytes",
+        "Bytes of pool files by node, page size and state",
+        bytes,
+    );
+    reg.register(
+        "pool_target_bytes",
+        "Bytes the policy keeps warm by node and page size",
+        target,
+    );
+    reg.register(
+        "pool_target_met",
+        "1 when the warm bytes reach the target of this node and page size, else 0",
+        met,
+    );
+    reg.register(
+        "refill_backlog_bytes",
+        "Bytes the pool lacks to reach its warm target (target minus warm, at least 0): what the refill and the scrubs still have to bring",
+        backlog,
+    );
+    reg.register(
+        "kernel_free_pages",
+        "The kernel's free hugepages by node and page size",
+        free,
+    );
+    reg.register(
+        "kernel_pages",
+        "The kernel's hugepages (nr_hugepages) by node and page size",
+        total,
+    );
+    reg.register(
+        "reserved_pages",
+        "Hugepages the daemon added to the kernel's pools, by node and page size",
+        reserved,
+    );
+}
+
+/// Registers the running totals of `pool` (faults, scrubs, release outcomes).
+pub(super) fn register_counters(reg: &mut Registry, pool: &Pool, status: &PoolStatus) {
+    let c = &status.counters;
+    let fault_bytes = Family::<PathLabel, Counter>::default();
+    let fault_seconds = Family::<PathLabel, Counter<f64>>::default();
+    for (path, b, s) in [
+        ("lease", c.lease_faulted_bytes, c.lease_fault_seconds),
+        ("refill", c.refill_faulted_bytes, c.refill_fault_seconds),
+    ] {
+        let label = PathLabel {
+            path: path.to_string(),
+        };
+        fault_bytes.get_or_create(&label).inc_by(b);
+        fault_seconds.get_or_create(&label).inc_by(s);
+    }
+    reg.register(
+        "fault_bytes",
+        "Bytes faulted fresh from the kernel, on the lease path or by the refill worker",
+        fault_bytes,
+    );
+    reg.register(
+        "fault_seconds",
+        "Seconds spent faulting, on the lease path or by the refill worker",
+        fault_seconds,
+    );
+    let scrub_bytes = Counter::<u64>::default();
+    scrub_bytes.inc_by(c.scrubbed_bytes);
+    let scrub_seconds = Counter::<f64>::default();
+    scrub_seconds.inc_by(c.scrub_seconds);
+    reg.register("scrub_bytes", "Bytes scrubbed and verified", scrub_bytes);
+    reg.register(
+        "scrub_seconds",
+        "Seconds spent scrubbing and verifying",
+        scrub_seconds,
+    );
+
+    let recycled = Family::<RecycleLabels, Counter>::default();
+    let count = |path: &str, reason: &str, n: u64| {
+        recycled
+            .get_or_create(&RecycleLabels {
+                path: path.into(),
+                reason: reason.into(),
+            })
+            .inc_by(n);
+    };
+    count("scrub", "proven", c.proven_releases);
+    for (reason, n) in pool.kernel_path_by_reason() {
+        count("kernel", reason, n);
+    }
+    for (stage, n) in pool.failed_releases_by_stage() {
+        count("failed", stage, n);
+    }
+    reg.register(
+        "recycle",
+        "Released leases by how their memory came back: scrubbed in place once proven out of everyone else's reach, the kernel's path (truncated, faulted anew) and why, or failed (deleted) and at which stage (docs/security.md)",
+        recycled,
+    );
+    let proof_seconds = Counter::<f64>::default();
+    proof_seconds.inc_by(c.proof_seconds);
+    reg.register(
+        "proof_seconds",
+        "Seconds spent proving released leases out of reach",
+        proof_seconds,
+    );
+    let unreturned = Counter::<u64>::default();
+    unreturned.inc_by(c.unreturned_pages);
+    reg.register(
+        "unreturned_pages",
+        "Pages of released leases that did not return to the kernel when truncated: another process held them",
+        unreturned,
+    );
+}

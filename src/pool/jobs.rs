@@ -1,0 +1,325 @@
+//! The worker's jobs (chosen by `worker.rs`): each performs its file's I/O outside the state
+//! lock (the file is busy meanwhile) and ends with the core's transition for the outcome.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::core::{Action, Released};
+use super::counters::ReleaseFailure;
+use super::reach::{Proof, Unproven};
+use super::worker::REFILL_BACKOFF;
+use super::{fault, holes, FileRecord, Pool};
+use crate::background::Yield;
+use crate::hugetlb::BackingFile;
+use crate::policy::pool::Recycle;
+use crate::scrub::{ScrubError, ScrubOptions, ScrubReport};
+use crate::units::format_bytes;
+
+/// How long a release's proof waits for a lessee that has just exited to be torn down.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(2);
+
+impl Pool {
+    /// The record and last lease of file `id`.
+    fn record(&self, id: u64) -> Option<(FileRecord, Option<Released>)> {
+        let st = self.lock();
+        let e = st.core.get(id)?;
+        Some((e.rec().clone(), e.released().cloned()))
+    }
+
+    /// Cuts a warm file to `size` (its record already says `size` in memory), then journals
+    /// it; the journal still says the larger size until then, which recovery handles (an
+    /// unclean start scrubs it, a clean one cannot happen while the job runs).
+    pub(super) fn shrink_job(&self, id: u64, size: u64, journal: &Action) {
+        let Some((rec, _)) = self.record(id) else {
+            return;
+        };
+        let cut = self
+            .mount(rec.page_size)
+            .map_err(|e| e.to_string())
+            .and_then(|m| {
+                BackingFile::open(&m.file_path(id), rec.page_size)
+                    .and_then(|mut f| {
+                        let _lock_holder = crate::sys::priority::OutOfIdle::enter();
+                        f.set_len(size)
+                    })
+                    .map_err(|e| e.to_string())
+            });
+        let journaled = cut.and_then(|()| self.perform(journal).map_err(|e| e.to_string()));
+        let Action::Journal(warm) = journal else {
+            return;
+        };
+        match journaled {
+            Ok(()) => {
+                tracing::info!(id, size = %format_bytes(size), "warm file cut to a size in demand");
+                if let Err(err) = self.lock().core.cut_done(id, warm.clone()) {
+                    tracing::error!(%err, "pool core refused a cut's end");
+                }
+            }
+            Err(err) => {
+                tracing::error!(id, %err, "cannot cut a warm file: deleting it");
+                self.give_up_unlocked(id);
+            }
+        }
+    }
+
+    /// [`Reach::prove`](super::reach::Reach::prove), given a moment for the teardown of a
+    /// lessee that has just exited: its mappings and files are released, and its io_uring
+    /// rings torn down, after its pidfd says it exited (from a kernel worker, or after a
+    /// `/proc` reader lets go of its memory). Only those two answers wait; every other one
+    /// is final at once.
+    fn prove_settled(&self, id: u64, file: &std::fs::File) -> Result<Proof, Unproven> {
+        let deadline = Instant::now() + TEARDOWN_WAIT;
+        loop {
+            match self.reach.prove(id, file) {
+                Err(Unproven::OpenElsewhere | Unproven::IoUring { .. })
+                    if Instant::now() < deadline && !self.shutdown.load(Ordering::SeqCst) =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Whether the released file may be recycled in place: proven out of everyone else's
+    /// reach (see `reach`). A file whose history is not known, or whose lease asked for the
+    /// kernel's path, is not; the reason is logged and counted.
+    fn proven(&self, id: u64, released: Option<&Released>, file: &BackingFile) -> bool {
+        let proof = match released {
+            None => Err(Unproven::NotWatched),
+            Some(r) if r.recycle == Recycle::Kernel => Err(Unproven::Trust),
+            Some(r) if !r.watched => Err(Unproven::NotWatched),
+            Some(_) => self.prove_settled(id, file.file()),
+        };
+        match proof {
+            Ok(p) => {
+                self.counters.proven(p.took);
+                tracing::debug!(
+                    id,
+                    openers = p.openers,
+                    took_us = p.took.as_micros() as u64,
+                    "released file proven out of reach"
+                );
+                true
+            }
+            Err(reason) => {
+                let name = released.map_or("", |r| r.name.as_str());
+                let lease = released.map_or(0, |r| r.lease);
+                tracing::warn!(
+                    id, lease, name, reason = reason.label(), detail = %reason,
+                    "released memory takes the kernel's path: truncated and deleted, the refill faults new pages"
+                );
+                self.counters.kernel_path(&reason);
+                false
+            }
+        }
+    }
+
+    /// Scrubs a released file back to warm: journaled scrubbing first (`journal`), proven out
+    /// of reach, cut to its size in demand, holes refilled, scrubbed and verified, journaled
+    /// warm; on any failure it takes the kernel's path. `pressing`: the shape lacks a file,
+    /// which this one restores, and a lease of its size would otherwise be served grown or
+    /// cold: the scrub runs at normal priority without the bandwidth cap (a few ms; at idle
+    /// priority a busy host starved it), as for a lease that waits.
+    pub(super) fn scrub_job(&self, id: u64, journal: &Action, pressing: bool) {
+        if let Err(err) = self.perform(journal) {
+            tracing::error!(%err, "cannot journal a scrub: deleting the file instead");
+            return self.give_up_unlocked(id);
+        }
+        let Some((rec, released)) = self.record(id) else {
+            return;
+        };
+        let Ok(mount) = self.mount(rec.page_size) else {
+            return;
+        };
+        let path = mount.file_path(id);
+        self.take_back(&path);
+        let opts = ScrubOptions {
+            cpus: self.cpus(rec.node),
+            bandwidth: self.policy().scrub_bandwidth,
+            background: !pressing,
+            verify: self.policy().verify,
+            yield_to: (!pressing).then(|| Arc::clone(&self.gate) as Arc<dyn Yield>),
+        };
+        let file = match BackingFile::open(&path, rec.page_size) {
+            Ok(f) => f,
+            Err(err) => {
+                tracing::error!(%err, "cannot open a released file: deleting it");
+                self.counters.release_failed(ReleaseFailure::Open);
+                return self.give_up_unlocked(id);
+            }
+        };
+        // Recycled in place only when nobody else can reach these pages (see `reach`).
+        if !self.proven(id, released.as_ref(), &file) {
+            drop(file);
+            return self.give_up_unlocked(id);
+        }
+        let result = self.scrub_in_place(id, &rec, file, &opts);
+        self.end_scrub(id, rec, result);
+    }
+
+    /// Cuts a proven file to its size in demand, refills its holes and scrubs the pages still
+    /// present; the report and the file's size. `Err(None)`: the file must take the kernel's
+    /// path (logged).
+    fn scrub_in_place(
+        &self,
+        id: u64,
+        rec: &FileRecord,
+        mut file: BackingFile,
+        opts: &ScrubOptions,
+    ) -> Result<(ScrubReport, u64), Option<ScrubError>> {
+        if file.size() > rec.size {
+            // Kept at a smaller size in demand: cut first, scrub only what stays.
+            if let Err(err) = file.set_len(rec.size) {
+                tracing::error!(%err, "cannot cut a released file to the size in demand: deleting it");
+                self.counters.release_failed(ReleaseFailure::Cut);
+                return Err(None);
+            }
+        }
+        if file.size() != rec.size {
+            // Resized under a crash: scrub what is there and record it.
+            tracing::info!(id, size = file.size(), "file size differs from journal");
+        }
+        // Pages punched out (discard-data, a balloon) come back from the kernel zeroed:
+        // only the pages still present are scrubbed.
+        let refill = match holes::refill(&file, rec.node, &opts.cpus) {
+            Ok(r) => r,
+            Err(err) => {
+                tracing::warn!(%err, "cannot refill a released file's holes: deleting it");
+                self.counters.release_failed(ReleaseFailure::Holes);
+                return Err(None);
+            }
+        };
+        if refill.filled > 0 {
+            tracing::info!(
+                id,
+                filled = refill.filled,
+                present = refill.present.iter().map(|r| r.end - r.start).sum::<u64>(),
+                "released file had holes: refilled them, scrubbing only the present pages"
+            );
+        }
+        self.scrubber
+            .scrub_file_ranges(&file, &refill.present, opts, &self.control)
+            .map(|r| (r, file.size()))
+            .map_err(Some)
+    }
+
+    /// The scrub's outcome: warm once journaled; dirty again when cancelled (journaled as
+    /// scrubbing: the next start scrubs it again); the kernel's path on any failure.
+    fn end_scrub(
+        &self,
+        id: u64,
+        rec: FileRecord,
+        result: Result<(ScrubReport, u64), Option<ScrubError>>,
+    ) {
+        match result {
+            Ok((report, size)) => {
+                self.counters.scrubbed(report.bytes, report.seconds);
+                let mut st = self.lock();
+                let warm = FileRecord {
+                    size,
+                    state: super::FileState::Warm,
+                    ..rec
+                };
+                if let Err(err) = self.perform(&Action::Journal(warm.clone())) {
+                    tracing::error!(%err, "cannot journal a scrubbed file");
+                    self.counters.release_failed(ReleaseFailure::Journal);
+                    drop(self.give_up(st, id));
+                    return;
+                }
+                tracing::info!(
+                    id,
+                    bytes = report.bytes,
+                    gbps = report.gbps(),
+                    "scrubbed and verified"
+                );
+                st.last_scrub = Some(report);
+                if let Err(err) = st.core.scrubbed(id, warm) {
+                    tracing::error!(%err, "pool core refused a scrub's end");
+                }
+            }
+            Err(Some(ScrubError::Cancelled { .. })) => {
+                if let Err(err) = self.lock().core.scrub_cancelled(id) {
+                    tracing::error!(%err, "pool core refused a cancelled scrub");
+                }
+            }
+            Err(err) => {
+                if let Some(err) = err {
+                    tracing::error!(%err, "scrub failed: deleting the file");
+                    self.counters.release_failed(ReleaseFailure::Scrub);
+                }
+                self.give_up_unlocked(id);
+            }
+        }
+    }
+
+    /// Truncates and unlinks a file the worker gives back (`remove`, from the core).
+    pub(super) fn delete_job(&self, id: u64, remove: &Action) {
+        let removed = self.perform(remove);
+        let mut st = self.lock();
+        self.finish_delete(&mut st, id, removed);
+    }
+
+    /// Journals a new file filling (`journal`), creates it and faults it at idle priority,
+    /// yielding to VM starts; journals it warm. On failure the file is removed and refills
+    /// back off.
+    pub(super) fn fill_job(&self, id: u64, journal: &Action) {
+        if let Err(err) = self.perform(journal) {
+            tracing::error!(%err, "cannot journal a refill");
+            let mut st = self.lock();
+            st.end_faulting(id);
+            st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
+            if let Err(err) = st.core.forget_unjournaled(id) {
+                tracing::error!(%err, "pool core refused to forget a refill");
+            }
+            return;
+        }
+        let found = self
+            .record(id)
+            .and_then(|(r, _)| self.mount(r.page_size).ok().map(|m| (r, m)));
+        let Some((rec, mount)) = found else {
+            self.lock().end_faulting(id);
+            return;
+        };
+        let path = mount.file_path(id);
+        let cpus = self.cpus(rec.node);
+        let t = Instant::now();
+        let taken = self.lock().taken(id).unwrap_or_default();
+        let made = BackingFile::create(&path, rec.size, rec.page_size, None)
+            .map_err(|e| e.to_string())
+            .and_then(|f| {
+                let gate = Arc::clone(&self.gate) as Arc<dyn Yield>;
+                fault::fault_range_background(&f, 0..rec.size, rec.node, &cpus, gate, taken)
+                    .map_err(|e| e.to_string())
+            });
+        if made.is_ok() {
+            self.counters.refill_faulted(rec.size, t.elapsed());
+        }
+        let mut st = self.lock();
+        st.end_faulting(id);
+        self.changed.notify_all();
+        match made {
+            Ok(()) => match self.journal_filled(&mut st, id, rec.size) {
+                Ok(()) => return,
+                Err(err) => tracing::error!(%err, "cannot journal a refilled file"),
+            },
+            Err(err) => {
+                tracing::warn!(%err, size = rec.size, "refill failed; retrying later");
+                st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
+            }
+        }
+        match st.core.fill_failed(id) {
+            Ok(undo) => self.perform_all(&undo, "a failed refill"),
+            Err(err) => tracing::error!(%err, "pool core refused a failed refill"),
+        }
+    }
+
+    /// Journals a refilled file warm and makes it so.
+    fn journal_filled(&self, st: &mut super::State, id: u64, size: u64) -> Result<(), String> {
+        let warm = st.core.warm_record(id, size).map_err(|e| e.to_string())?;
+        self.perform(&Action::Journal(warm.clone()))
+            .map_err(|e| e.to_string())?;
+        st.core.filled(id, warm).map_err(|e| e.to_string())
+    }
+}
