@@ -75,6 +75,32 @@ pub type Result<T> = std::result::Result<T, ClientError>;
 pub struct Client {
     socket: PathBuf,
     timeout: Duration,
+    retry: Duration,
+}
+
+/// The longest a 503's `Retry-After` is honoured for at once (a longer one is cut to this,
+/// and the window of [`Client::with_retry`] still bounds the whole).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
+/// The pause between connection attempts while the socket refuses (a restart).
+const CONNECT_RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Whether a failed connect means the daemon is between two lives: the socket is gone
+/// (removed at its stop, not yet bound again), refuses (bound by no one), or its backlog is
+/// full.
+fn restarting(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT) | Some(libc::ECONNREFUSED) | Some(libc::EAGAIN)
+    )
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not used by the daemon: 1 s).
+fn retry_after(value: Option<&hyper::header::HeaderValue>) -> Duration {
+    value
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(1), Duration::from_secs)
+        .min(MAX_RETRY_AFTER)
 }
 
 impl Client {
@@ -84,7 +110,18 @@ impl Client {
         Client {
             socket: socket.as_ref().to_path_buf(),
             timeout: Duration::from_secs(60),
+            retry: Duration::ZERO,
         }
+    }
+
+    /// Keeps retrying, for at most `window` in all, a request the daemon could not take
+    /// yet: a connection refused or a socket missing (the daemon restarts) and a 503
+    /// (shutting down, or its admission queue is full), after the `Retry-After` it asks for.
+    /// Nothing else is retried: a request that reached the daemon and failed another way
+    /// may have taken effect. Zero (the default): no retry.
+    pub fn with_retry(mut self, window: Duration) -> Client {
+        self.retry = window;
+        self
     }
 
     /// Sets the timeout per request.
@@ -110,6 +147,18 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(u16, Bytes)> {
+        self.request_once(method, path, body)
+            .await
+            .map(|(status, _, bytes)| (status, bytes))
+    }
+
+    /// One attempt within the timeout: status, `Retry-After` and body.
+    async fn request_once(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Duration, Bytes)> {
         let fut = self.exchange(method.clone(), path, body);
         tokio::time::timeout(self.timeout, fut)
             .await
@@ -119,12 +168,37 @@ impl Client {
             })?
     }
 
-    async fn exchange(
+    /// [`Client::request_once`], retried as [`Client::with_retry`] says.
+    async fn request_retried(
         &self,
         method: Method,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(u16, Bytes)> {
+        let deadline = tokio::time::Instant::now() + self.retry;
+        loop {
+            let attempt = self.request_once(method.clone(), path, body.clone()).await;
+            let pause = match &attempt {
+                Err(ClientError::Connect { source, .. }) if restarting(source) => {
+                    CONNECT_RETRY_PAUSE
+                }
+                Ok((503, after, _)) => *after,
+                _ => Duration::ZERO,
+            };
+            let now = tokio::time::Instant::now();
+            if pause.is_zero() || now >= deadline {
+                return attempt.map(|(status, _, bytes)| (status, bytes));
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+        }
+    }
+
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Duration, Bytes)> {
         let http = |message: String| ClientError::Http {
             method: method.clone(),
             path: path.to_string(),
@@ -152,13 +226,14 @@ impl Client {
             .await
             .map_err(|e| http(e.to_string()))?;
         let status = resp.status().as_u16();
+        let after = retry_after(resp.headers().get(hyper::header::RETRY_AFTER));
         let bytes = resp
             .into_body()
             .collect()
             .await
             .map_err(|e| http(e.to_string()))?
             .to_bytes();
-        Ok((status, bytes))
+        Ok((status, after, bytes))
     }
 
     async fn call<T: DeserializeOwned>(
@@ -167,7 +242,7 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<T> {
-        let (status, bytes) = self.request(method.clone(), path, body).await?;
+        let (status, bytes) = self.request_retried(method.clone(), path, body).await?;
         if !(200..300).contains(&status) {
             let body = serde_json::from_slice::<ErrorBody>(&bytes).unwrap_or(ErrorBody {
                 error: String::from_utf8_lossy(&bytes).into_owned(),

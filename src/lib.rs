@@ -26,6 +26,7 @@ pub mod hugetlb;
 pub mod journal;
 pub mod journald;
 pub mod page_size;
+pub mod perm;
 pub mod placement;
 pub mod policy;
 pub mod pool;

@@ -93,7 +93,7 @@ fn flood_unix(env: &Env, uid: u32, gid: u32, n: usize) -> Flooder {
     }
 }
 
-/// Runs the libvirt hook's `prepare begin` and `release end` for a domain (no libvirtd: the
+/// Runs the libvirt hook's `start begin` and `release end` for a domain (no libvirtd: the
 /// hook is what libvirtd would run), and checks it linked and then gave back its lease.
 fn hook_round(env: &Env, d: &daemon_util::Daemon, id: u32) {
     let backing = env.mount.join("libvirt-backing");
@@ -108,10 +108,10 @@ fn hook_round(env: &Env, d: &daemon_util::Daemon, id: u32) {
         "<domain type='kvm'>",
         &format!("<domain type='kvm' id='{id}'>"),
     );
-    for (op, sub) in [("prepare", "begin"), ("release", "end")] {
+    for (op, sub) in [("start", "begin"), ("release", "end")] {
         let out = libvirt_util::run_hook(&config_path, "flooded", op, sub, &xml);
         assert!(out.status.success(), "hook {op}: {out:?}");
-        if op == "prepare" {
+        if op == "start" {
             let dir = backing.join(format!("libvirt/qemu/{id}-flooded"));
             assert!(dir.join("pc.ram").exists(), "hook linked nothing");
             assert_eq!(d.leases().len(), 1);

@@ -193,6 +193,16 @@ fn metrics_parse_and_count_bytes_leases_scrubs_faults_and_errors() {
         Some(1.0),
         "{text}"
     );
+    // Releases are proven from the kernel's counts here (BPF loads as root on this kernel).
+    assert_eq!(
+        value(
+            &s,
+            "hugeprep_release_proof_info",
+            &[("method", "kernel-counts")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
     assert_eq!(
         value(&s, "hugeprep_errors_total", &[("kind", "bad_request")]),
         Some(1.0)

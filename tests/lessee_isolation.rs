@@ -4,6 +4,11 @@
 //! file would be the one leased next if it were recycled in place. Each test ends with zero
 //! bytes of the next lessee readable by the attacker and the pool's and the kernel's counts
 //! exact. And the common path: a lessee that simply exits has its memory scrubbed in place.
+//!
+//! Every attack runs against both ways of proving a release: the kernel's own counts (a BPF
+//! iterator, the default) and the walk of `/proc` the daemon falls back to without BPF
+//! (`HUGEPREP_REACH=walk`; the tests named `..._walk`). The reason each logs differs where
+//! the two see the attack through different counts.
 
 mod daemon_util;
 
@@ -48,12 +53,39 @@ fn ino(lease: &LeaseInfo) -> u64 {
 /// pins, so that the kernel's path can fault a new file meanwhile.
 const SPARE: u64 = 8 * MIB;
 
-/// A world with room for one warm file and [`SPARE`].
-fn world(name: &str, extra: &[&str]) -> (Env, Daemon) {
+/// How the daemon proves releases.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum By {
+    /// The kernel's counts (BPF), the default where they load.
+    Counts,
+    /// The walk of `/proc` (`HUGEPREP_REACH=walk`).
+    Walk,
+}
+
+/// A world with room for one warm file and [`SPARE`], its releases proven `by`.
+fn world_by(name: &str, by: By, extra: &[&str]) -> (Env, Daemon) {
     let env = Env::new(name, SIZE + SPARE);
-    let d = env.spawn(&[&["--warm", "64M"], extra].concat());
+    let wrapper: &[&str] = match by {
+        By::Counts => &[],
+        By::Walk => &["env", "HUGEPREP_REACH=walk"],
+    };
+    let d = env.spawn_wrapped(wrapper, &[&["--warm", "64M"], extra].concat());
     d.settle(SIZE);
+    let method = match by {
+        By::Counts => "method=\"kernel-counts\"",
+        By::Walk => "method=\"proc-walk\"",
+    };
+    assert!(
+        env.log().contains(method),
+        "the daemon does not prove releases {by:?}:\n{}",
+        env.log()
+    );
     (env, d)
+}
+
+/// A world whose releases are proven by the kernel's counts.
+fn world(name: &str, extra: &[&str]) -> (Env, Daemon) {
+    world_by(name, By::Counts, extra)
 }
 
 fn lease_for_nobody(d: &Daemon, name: &str) -> LeaseInfo {
@@ -140,20 +172,43 @@ fn lone_attacker(env: &Env, d: &Daemon, mode: &str, reason: &str, pages: u64) {
 
 #[test]
 fn an_io_uring_fixed_buffer_kept_after_unmap_and_close_reaches_nothing() {
+    // The pinned folios count a pin each beyond the page cache.
     let (env, d) = world("reach-uring", &[]);
+    lone_attacker(&env, &d, "iouring", "pages-held", PAGES);
+}
+
+#[test]
+fn an_io_uring_fixed_buffer_kept_after_unmap_and_close_reaches_nothing_walk() {
+    let (env, d) = world_by("reach-uring-w", By::Walk, &[]);
     lone_attacker(&env, &d, "iouring", "opener-alive", PAGES);
 }
 
 #[test]
 fn pages_vmspliced_into_a_kept_pipe_reach_nothing() {
+    // The pipe's buffers hold references to the folio.
     let (env, d) = world("reach-vmsplice", &[]);
     // 64 KiB of one 2 MiB page sit in the pipe.
+    lone_attacker(&env, &d, "vmsplice", "pages-held", 1);
+}
+
+#[test]
+fn pages_vmspliced_into_a_kept_pipe_reach_nothing_walk() {
+    let (env, d) = world_by("reach-vmsplice-w", By::Walk, &[]);
     lone_attacker(&env, &d, "vmsplice", "opener-alive", 1);
 }
 
 #[test]
 fn an_extra_hard_link_reaches_nothing() {
-    let (env, d) = world("reach-link", &[]);
+    hard_link(By::Counts);
+}
+
+#[test]
+fn an_extra_hard_link_reaches_nothing_walk() {
+    hard_link(By::Walk);
+}
+
+fn hard_link(by: By) {
+    let (env, d) = world_by("reach-link", by, &[]);
     let drop_dir = env.mount.join("drop");
     std::fs::create_dir(&drop_dir).unwrap();
     std::fs::set_permissions(
@@ -182,7 +237,17 @@ fn an_extra_hard_link_reaches_nothing() {
 
 #[test]
 fn a_lease_fd_passed_to_a_helper_that_keeps_an_io_uring_buffer_reaches_nothing() {
-    let (env, d) = world("reach-scm", &[]);
+    // The helper never opened the file: its pins count on the folios all the same.
+    lease_fd_passed_to_a_helper(By::Counts, "pages-held");
+}
+
+#[test]
+fn a_lease_fd_passed_to_a_helper_that_keeps_an_io_uring_buffer_reaches_nothing_walk() {
+    lease_fd_passed_to_a_helper(By::Walk, "io-uring");
+}
+
+fn lease_fd_passed_to_a_helper(by: By, reason: &str) {
+    let (env, d) = world_by("reach-scm", by, &[]);
     let victim = lease_for_nobody(&d, "victim");
     let first = ino(&victim);
     // The helper runs in a cgroup of its own, never opens the file and outlives the lessee.
@@ -200,20 +265,35 @@ fn a_lease_fd_passed_to_a_helper_that_keeps_an_io_uring_buffer_reaches_nothing()
     let mut lessee = Lessee::spawn("send-fd", &victim.path, SIZE, true, &sock_env);
     lessee.ready();
     helper.ready();
-    // The daemon has read the lessee's open (and its cgroups) before the lessee exits, as it
-    // would for a VMM that runs longer than a few microseconds.
-    let pid = format!("pid={}", lessee.pid());
-    wait_for_log(&env, &["leased file opened", &pid]);
+    // The walk: the daemon has read the lessee's open (and its cgroups) before the lessee
+    // exits, as it would for a VMM that runs longer than a few microseconds.
+    if by == By::Walk {
+        let pid = format!("pid={}", lessee.pid());
+        wait_for_log(&env, &["leased file opened", &pid]);
+    }
     lessee.exit();
     let (next, seen) = next_lessee(&d, &victim, &mut helper);
     assert_eq!(seen, 0, "the helper read {seen} bytes of the next lessee");
-    assert!(env.log().contains("reason=\"io-uring\""), "{}", env.log());
+    assert!(
+        env.log().contains(&format!("reason=\"{reason}\"")),
+        "{}",
+        env.log()
+    );
     check_kernel_path(&env, &d, first, &next, PAGES, helper);
 }
 
 #[test]
 fn a_child_in_another_cgroup_that_keeps_a_mapping_reaches_nothing() {
-    let (env, d) = world("reach-child", &[]);
+    child_keeps_a_mapping(By::Counts);
+}
+
+#[test]
+fn a_child_in_another_cgroup_that_keeps_a_mapping_reaches_nothing_walk() {
+    child_keeps_a_mapping(By::Walk);
+}
+
+fn child_keeps_a_mapping(by: By) {
+    let (env, d) = world_by("reach-child", by, &[]);
     let victim = lease_for_nobody(&d, "victim");
     let first = ino(&victim);
     let mut lessee = Lessee::spawn("write", &victim.path, SIZE, true, &[]);
@@ -235,8 +315,8 @@ fn a_child_in_another_cgroup_that_keeps_a_mapping_reaches_nothing() {
 
 /// A process of the lessees' user that never opens the file but keeps a way to reopen it
 /// (`mode`), while the VMM writes its memory and exits from a cgroup of its own.
-fn holder_beside_a_vmm(name: &str, mode: &str, reason: &str) {
-    let (env, d) = world(name, &[]);
+fn holder_beside_a_vmm(name: &str, by: By, mode: &str, reason: &str) {
+    let (env, d) = world_by(name, by, &[]);
     let victim = lease_for_nobody(&d, "victim");
     let first = ino(&victim);
     let mut holder = Lessee::spawn(mode, &victim.path, SIZE, true, &[]);
@@ -257,19 +337,31 @@ fn holder_beside_a_vmm(name: &str, mode: &str, reason: &str) {
 
 #[test]
 fn an_o_path_descriptor_kept_by_another_process_reaches_nothing() {
-    holder_beside_a_vmm("reach-opath", "opath", "descriptor");
+    // One more reference to the file's dentry.
+    holder_beside_a_vmm("reach-opath", By::Counts, "opath", "descriptor");
+}
+
+#[test]
+fn an_o_path_descriptor_kept_by_another_process_reaches_nothing_walk() {
+    holder_beside_a_vmm("reach-opath-w", By::Walk, "opath", "descriptor");
 }
 
 #[test]
 fn a_bind_mount_in_a_user_namespace_reaches_nothing() {
-    holder_beside_a_vmm("reach-bind", "bind", "mount");
+    // A mount of the file system that shows only the file.
+    holder_beside_a_vmm("reach-bind", By::Counts, "bind", "mount");
 }
 
 #[test]
-fn a_lessee_in_a_cgroup_delegated_to_its_user_is_not_proven_gone() {
-    // A user session's subtree is delegated to its user: a lessee there could move a child
-    // that keeps the pages into a sibling cgroup and let its own cgroup empty.
-    let (env, d) = world("reach-delegated", &[]);
+fn a_bind_mount_in_a_user_namespace_reaches_nothing_walk() {
+    holder_beside_a_vmm("reach-bind-w", By::Walk, "bind", "mount");
+}
+
+/// The walk trusts an opener's emptied cgroup: not one delegated to its user, who could
+/// move a child that keeps the pages into a sibling cgroup and let its own cgroup empty.
+#[test]
+fn a_lessee_in_a_cgroup_delegated_to_its_user_is_not_proven_gone_walk() {
+    let (env, d) = world_by("reach-delegated", By::Walk, &[]);
     let victim = lease_for_nobody(&d, "victim");
     let first = ino(&victim);
     let cgroup = daemon_util::lessee::TestCgroup::new("delegated");
@@ -292,27 +384,140 @@ fn a_lessee_in_a_cgroup_delegated_to_its_user_is_not_proven_gone() {
     d.release(next.id).unwrap();
 }
 
+/// The kernel's counts play no part for cgroups: a lessee in a cgroup delegated to its user
+/// moves the child that keeps its pages (in a pipe) to a sibling cgroup and exits; the
+/// child's pipe still holds the folio.
+#[test]
+fn a_lessee_in_a_cgroup_delegated_to_its_user_that_moves_a_child_out_reaches_nothing() {
+    let (env, d) = world("reach-delegated", &[]);
+    let victim = lease_for_nobody(&d, "victim");
+    let first = ino(&victim);
+    let session = daemon_util::lessee::TestCgroup::new("delegated");
+    session.delegate(65534);
+    let sibling = daemon_util::lessee::TestCgroup::new("delegated-sibling");
+    sibling.delegate(65534);
+    let mut lessee = Lessee::spawn_in("write", &victim.path, SIZE, Some(session), &[]);
+    lessee.nonzero();
+    lessee.ready();
+    let mut child = Lessee::spawn_in("vmsplice", &victim.path, SIZE, Some(sibling), &[]);
+    child.ready();
+    lessee.exit();
+    let (next, seen) = next_lessee(&d, &victim, &mut child);
+    assert_eq!(seen, 0, "the child read {seen} bytes of the next lessee");
+    assert!(env.log().contains("reason=\"pages-held\""), "{}", env.log());
+    check_kernel_path(&env, &d, first, &next, 1, child);
+}
+
 #[test]
 fn a_proof_step_that_fails_takes_the_kernels_path() {
-    // Without CAP_SYS_ADMIN the daemon has no fanotify watch: nothing can be proven, so even
-    // a lessee that keeps nothing gets its memory back by the kernel's path.
+    // Without CAP_SYS_ADMIN the daemon has no fanotify watch (and without CAP_BPF and
+    // CAP_PERFMON no kernel counts): nothing can be proven, so even a lessee that keeps
+    // nothing gets its memory back by the kernel's path.
     let env = Env::new("reach-nocap", SIZE + SPARE);
     let d = env.spawn_wrapped(
         &[
             "setpriv",
-            "--inh-caps=-sys_admin",
-            "--bounding-set=-sys_admin",
+            "--inh-caps=-sys_admin,-bpf,-perfmon",
+            "--bounding-set=-sys_admin,-bpf,-perfmon",
             "--",
         ],
         &["--warm", "64M"],
     );
     d.settle(SIZE);
+    assert!(env.log().contains("method=\"none\""), "{}", env.log());
     lone_attacker(&env, &d, "iouring", "not-watched", PAGES);
+}
+
+/// A daemon that cannot load the kernel counts' BPF program (its `bpf(2)` refused, as a
+/// seccomp filter or a kernel without BPF would) says so, walks `/proc` instead, and still
+/// finds the attack.
+#[test]
+fn without_bpf_the_proof_falls_back_to_the_walk_and_says_so() {
+    let env = Env::new("reach-nobpf", SIZE + SPARE);
+    // A seccomp filter is inherited by the children of the thread that installs it.
+    let d = std::thread::scope(|s| {
+        s.spawn(|| {
+            refuse_bpf_syscalls();
+            env.spawn(&["--warm", "64M"])
+        })
+        .join()
+        .unwrap()
+    });
+    d.settle(SIZE);
+    assert!(env.log().contains("method=\"proc-walk\""), "{}", env.log());
+    assert!(
+        env.log().contains("cannot read the kernel's counts"),
+        "{}",
+        env.log()
+    );
+    lone_attacker(&env, &d, "iouring", "opener-alive", PAGES);
+}
+
+/// Makes `bpf(2)` fail with EPERM for this thread and what it starts from now on.
+fn refuse_bpf_syscalls() {
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |code: u32, k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let filter = [
+        // seccomp_data.arch: other architectures are left alone.
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 4),
+        jump(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            AUDIT_ARCH_X86_64,
+            0,
+            3,
+        ),
+        // seccomp_data.nr
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+        jump(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            libc::SYS_bpf as u32,
+            0,
+            1,
+        ),
+        stmt(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ];
+    let prog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: the program points at `filter`, which outlives the call; the kernel copies it.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    assert_eq!(rc, 0, "seccomp: {}", std::io::Error::last_os_error());
 }
 
 #[test]
 fn a_lessee_that_simply_exits_is_scrubbed_in_place() {
-    let (env, d) = world("reach-common", &[]);
+    simply_exits(By::Counts);
+}
+
+#[test]
+fn a_lessee_that_simply_exits_is_scrubbed_in_place_walk() {
+    simply_exits(By::Walk);
+}
+
+fn simply_exits(by: By) {
+    let (env, d) = world_by("reach-common", by, &[]);
     let mut first = None;
     for round in 0..3 {
         let lease = lease_for_nobody(&d, "vm");
@@ -347,8 +552,19 @@ fn a_lessee_that_simply_exits_is_scrubbed_in_place() {
 /// that did not wait, it exited unread and the release took the kernel's path (a CI flake
 /// of `libvirt_hook`'s write through a lease).
 #[test]
-fn a_lessee_that_opens_and_exits_while_the_daemon_is_stopped_is_recorded() {
-    let (env, d) = world("reach-quick", &[]);
+fn a_lessee_that_opens_and_exits_while_the_daemon_is_stopped_is_recorded_walk() {
+    opens_while_the_daemon_is_stopped(By::Walk);
+}
+
+/// With the kernel's counts nobody's open waits for the daemon, even a stopped one, and the
+/// release of a lessee that opened and exited is proven all the same.
+#[test]
+fn an_open_never_waits_for_the_daemon_and_is_proven() {
+    opens_while_the_daemon_is_stopped(By::Counts);
+}
+
+fn opens_while_the_daemon_is_stopped(by: By) {
+    let (env, d) = world_by("reach-quick", by, &[]);
     let lease = lease_for_nobody(&d, "vm");
     let first = ino(&lease);
     let cgroup = daemon_util::lessee::TestCgroup::new("quick");
@@ -375,7 +591,10 @@ fn a_lessee_that_opens_and_exits_while_the_daemon_is_stopped_is_recorded() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     let waited = opener.try_wait().unwrap().is_none();
     rustix::process::kill_process(daemon, rustix::process::Signal::CONT).unwrap();
-    assert!(waited, "the open did not wait for the stopped daemon");
+    match by {
+        By::Walk => assert!(waited, "the open did not wait for the stopped daemon"),
+        By::Counts => assert!(!waited, "the open waited for the stopped daemon"),
+    }
     assert!(opener.wait().unwrap().success());
     d.release(lease.id).unwrap();
     d.settle(SIZE);
@@ -404,6 +623,64 @@ fn a_lease_that_asks_for_the_kernels_path_gets_it() {
     d.settle(SIZE);
     let again = lease_for_nobody(&d, "vm");
     assert_ne!(ino(&again), first);
+    assert!(env.log().contains("reason=\"trust\""), "{}", env.log());
+    d.release(again.id).unwrap();
+}
+
+/// A misspelt owner in `[pool.recycle_owners]` would silently leave `kernel` off for the
+/// tenant it was written for: the daemon refuses to start with it, and a reload with it
+/// keeps the policy in force (the owner's leases still take the kernel's path).
+#[test]
+fn a_misspelt_recycle_owner_is_refused_at_start_and_at_reload() {
+    let env = Env::new("reach-names", SIZE + SPARE);
+    let config = env.dir.join("config.toml");
+    let write = |owner: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[pool]\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"64M\"\n\
+                 [pool.recycle_owners]\n{owner:?} = \"kernel\"\n"
+            ),
+        )
+        .unwrap()
+    };
+    write("nobdy");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .args(["serve", "--config", config.to_str().unwrap(), "--socket"])
+        .arg(env.dir.join("refused.sock"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "started with a misspelt owner: {err}"
+    );
+    assert!(
+        err.contains("recycle_owners.\"nobdy\"") && err.contains("names no user on this host"),
+        "{err}"
+    );
+
+    write("nobody");
+    let d = env.spawn(&["--config", config.to_str().unwrap()]);
+    d.settle(SIZE);
+    write("nobdy");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.pid() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    wait_for_log(&env, &["reload refused", "nobdy"]);
+    // The policy in force still sends nobody's leases the kernel's path.
+    let lease = lease_for_nobody(&d, "vm");
+    let first = ino(&lease);
+    d.release(lease.id).unwrap();
+    d.settle(SIZE);
+    let again = lease_for_nobody(&d, "vm");
+    assert_ne!(
+        ino(&again),
+        first,
+        "recycled in place after the refused reload"
+    );
     assert!(env.log().contains("reason=\"trust\""), "{}", env.log());
     d.release(again.id).unwrap();
 }

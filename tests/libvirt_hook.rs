@@ -1,6 +1,7 @@
 //! `hugeprep libvirt-hook` against a real libvirtd, virtlogd and QEMU/KVM (started and
 //! stopped by the harness, in their own mount namespace): domains take their memory from
-//! the warm pool at `virsh start` and give it back, scrubbed, when they stop.
+//! the warm pool at `virsh start` and give it back, scrubbed, when they stop. QEMU runs as
+//! the distribution configures it (`libvirt-qemu`, dynamic ownership, its private /dev).
 
 mod daemon_util;
 mod libvirt_util;
@@ -38,6 +39,7 @@ fn check_running(lab: &Lab, uuid: &str, aliases: &[&str], free_idle: u64) {
         })
         .collect();
     assert_eq!(maps, expected, "QEMU maps other files than the leases");
+    lab.assert_qemu_owns(uuid, lab.qemu_uid);
     // Once the refill settles the pool is at its target again: the pages in use are the
     // warm pool plus the leases, so QEMU took none of its own.
     let leased: u64 = leases.iter().map(|l| l.size).sum();
@@ -53,6 +55,7 @@ fn domains_start_on_leases_and_give_them_back() {
         return;
     }
     let mut lab = Lab::new("libvirt-start", 256 * MIB, 128 * MIB);
+    assert_ne!(lab.qemu_uid, 0, "the package runs QEMU unprivileged");
     let free_idle = lab.env.free_pages();
 
     // One backend: pc.ram. The guest sees what is written into hugeprep's lease, and after
@@ -183,7 +186,7 @@ fn shortage_daemon_down_bad_input_and_stale_leases_leak_nothing() {
     // ... or, configured so, the hook steps aside and QEMU allocates on its own.
     lab.configure(|c| c.on_shortage = hugeprep::vmm::libvirt::Fallback::Cold);
     let xml = huge(&uuid).replace("<domain type='kvm'>", "<domain type='kvm' id='90'>");
-    let out = lab.run_hook("huge", "prepare", "begin", &xml);
+    let out = lab.run_hook("huge", "start", "begin", &xml);
     assert!(out.status.success());
     assert!(one_line(&out).contains("starting cold"));
     lab.assert_clean();
@@ -200,7 +203,7 @@ fn shortage_daemon_down_bad_input_and_stale_leases_leak_nothing() {
 
     // Malformed XML fails with the parser's position; operations the hook does not act on
     // pass whatever stdin holds.
-    let out = lab.run_hook("bad", "prepare", "begin", "<domain><name>bad</name");
+    let out = lab.run_hook("bad", "start", "begin", "<domain><name>bad</name");
     assert!(!out.status.success());
     assert!(one_line(&out).contains("malformed"));
     assert!(lab
@@ -209,11 +212,11 @@ fn shortage_daemon_down_bad_input_and_stale_leases_leak_nothing() {
         .success());
     lab.assert_clean();
 
-    // A per-domain directory the hook did not make (planted by another domain's QEMU, which
-    // can write libvirt's directory and can guess the next domain id) is refused, naming it;
-    // no link lands in it and no lease is left. (A planted symbolic link cannot exist here:
-    // this kernel refuses symlinks on hugetlbfs with EINVAL; `hugetlb::dir`'s unit test
-    // covers the link on tmpfs.)
+    // A per-domain directory that is not QEMU's (planted by another user who can write
+    // libvirt's directory and guess the next domain id) is refused, naming it; no link lands
+    // in it and no lease is left. (A planted symbolic link cannot exist here: this kernel
+    // refuses symlinks on hugetlbfs with EINVAL; `hugetlb::dir`'s unit test covers the link
+    // on tmpfs.)
     let qemu_dir = lab.backing.join("libvirt/qemu");
     std::fs::create_dir_all(&qemu_dir).unwrap();
     let outside = lab.env.dir.join("planted-target");
@@ -233,7 +236,7 @@ fn shortage_daemon_down_bad_input_and_stale_leases_leak_nothing() {
             "<domain type='kvm'>",
             &format!("<domain type='kvm' id='{id}'>"),
         );
-        let out = lab.run_hook(name, "prepare", "begin", &xml);
+        let out = lab.run_hook(name, "start", "begin", &xml);
         assert!(!out.status.success(), "{out:?}");
         let err = one_line(&out);
         assert!(
@@ -301,13 +304,18 @@ fn shortage_daemon_down_bad_input_and_stale_leases_leak_nothing() {
     }
     lab.assert_clean();
 
-    // The daemon is down: the start fails with the hook's line ...
+    // The daemon is down: after retrying for daemon_retry_s the start fails with the hook's
+    // line ...
+    lab.configure(|c| c.daemon_retry_s = 1);
     lab.daemon.stop();
     let uuid = lab.uuid();
     let out = lab.create(&domain_xml("nodaemon", &uuid, 0, true, ""));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("hugeprep daemon unavailable"), "{err}");
+    assert!(
+        err.contains("hugeprep daemon unavailable") && err.contains("retried for 1 s"),
+        "{err}"
+    );
     // ... or, configured so, QEMU starts cold on a file of its own.
     lab.configure(|c| c.on_daemon_down = hugeprep::vmm::libvirt::Fallback::Cold);
     lab.start(&domain_xml("nodaemon", &uuid, 0, true, ""));

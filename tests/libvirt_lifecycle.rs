@@ -1,6 +1,6 @@
 //! The libvirt lifecycle through `hugeprep libvirt-hook`, with real libvirtd and QEMU/KVM:
 //! `virsh save`/`restore`, `managedsave` then `start`, `reboot` and `reset` (same QEMU, no
-//! new lease), `destroy` while another domain is in its `prepare`, and a libvirtd restart in
+//! new lease), `destroy` while another domain is in its `start begin` hook, and a libvirtd restart in
 //! the middle of a start. Wherever libvirt starts a new QEMU it maps new hugeprep leases, a
 //! restored guest's memory holds what was saved, and every released lease comes back to the
 //! pool scrubbed, with nothing left behind.
@@ -8,10 +8,10 @@
 mod daemon_util;
 mod libvirt_util;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use daemon_util::{map_lease, MIB};
-use libvirt_util::{domain_xml, inode, tools_present, Lab};
+use libvirt_util::{domain_xml, hook_running, inode, tools_present, wait_until, Lab};
 
 const PATTERN: &[u8] = b"hugeprep-lifecycle-pattern";
 const AT: usize = 8 << 20;
@@ -47,33 +47,6 @@ fn virsh(lab: &Lab, args: &[&str]) -> String {
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().rev().take(30).collect();
     lines.join("\n")
-}
-
-fn wait_until(what: &str, limit: Duration, done: impl Fn() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        if Instant::now() > deadline {
-            eprintln!("not seen within {limit:?}: {what}");
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
-}
-
-/// Whether a `hugeprep libvirt-hook NAME OP ...` process is running now.
-fn hook_running(name: &str, op: &str) -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    dir.flatten().any(|e| {
-        std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
-            let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
-            args.iter().any(|a| a.ends_with(b"libvirt-hook"))
-                && args.contains(&name.as_bytes())
-                && args.contains(&op.as_bytes())
-        })
-    })
 }
 
 fn signal_daemon(lab: &Lab, sig: nix::sys::signal::Signal) {
@@ -189,14 +162,14 @@ fn reboot_and_reset_keep_the_same_qemu_and_leases() {
 }
 
 #[test]
-fn destroy_during_another_prepare_and_libvirtd_restart_mid_start() {
+fn destroy_during_another_start_hook_and_libvirtd_restart_mid_start() {
     if !tools_present() {
         return;
     }
     use nix::sys::signal::Signal;
     let mut lab = Lab::new("libvirt-race", 256 * MIB, 128 * MIB);
 
-    // Domain A runs; B's prepare is held in the daemon (stopped) while A is destroyed, so
+    // Domain A runs; B's start hook is held in the daemon (stopped) while A is destroyed, so
     // both hook calls wait on the daemon at once.
     let a = lab.uuid();
     let b = lab.uuid();
@@ -205,16 +178,16 @@ fn destroy_during_another_prepare_and_libvirtd_restart_mid_start() {
     signal_daemon(&lab, Signal::SIGSTOP);
     let (created, destroyed, overlap) = std::thread::scope(|s| {
         let create = s.spawn(|| lab.create(&domain_xml("racer-b", &b, 0, true, "")));
-        let in_prepare = wait_until("B's prepare hook", Duration::from_secs(20), || {
-            hook_running("racer-b", "prepare")
+        let in_start = wait_until("B's start hook", Duration::from_secs(20), || {
+            hook_running("racer-b", "start")
         });
         let destroy = s.spawn(|| lab.sandbox.virsh(&["destroy", &a]).unwrap());
-        // A's release hook runs while B's prepare still waits.
-        let overlap = in_prepare
+        // A's release hook runs while B's start hook still waits.
+        let overlap = in_start
             && wait_until("A's stop hook", Duration::from_secs(10), || {
                 hook_running("racer-a", "stopped") || hook_running("racer-a", "release")
             })
-            && hook_running("racer-b", "prepare");
+            && hook_running("racer-b", "start");
         signal_daemon(&lab, Signal::SIGCONT);
         (create.join().unwrap(), destroy.join().unwrap(), overlap)
     });
@@ -236,16 +209,16 @@ fn destroy_during_another_prepare_and_libvirtd_restart_mid_start() {
     lab.destroy(&b);
     lab.assert_clean();
 
-    // libvirtd restarts while C's prepare waits on the daemon: whatever libvirt then makes
+    // libvirtd restarts while C's start hook waits on the daemon: whatever libvirt then makes
     // of the start, nothing leaks once it settles.
     let c = lab.uuid();
     signal_daemon(&lab, Signal::SIGSTOP);
     let (created, restarted) = std::thread::scope(|s| {
         let create = s.spawn(|| lab.create(&domain_xml("racer-c", &c, 0, true, "")));
         assert!(wait_until(
-            "C's prepare hook",
+            "C's start hook",
             Duration::from_secs(20),
-            || hook_running("racer-c", "prepare")
+            || hook_running("racer-c", "start")
         ));
         let restart = s.spawn(|| lab.sandbox.restart_libvirtd());
         std::thread::sleep(Duration::from_secs(1));
@@ -261,7 +234,7 @@ fn destroy_during_another_prepare_and_libvirtd_restart_mid_start() {
     assert!(wait_until(
         "the hook of the interrupted start to end",
         Duration::from_secs(40),
-        || !hook_running("racer-c", "prepare")
+        || !hook_running("racer-c", "start")
     ));
     let running = lab.sandbox.qemu_pid(&c).is_some();
     eprintln!(

@@ -25,8 +25,33 @@ fn small_run_measures_both_paths_and_gives_every_page_back() {
         state_dir: None,
         hog: false,
         client_nice: None,
+        host_processes: 60,
+        flood: Vec::new(),
     };
+    std::env::set_var("HUGEPREP_BENCH_EXE", env!("CARGO_BIN_EXE_hugeprep"));
     let report = recycle::run(&config, &|_| {}).unwrap();
+    // Both methods, on the quiet host and beside the 60 processes the bench started (2 of
+    // them QEMU-like) and reaped: none of them is left.
+    let rows: Vec<(&str, usize)> = report
+        .proofs
+        .iter()
+        .map(|p| (p.method, p.host_processes))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("kernel-counts", 0),
+            ("proc-walk", 0),
+            ("kernel-counts", 60),
+            ("proc-walk", 60)
+        ]
+    );
+    assert_eq!(report.proofs[2].host_threads, 2 * 64 + 58);
+    let children: String = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .map(|t| std::fs::read_to_string(t.unwrap().path().join("children")).unwrap_or_default())
+        .collect();
+    assert!(children.trim().is_empty(), "left running: {children}");
     assert!(report.scrub.gbps.median > 0.0 && report.kernel_path.gbps.median > 0.0);
     // Goal (b): the scrub against the best raw clear of the same file at the same threads.
     let methods: Vec<Method> = report.clear_methods.iter().map(|m| m.method).collect();

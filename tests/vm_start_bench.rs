@@ -1,5 +1,6 @@
-//! `hugeprep bench vm-start` runs end to end, QEMU alone and through a private libvirtd (a smoke test: the numbers are the benchmark's
-//! business, not a test's).
+//! `hugeprep bench vm-start` runs end to end, QEMU alone and through a private libvirtd, QEMU
+//! unprivileged as the package runs it and as root beside it (a smoke test: the numbers are
+//! the benchmark's business, not a test's).
 
 mod daemon_util;
 
@@ -22,7 +23,7 @@ fn bench_vm_start_reports_every_qemu_case_and_rejects_bad_sizes() {
         "1",
         "--json",
         "--vmms",
-        "qemu,libvirt",
+        "qemu,libvirt,libvirt-root",
         "--headroom",
         "0",
         "--svg",
@@ -58,7 +59,17 @@ fn bench_vm_start_reports_every_qemu_case_and_rejects_bad_sizes() {
             "{vmm}: {report}"
         );
     }
-    assert_eq!(report["sizes"][0]["savings"].as_array().unwrap().len(), 6);
+    let root: Vec<&str> = results
+        .iter()
+        .filter(|r| r["vmm"] == "libvirt-root")
+        .map(|r| r["case"].as_str().unwrap())
+        .collect();
+    assert_eq!(root, ["immediate", "floor", "hugeprep"], "{report}");
+    assert_eq!(report["sizes"][0]["savings"].as_array().unwrap().len(), 7);
+    let beside = report["sizes"][0]["unprivileged_vs_root"]
+        .as_array()
+        .unwrap();
+    assert_eq!(beside.len(), 3, "{report}");
     // The warm start's breakdown, QEMU alone: floor, present file, lease call, the rest.
     let breakdown = report["sizes"][0]["breakdown"].as_array().unwrap();
     assert_eq!(breakdown.len(), 1, "{report}");

@@ -9,26 +9,29 @@
 #
 # `up` runs both daemons (as root, not under systemd) in a private mount namespace in which
 # /etc/libvirt, /run/libvirt, /var/lib/libvirt, /var/log/libvirt and /var/cache/libvirt are
-# bind mounts of DIR/{etc,run,lib,log,cache}: the host's files are never read or written, and
-# the namespace disappears with its last process. qemu.conf runs QEMU as root with no
-# security driver or per-domain namespaces, in a cgroup of its own (cpu and cpuacct only: the
-# machine cgroup that empties when QEMU exits, which hugeprep's release proof reads), sets `hugetlbfs_mount` to the hugetlbfs
-# mount holding MEMORY_BACKING_DIR (else libvirt claims every hugetlbfs mount) and
-# `memory_backing_dir` to MEMORY_BACKING_DIR. HOOK_COMMAND, when given, is installed as
+# bind mounts of DIR/{etc,run,lib,log,cache}: the host's files are never written, and the
+# namespace disappears with its last process. qemu.conf is the package's own
+# (/etc/libvirt/qemu.conf as the distribution ships it: QEMU runs as its unprivileged user
+# with dynamic ownership, its private /dev and a cgroup per domain) plus what
+# integration/libvirt/qemu.conf.snippet tells operators to add: `memory_backing_dir` set to
+# MEMORY_BACKING_DIR and `hugetlbfs_mount` to the hugetlbfs mount holding it (else libvirt
+# claims every hugetlbfs mount). HOOK_COMMAND, when given, is installed as
 # /etc/libvirt/hooks/qemu.d/hugeprep before libvirtd starts (libvirt only looks for hooks at
-# start). Connect with:
+# start). /dev/kvm is made root:kvm 0660, as udev makes it on a real host (a host without
+# udev leaves it root 0600, which only a QEMU run as root can open). Connect with:
 #
 #   virsh -c "qemu:///system?socket=DIR/run/libvirt-sock" ...
 #
 # HUGEPREP_SANDBOX_HOST_UUID, when set at `up`, is libvirtd's host_uuid (two sandboxes as two
-# hosts for a migration).
+# hosts for a migration). HUGEPREP_SANDBOX_QEMU_USER and HUGEPREP_SANDBOX_QEMU_GROUP, when set,
+# are qemu.conf's `user` and `group` (QEMU as root; another distribution's user).
 #
 # `down` destroys every domain, stops both daemons by their pid files, kills any QEMU left
 # (by the pid files libvirt wrote) and removes DIR.
 set -euo pipefail
 
 die() { echo "sandbox.sh: $*" >&2; exit 1; }
-[ "$(id -u)" -eq 0 ] || die "run as root (libvirtd runs QEMU as root here)"
+[ "$(id -u)" -eq 0 ] || die "run as root (libvirtd runs as root)"
 cmd=${1:-}
 dir=${2:-}
 [ -n "$cmd" ] && [ -n "$dir" ] || die "usage: sandbox.sh up|restart-libvirtd|stop-libvirtd|start-libvirtd|down DIR [...]"
@@ -116,20 +119,33 @@ EOF
     cat >"$dir/etc/virtlogd.conf" <<EOF
 log_outputs = "3:file:/var/log/libvirt/virtlogd.log"
 EOF
-    cat >"$dir/etc/qemu.conf" <<EOF
-user = "root"
-group = "root"
-dynamic_ownership = 0
-remember_owner = 0
-security_driver = "none"
-cgroup_controllers = [ "cpu", "cpuacct" ]
-namespaces = [ ]
+    # The package's qemu.conf as shipped, then only what docs/libvirt.md tells operators to
+    # add (qemu.conf.snippet): QEMU runs as the distribution's user with dynamic ownership
+    # and its private /dev, as on a real host.
+    cp /etc/libvirt/qemu.conf "$dir/etc/qemu.conf"
+    cat >>"$dir/etc/qemu.conf" <<EOF
+
+# hugeprep's sandbox.sh: qemu.conf.snippet
 hugetlbfs_mount = "$mount"
 memory_backing_dir = "$backing"
 EOF
+    if [ -n "${HUGEPREP_SANDBOX_QEMU_USER:-}" ]; then
+        cat >>"$dir/etc/qemu.conf" <<EOF
+user = "$HUGEPREP_SANDBOX_QEMU_USER"
+group = "${HUGEPREP_SANDBOX_QEMU_GROUP:-$HUGEPREP_SANDBOX_QEMU_USER}"
+EOF
+    fi
     if [ -n "$hook" ]; then
         printf '#!/bin/sh\nexec %s "$@"\n' "$hook" >"$dir/etc/hooks/qemu.d/hugeprep"
         chmod 0755 "$dir/etc/hooks/qemu.d/hugeprep"
+    fi
+    # What udev does on a real host; the group and mode only widen access for kvm's members,
+    # so they stay after `down` (other users of /dev/kvm are not disturbed).
+    if [ -c /dev/kvm ] && getent group kvm >/dev/null; then
+        if [ "$(stat -c %G /dev/kvm)" != kvm ] || [ $((0$(stat -c %a /dev/kvm) & 060)) -ne $((060)) ]; then
+            chgrp kvm /dev/kvm
+            chmod g+rw /dev/kvm
+        fi
     fi
     # Mount points the host lacks (/run/libvirt when libvirt never ran): made now, removed by
     # `down`, so the host is left as it was.

@@ -469,6 +469,35 @@ impl Access {
 
 #[cfg(test)]
 mod tests {
+
+    /// A rule naming a role, a user or a group this host does not know is refused with the
+    /// key and the value, and what is allowed.
+    #[test]
+    fn a_misspelt_role_user_or_group_is_refused_by_name() {
+        for (text, words) in [
+            (
+                "[[unix_peer]]\nuid = 0\nrole = \"admn\"\n",
+                &["admn", "read", "lease", "admin"][..],
+            ),
+            (
+                "[[unix_peer]]\nuser = \"libvirt-qmeu\"\nrole = \"lease\"\n",
+                &["unix_peer[0].user", "\"libvirt-qmeu\": no such user"][..],
+            ),
+            (
+                "[[unix_peer]]\ngroup = \"kvmm\"\nrole = \"lease\"\n",
+                &["unix_peer[0].group", "\"kvmm\": no such group"][..],
+            ),
+        ] {
+            let err = toml::from_str::<AccessSpec>(text)
+                .map_err(|e| e.to_string())
+                .and_then(|spec| spec.validate().map(|_| ()).map_err(|e| e.to_string()))
+                .unwrap_err();
+            for w in words {
+                assert!(err.contains(w), "{text:?}: {err:?} lacks {w:?}");
+            }
+        }
+    }
+
     use super::*;
 
     #[test]

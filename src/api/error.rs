@@ -131,6 +131,16 @@ impl ApiError {
             error: self.to_string(),
             field: self.field_name(),
         };
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // Shutting down: a restart follows, so the client is told when to come back.
+            let after = super::limits::RETRY_AFTER_S.to_string();
+            return (
+                status,
+                [(axum::http::header::RETRY_AFTER, after)],
+                axum::Json(body),
+            )
+                .into_response();
+        }
         (status, axum::Json(body)).into_response()
     }
 }

@@ -377,9 +377,12 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
 
 /// What a unix socket client over the limit reads before the daemon closes.
 fn busy_response() -> Vec<u8> {
-    let body = format!(
-        "{{\"error\":\"too many connections to the daemon; retry after {RETRY_AFTER_S} s\"}}"
-    );
+    unavailable_response("too many connections to the daemon")
+}
+
+/// A 503 with `Retry-After`, closing the connection, for `why`.
+fn unavailable_response(why: &str) -> Vec<u8> {
+    let body = format!("{{\"error\":\"{why}; retry after {RETRY_AFTER_S} s\"}}");
     format!(
         "HTTP/1.1 503 Service Unavailable\r\nretry-after: {RETRY_AFTER_S}\r\n\
          content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -433,9 +436,33 @@ pub async fn serve_unix(
         });
     }
     drop(done_tx);
-    // `None` once every connection's sender is dropped: what this waits for.
-    let _ = done_rx.recv().await;
+    // Until the connections in flight are done the socket stays bound: a client that comes
+    // now is told to retry (the daemon is stopping, most often for a restart) instead of
+    // waiting in the backlog for a close.
+    loop {
+        tokio::select! {
+            _ = done_rx.recv() => break,
+            accepted = listener.accept() => {
+                if let Ok((stream, _)) = accepted {
+                    tracing::info!("answered 503 with retry-after {RETRY_AFTER_S} s: shutting down");
+                    tokio::spawn(answer_shutting_down(stream));
+                }
+            }
+        }
+    }
     Ok(())
+}
+
+/// Answers 503 and reads what the client sends until it closes (at most 1 s), so that its
+/// request is written whole and it reads the answer rather than a broken pipe.
+async fn answer_shutting_down(mut stream: tokio::net::UnixStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = stream
+        .write_all(&unavailable_response("the daemon is shutting down"))
+        .await;
+    let mut sink = [0u8; 4096];
+    let drain = async { while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
 }
 
 /// Serves handshaken TLS connections from `rx` until `stop`; then waits for them to finish.

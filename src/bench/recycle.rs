@@ -57,6 +57,12 @@ pub struct RecycleBenchConfig {
     /// Nice value of the benchmark's client thread during `--hog` (default: unchanged, i.e.
     /// an ordinary caller); `-10` times a caller that runs at the API's priority.
     pub client_nice: Option<i32>,
+    /// Extra processes of a busy host the release proof is timed beside, after the quiet
+    /// host (0: quiet only; see [`crate::bench::host`]).
+    pub host_processes: usize,
+    /// Threads of one lessee's open floods, each timed against another tenant's opens and
+    /// the daemon's ([`crate::bench::flood`]); empty: none.
+    pub flood: Vec<usize>,
 }
 
 /// A recycle benchmark failed; every variant keeps the failing layer's own error.
@@ -159,11 +165,18 @@ pub struct RecycleBenchReport {
     pub kernel_path: PathResult,
     /// (c) Median scrub / median kernel's path (the kernel's fault-in of fresh pages).
     pub ratio: f64,
-    /// The release proof's own cost (a lessee that opened the file and exited), ms.
+    /// The release proof's own cost (a lessee that opened the file and exited), ms: the
+    /// daemon's method on the quiet host.
     pub proof: Option<crate::bench::proof::ProofTiming>,
     /// The whole proven release: the scrub's throughput with the median proof added to
     /// each repetition's time, GB/s.
     pub proven_scrub: Option<Summary>,
+    /// Every proof timed: each method on the quiet host and beside the busy one.
+    pub proofs: Vec<crate::bench::proof::ProofTiming>,
+    /// The proven scrub by each of `proofs`, in the same order, GB/s.
+    pub proven_scrubs: Vec<Summary>,
+    /// Opens under one lessee's flood, quiet first, by each method.
+    pub floods: Vec<crate::bench::flood::FloodTiming>,
     /// Every method clearing the same file, interleaved with the two paths.
     pub clear_methods: Vec<MethodClear>,
     /// The fastest of `clear_methods` by median.
@@ -452,15 +465,31 @@ pub fn run(
     for f in ["scrub", "refault"] {
         let _ = std::fs::remove_file(mount.path().join(f));
     }
-    let proof = crate::bench::proof::time_proofs(mount.path(), cfg.page_size, cfg.reps, log)?;
-    let proven_scrub = proof.as_ref().and_then(|p| {
+    let proofs = crate::bench::proof::time_proofs(
+        mount.path(),
+        cfg.size,
+        cfg.page_size,
+        cfg.reps,
+        cfg.host_processes,
+        log,
+    )?;
+    let with_proof = |p: &crate::bench::proof::ProofTiming| {
         let with_proof: Vec<f64> = scrub
             .samples_gbps
             .iter()
             .map(|g| cfg.size as f64 / 1e9 / (cfg.size as f64 / 1e9 / g + p.ms.median / 1e3))
             .collect();
         Summary::of(&with_proof)
-    });
+    };
+    let proven_scrubs: Vec<Summary> = proofs.iter().filter_map(with_proof).collect();
+    let proof = proofs.first().cloned();
+    let floods = if cfg.flood.is_empty() {
+        Vec::new()
+    } else {
+        let exe = crate::bench::host::bench_exe().map_err(RecycleBenchError::Proof)?;
+        crate::bench::flood::time_floods(mount.path(), cfg.page_size, &cfg.flood, &exe, log)?
+    };
+    let proven_scrub = proven_scrubs.first().cloned();
     let latency = if cfg.leases > 0 {
         Some(latency(cfg, mount.path(), log)?)
     } else {
@@ -500,12 +529,46 @@ pub fn run(
         kernel_path: refault,
         proof,
         proven_scrub,
+        proofs,
+        proven_scrubs,
+        floods,
         latency,
         hog,
     })
 }
 
 impl RecycleBenchReport {
+    /// The release proof's rows: each method on each host, its ratio to the same method on
+    /// the quiet host, and the proven scrub.
+    fn proof_table(&self) -> String {
+        let mut s = format!(
+            "release proof (a lessee that opened the file and exited)\n{:<14} {:>22} {:>24} {:>8} {:>22}\n",
+            "method", "host", "ms median (min-max)", "x quiet", "proof + scrub GB/s"
+        );
+        for (i, p) in self.proofs.iter().enumerate() {
+            let quiet = self
+                .proofs
+                .iter()
+                .find(|q| q.method == p.method && q.host_processes == 0);
+            let host = if p.host_processes == 0 {
+                "quiet".to_string()
+            } else {
+                format!("+{} procs/{} thr", p.host_processes, p.host_threads)
+            };
+            s += &format!(
+                "{:<14} {:>22} {:>24} {:>8} {:>22}\n",
+                p.method,
+                host,
+                format!("{:.3} ({:.3}-{:.3})", p.ms.median, p.ms.min, p.ms.max),
+                quiet.map_or("-".into(), |q| format!("{:.1}", p.ms.median / q.ms.median)),
+                self.proven_scrubs
+                    .get(i)
+                    .map_or("-".into(), |g| g.to_string())
+            );
+        }
+        s
+    }
+
     /// The report as a table.
     pub fn table(&self) -> String {
         let mut s = format!(
@@ -550,14 +613,28 @@ impl RecycleBenchReport {
             "(c) scrub / kernel's path (truncate, delete, fault fresh pages): {:.2}x\n",
             self.ratio
         );
-        match &self.proof {
-            Some(p) => {
+        if !self.floods.is_empty() {
+            s += &format!(
+                "opens of a leased file under one lessee's open flood, ms\n{:<14} {:>8} {:>26} {:>26}\n",
+                "method", "threads", "another tenant p50/p99/max", "the daemon p50/p99/max"
+            );
+            for f in &self.floods {
+                let l = |o: &crate::bench::flood::OpenLatency| {
+                    format!("{:.3}/{:.3}/{:.3}", o.p50_ms, o.p99_ms, o.max_ms)
+                };
                 s += &format!(
-                    "release proof (a lessee that opened the file and exited): {} ms per release\n",
-                    p.ms
-                )
+                    "{:<14} {:>8} {:>26} {:>26}\n",
+                    f.method,
+                    f.flood_threads,
+                    l(&f.other_tenant),
+                    l(&f.daemon)
+                );
             }
-            None => s += "release proof: not timed on this host (no fanotify or no cgroup v2)\n",
+        }
+        if self.proofs.is_empty() {
+            s += "release proof: not timed on this host (no fanotify or no cgroup v2)\n";
+        } else {
+            s += &self.proof_table();
         }
         if let Some(l) = &self.latency {
             s += &format!(

@@ -40,6 +40,14 @@ pub struct BenchRecycleArgs {
     /// priority) instead of as an ordinary process.
     #[arg(long, allow_hyphen_values = true, requires = "hog")]
     pub client_nice: Option<i32>,
+    /// Also time the release proof beside this many extra processes, started by the bench
+    /// (one in 50 QEMU-like: 64 threads, 200 descriptors), side by side with the quiet host.
+    #[arg(long, default_value_t = 0)]
+    pub host_processes: usize,
+    /// Also time opens of leased files under one lessee's open flood of these many threads
+    /// (e.g. 400,800), quiet first, by each method of proof.
+    #[arg(long, value_delimiter = ',')]
+    pub flood: Vec<usize>,
     /// `--json`, `--json-out FILE`.
     #[command(flatten)]
     pub output: super::JsonOutput,
@@ -88,6 +96,12 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
                 state_dir: args.state_dir.clone(),
                 hog: args.hog,
                 client_nice: args.client_nice,
+                host_processes: if i == 0 { args.host_processes } else { 0 },
+                flood: if i == 0 {
+                    args.flood.clone()
+                } else {
+                    Vec::new()
+                },
             };
             match recycle::run(&cfg, &|line| eprintln!("{line}")) {
                 Ok(run) => runs.push(run),

@@ -35,12 +35,13 @@ pub struct BenchVmStartArgs {
     #[arg(long)]
     pub qemu: Option<PathBuf>,
     /// VMMs to measure, comma-separated: qemu (exec to QMP ready), libvirt (`virsh
-    /// create` to started, in a private libvirtd with hugeprep's hook) and cloud-hypervisor
+    /// create` to started, in a private libvirtd with hugeprep's hook, QEMU as the package
+    /// runs it), libvirt-root (the same with QEMU as root, beside it) and cloud-hypervisor
     /// (exec to a tiny guest's first serial report).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "qemu,libvirt,cloud-hypervisor"
+        default_value = "qemu,libvirt,libvirt-root,cloud-hypervisor"
     )]
     pub vmms: Vec<Vmm>,
     /// cloud-hypervisor binary, v53 (default: cloud-hypervisor from PATH; without one its
@@ -102,15 +103,18 @@ pub fn run(args: BenchVmStartArgs) -> anyhow::Result<()> {
         headroom: args.headroom,
         cancel: Some(cancel),
     };
+    // The lines say which start ran; the spinner, how long the run has taken.
+    let progress = super::progress::Progress::spinner(args.output.json);
+    progress.set_message("bench vm-start");
+    let log = |line: &str| progress.suspend(|| eprintln!("{line}"));
     if !args.concurrent.is_empty() {
         let size = args.sizes.first().copied().unwrap_or(1 << 30);
-        let report =
-            vm_start::storm::run(&cfg, &args.concurrent, size, args.storm_refill, &|line| {
-                eprintln!("{line}")
-            })?;
+        let report = vm_start::storm::run(&cfg, &args.concurrent, size, args.storm_refill, &log)?;
+        drop(progress);
         return args.output.emit(&report, || report.table());
     }
-    let report = vm_start::run(&cfg, &|line| eprintln!("{line}"))?;
+    let report = vm_start::run(&cfg, &log)?;
+    drop(progress);
     args.output.emit(&report, || report.table())?;
     if let Some(path) = &args.svg {
         std::fs::write(path, report.svg())

@@ -28,6 +28,9 @@ pub struct DoctorArgs {
     /// libvirt's configuration directory (qemu.conf, hooks/).
     #[arg(long, default_value = "/etc/libvirt")]
     pub libvirt_dir: PathBuf,
+    /// The libvirt hook's configuration.
+    #[arg(long, default_value = hugeprep::vmm::libvirt::DEFAULT_CONFIG)]
+    pub hook_config: PathBuf,
     /// Do not probe for a 1 GiB page (the probe adds one to the pool and takes it back).
     #[arg(long)]
     pub no_probe: bool,
@@ -60,6 +63,11 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
         page_sizes,
         clearing_policy: config.clearing_policy,
         libvirt_dir: args.libvirt_dir,
+        hook_config: args.hook_config,
+        run_dir: config
+            .run_dir
+            .clone()
+            .unwrap_or_else(|| hugeprep::daemon::DEFAULT_RUN_DIR.into()),
         probe_1g: !args.no_probe,
     };
     let report = doctor::run(&opts);

@@ -3,10 +3,17 @@
 
 use std::path::PathBuf;
 
+use std::time::Duration;
+
 use hugeprep::client::Client;
-use hugeprep::pool::{DrainReport, DrainRequest};
+use hugeprep::pool::{DrainReport, DrainRequest, PoolStatus};
 use hugeprep::units::format_bytes;
 use hugeprep::PageSize;
+
+use super::progress::{self, Progress, Unit};
+
+/// How often a drain watched on a terminal asks the daemon what is left to delete.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
 
 /// Delete the daemon's warm files (held empty until `hugeprep resume`) and give memory back.
 #[derive(Debug, clap::Args)]
@@ -36,13 +43,59 @@ pub fn run(args: DrainArgs) -> anyhow::Result<()> {
         page_size: args.page_size,
         release_pools: args.release_pools,
     };
-    let report = client.blocking(client.drain(&req))?;
+    let report = if progress::drawn(args.json) {
+        client.blocking(drain_watched(&client, &req))?
+    } else {
+        client.blocking(client.drain(&req))?
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", render(&report));
     }
     Ok(())
+}
+
+/// The drain, with the bytes the daemon still has to delete (warm, dirty and in-flight files
+/// of the kinds `req` names, read from `GET /v1/pool` beside it) shown as they go. The
+/// daemon's answer is the drain's; a status that cannot be read only leaves the bar still.
+async fn drain_watched(
+    client: &Client,
+    req: &DrainRequest,
+) -> hugeprep::client::Result<DrainReport> {
+    let total = client.pool().await.map_or(0, |s| to_delete(&s, req));
+    let bar = Progress::bar(false, Unit::Bytes, total);
+    bar.set_message("of warm files deleted");
+    let drain = client.drain(req);
+    tokio::pin!(drain);
+    let mut done = 0;
+    loop {
+        tokio::select! {
+            report = &mut drain => return report,
+            () = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+        tokio::select! {
+            report = &mut drain => return report,
+            status = client.pool() => {
+                if let Ok(status) = status {
+                    // A fill in flight may add to what is left: the bar never goes back.
+                    done = done.max(total.saturating_sub(to_delete(&status, req)));
+                    bar.set_position(done);
+                }
+            }
+        }
+    }
+}
+
+/// Bytes of the files a drain of `req` deletes: every file of its kinds but the leased.
+fn to_delete(status: &PoolStatus, req: &DrainRequest) -> u64 {
+    status
+        .kinds
+        .iter()
+        .filter(|k| req.node.map_or(true, |n| n == k.node))
+        .filter(|k| req.page_size.map_or(true, |ps| ps == k.page_size))
+        .map(|k| k.warm_bytes + k.dirty_bytes + k.scrubbing_bytes + k.filling_bytes)
+        .sum()
 }
 
 fn render(report: &DrainReport) -> String {

@@ -290,26 +290,36 @@ fn why_not_as_adopted(domain: &str, standing: Standing, kept: &Kept) -> String {
 pub fn run(args: LibvirtAdoptArgs) -> anyhow::Result<()> {
     let dir = args.state_dir.join(ADOPT_DIR);
     let mut failed = Vec::new();
+    // One domain's result line is its progress.
+    let n = args.domains.len() as u64;
+    let progress =
+        super::progress::Progress::bar(n < 2, super::progress::Unit::Count("domains"), n);
     for domain in &args.domains {
+        progress.set_message(domain.clone());
         let done = if args.revert {
             revert_one(&args, &dir, domain)
         } else {
             adopt_one(&args, &dir, domain)
         };
+        progress.inc(1);
         match done {
-            Ok(text) => print!(
-                "{}",
-                if text.ends_with('\n') {
-                    text
-                } else {
-                    text + "\n"
-                }
-            ),
+            Ok(text) => progress.suspend(|| {
+                print!(
+                    "{}",
+                    if text.ends_with('\n') {
+                        text
+                    } else {
+                        text + "\n"
+                    }
+                )
+            }),
             Err(err) => {
-                eprintln!(
-                    "hugeprep libvirt-adopt: {domain}: {}",
-                    super::render_error(&err)
-                );
+                progress.suspend(|| {
+                    eprintln!(
+                        "hugeprep libvirt-adopt: {domain}: {}",
+                        super::render_error(&err)
+                    )
+                });
                 failed.push(domain.as_str());
             }
         }

@@ -20,6 +20,7 @@ mod libvirt_hook;
 mod mount;
 mod pool;
 mod prepare;
+mod progress;
 mod qemu_args;
 mod release;
 mod reserve;
@@ -107,6 +108,30 @@ pub enum BenchCommand {
     Trace(bench_trace::BenchTraceArgs),
     /// Long-term pin (VFIO's path) of never-faulted memory vs of a lease.
     Pin(bench_pin::BenchPinArgs),
+    /// A QEMU-like process of `bench recycle --host-processes`: threads and descriptors,
+    /// idle until its standard input ends.
+    #[command(hide = true)]
+    BusyProcess(BusyProcessArgs),
+}
+
+/// `hugeprep bench busy-process`.
+#[derive(Debug, clap::Args)]
+pub struct BusyProcessArgs {
+    /// Threads, the main one included.
+    #[arg(long, default_value_t = 64)]
+    pub threads: usize,
+    /// Descriptors.
+    #[arg(long, default_value_t = 200)]
+    pub fds: usize,
+    /// Instead: open and close this file in a loop from every thread (an open flood).
+    #[arg(long)]
+    pub open: Option<std::path::PathBuf>,
+    /// Instead: open this file `--count` times and print each open's microseconds.
+    #[arg(long)]
+    pub time_opens: Option<std::path::PathBuf>,
+    /// Opens timed by `--time-opens`.
+    #[arg(long, default_value_t = 100)]
+    pub count: usize,
 }
 
 /// Sets up `tracing` to stderr; `RUST_LOG` wins over `-v`. When stderr is the journal, to
@@ -138,7 +163,7 @@ pub fn init_tracing(verbose: u8) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(progress::StderrAroundProgress);
     // Fails only when a subscriber is set already (a test harness): that one logs.
     let _ = if journal {
         builder.without_time().try_init()
@@ -161,6 +186,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::VmStart(args) => bench_vm_start::run(args),
             BenchCommand::Trace(args) => bench_trace::run(args),
             BenchCommand::Pin(args) => bench_pin::run(args),
+            BenchCommand::BusyProcess(args) => {
+                use hugeprep::bench::host;
+                match (&args.open, &args.time_opens) {
+                    (Some(path), _) => host::flood_opens(args.threads, path)?,
+                    (None, Some(path)) => host::time_opens(path, args.count)?,
+                    (None, None) => host::busy_process(args.threads, args.fds)?,
+                }
+                Ok(())
+            }
         },
         Command::Pool(args) => pool::run(args),
         Command::Prepare(args) => prepare::run(args),

@@ -8,11 +8,18 @@ use std::path::PathBuf;
 use anyhow::Context;
 use hugeprep::daemon::config::ConfigFile;
 use hugeprep::hugetlb::pool::{self as kpool, Scope};
-use hugeprep::pool::reserve::{self, Reservations};
+use hugeprep::pool::reserve::{self, Raise, Reservations};
 use hugeprep::pool::targets::stored_targets;
 use hugeprep::pool::PoolPolicy;
 use hugeprep::topology::{self, Topology};
 use hugeprep::units::format_bytes;
+use hugeprep::PageSize;
+
+use super::progress::{Progress, Unit};
+
+/// Writes a pool's raise is split into at most, so a terminal sees the pages arrive (the
+/// kernel takes seconds for hundreds of GiB, more when it must compact for 1 GiB pages).
+const RAISE_STEPS: u64 = 32;
 
 /// Raise the per-node hugepage pools to the configured warm targets; report what the kernel
 /// could not supply.
@@ -67,6 +74,8 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
         policy.targets = targets;
     }
     let mut short_any = false;
+    let progress = Progress::bar(false, Unit::Count("pages"), 0);
+    progress.set_message("reading the pools");
     for page_size in kpool::page_sizes() {
         for node in topo.node_ids() {
             let want = policy
@@ -87,23 +96,35 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
             );
             let pull_in = reserve::pull_in_bytes(&policy.reserve, available);
             let raise = if pages > 0 {
-                Some(ledger.raise(node, page_size, pages, pull_in)?)
+                progress.restart(pages, format!("node {node} {page_size}: raising the pool"));
+                Some(raise_in_steps(
+                    &ledger,
+                    node,
+                    page_size,
+                    pages,
+                    pull_in,
+                    |added| progress.set_position(added),
+                )?)
             } else {
                 None
             };
             let added = raise.map_or(0, |r| r.added);
             if let Some(pulled) = raise.and_then(|r| r.pulled_in) {
-                println!(
-                    "node {node} {page_size}: the kernel gave fewer pages than asked; pulled \
-                     lazily initialised memory in (the 2M pool took {} pages and gave {} back) \
-                     and asked again",
-                    pulled.added, pulled.returned
-                );
+                progress.suspend(|| {
+                    println!(
+                        "node {node} {page_size}: the kernel gave fewer pages than asked; pulled \
+                         lazily initialised memory in (the 2M pool took {} pages and gave {} \
+                         back) and asked again",
+                        pulled.added, pulled.returned
+                    )
+                });
             }
-            let short = need - added;
+            let short = need.saturating_sub(added);
             let target = format_bytes(want * page_size.bytes());
             if short == 0 {
-                println!("node {node} {page_size}: {target} target, added {added} pages");
+                progress.suspend(|| {
+                    println!("node {node} {page_size}: {target} target, added {added} pages")
+                });
                 continue;
             }
             short_any = true;
@@ -115,7 +136,9 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
                      docs/operations.md)"
                 ),
             };
-            println!("node {node} {page_size}: {target} target, short by {short} pages: {why}");
+            progress.suspend(|| {
+                println!("node {node} {page_size}: {target} target, short by {short} pages: {why}")
+            });
         }
     }
     anyhow::ensure!(
@@ -123,4 +146,36 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
         "--strict: some pools are short of their targets"
     );
     Ok(())
+}
+
+/// Raises `node`'s pool by `pages` in up to [`RAISE_STEPS`] writes, each recorded in the
+/// ledger as it lands; `added` hears the running total. A gigantic-page step the kernel falls
+/// short of pulls lazily initialised memory in (up to `pull_in` bytes, once per node:
+/// [`Reservations::raise`]) and asks again; a step still short ends the raise: memory is short
+/// or fragmented, and the next step would fall short too.
+fn raise_in_steps(
+    ledger: &Reservations,
+    node: u32,
+    page_size: PageSize,
+    pages: u64,
+    pull_in: u64,
+    added: impl Fn(u64),
+) -> anyhow::Result<Raise> {
+    let step = pages.div_ceil(RAISE_STEPS).max(1);
+    let mut total = Raise {
+        asked: pages,
+        added: 0,
+        pulled_in: None,
+    };
+    while total.added < pages {
+        let ask = step.min(pages - total.added);
+        let got = ledger.raise(node, page_size, ask, pull_in)?;
+        total.added += got.added;
+        total.pulled_in = total.pulled_in.or(got.pulled_in);
+        added(total.added);
+        if got.added < ask {
+            break;
+        }
+    }
+    Ok(total)
 }

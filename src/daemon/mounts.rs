@@ -18,16 +18,24 @@ pub fn kernel_supports(page_size: PageSize) -> bool {
 
 /// A mount per page size the kernel supports: an existing one, else a new one at
 /// `<run_dir>/hugetlbfs-<size>` (mode 0755, so that VMM users reach their lease files).
-/// Sizes that cannot be mounted are skipped with a warning.
+/// Mounts under a directory every user may write (an orphan under /tmp) are passed over
+/// with a warning saying why (`hugetlb::mount::passed_over`); the operator names one with
+/// `--mount` or `mounts` to use it anyway. Sizes that cannot be mounted are skipped with a
+/// warning.
 pub fn find_or_mount(run_dir: &Path) -> Result<Vec<PathBuf>, DaemonError> {
     let mut out = Vec::new();
     for ps in PageSize::ALL {
         if !kernel_supports(ps) {
             continue;
         }
-        if let Ok(Some(m)) = mount::find(ps) {
-            out.push(m.path);
-            continue;
+        if let Ok((found, skipped)) = mount::find_trusted(ps, run_dir) {
+            for (m, why) in skipped {
+                tracing::warn!(mount = %m.path.display(), page_size = %ps, "passing over a hugetlbfs mount {why}: name it with --mount (or `mounts` in the config) to use it");
+            }
+            if let Some(m) = found {
+                out.push(m.path);
+                continue;
+            }
         }
         let dir = run_dir.join(format!("hugetlbfs-{}", ps.name()));
         let mut options = MountOptions::new(ps);

@@ -34,7 +34,7 @@ pub fn daemon(opts: &DoctorOptions) -> DaemonView {
                 let (severity, remedy) = match e {
                 ClientError::Connect { .. } => (
                     Severity::Warning,
-                    "start it: scripts/run --warm 4G, or systemctl start hugeprep (leases need it)",
+                    "start it: systemctl start hugeprep.socket hugeprep.service (leases need it)",
                 ),
                 _ => (Severity::Warning, "see the daemon's log (journalctl -u hugeprep)"),
             };
@@ -65,6 +65,7 @@ pub fn daemon(opts: &DoctorOptions) -> DaemonView {
         )
         .remedy("restart the daemon after an upgrade")
     }];
+    findings.push(socket_group(&opts.socket));
     let pool = client.blocking(client.pool());
     let cpu = client.blocking(client.cpu());
     if let Err(e) = &pool {
@@ -80,6 +81,57 @@ pub fn daemon(opts: &DoctorOptions) -> DaemonView {
         pool: pool.ok(),
         cpu: cpu.ok(),
         findings,
+    }
+}
+
+/// Whether a member of the socket's group, not root and not its owner, can connect: search
+/// on every directory down to it and write on the socket, as the kernel will decide for the
+/// lease role's processes (a 0660 socket in a 0750 root directory is root's alone).
+pub fn socket_group(socket: &Path) -> Finding {
+    use std::os::unix::fs::MetadataExt;
+    let subject = format!("{} group access", socket.display());
+    let meta = match std::fs::metadata(socket) {
+        Ok(m) => m,
+        Err(e) => return Finding::new("daemon", subject, Severity::Warning, e.to_string()),
+    };
+    if meta.gid() == 0 {
+        return Finding::new(
+            "daemon",
+            subject,
+            Severity::Info,
+            "the socket's group is root: only root connects (socket_group in \
+             /etc/hugeprep/hugeprep.toml gives a group the lease role)",
+        );
+    }
+    let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(meta.gid()))
+        .ok()
+        .flatten()
+        .map_or_else(|| meta.gid().to_string(), |g| g.name);
+    // An id that owns nothing: what the group grants, not what an owner would get.
+    let member = crate::perm::Credentials {
+        uid: u32::MAX - 1,
+        gid: u32::MAX - 1,
+        groups: vec![meta.gid()],
+    };
+    match crate::perm::check(socket, &member, crate::perm::Access::WRITE) {
+        Ok(()) => Finding::ok(
+            "daemon",
+            subject,
+            format!(
+                "members of group {group} can connect (every directory on the way is searchable)"
+            ),
+        ),
+        Err(e) => Finding::new(
+            "daemon",
+            subject,
+            Severity::Warning,
+            format!("members of group {group} cannot connect: {e}"),
+        )
+        .remedy(format!(
+            "give the group search permission on that directory (chmod 0755, or chgrp {group} \
+             and chmod 0750); for /run/hugeprep set RuntimeDirectoryMode= in \
+             /etc/systemd/system/hugeprep.service.d/ and the mode in /etc/tmpfiles.d/hugeprep.conf"
+        )),
     }
 }
 

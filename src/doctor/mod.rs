@@ -16,6 +16,8 @@ mod kernel;
 mod pools;
 mod vmm;
 
+pub use host::socket_group;
+
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -125,6 +127,10 @@ pub struct DoctorOptions {
     pub clearing_policy: Option<PathBuf>,
     /// libvirt's configuration directory (`/etc/libvirt`).
     pub libvirt_dir: PathBuf,
+    /// The daemon's runtime directory (its own hugetlbfs mounts are below it).
+    pub run_dir: PathBuf,
+    /// The libvirt hook's configuration (its `memory_backing_dir` must be qemu.conf's).
+    pub hook_config: PathBuf,
     /// Whether to probe for a 1 GiB page by adding one to the pool and taking it back.
     pub probe_1g: bool,
 }
@@ -137,6 +143,8 @@ impl Default for DoctorOptions {
             page_sizes: vec![PageSize::Size2M],
             clearing_policy: None,
             libvirt_dir: "/etc/libvirt".into(),
+            run_dir: crate::daemon::DEFAULT_RUN_DIR.into(),
+            hook_config: crate::vmm::libvirt::DEFAULT_CONFIG.into(),
             probe_1g: true,
         }
     }
@@ -225,7 +233,11 @@ mod tests {
             .find(|f| f.check == "daemon")
             .unwrap();
         assert_eq!(daemon.severity, Severity::Warning);
-        assert!(daemon.remedy.as_deref().unwrap().contains("scripts/run"));
+        assert!(daemon
+            .remedy
+            .as_deref()
+            .unwrap()
+            .contains("systemctl start hugeprep"));
         // Every finding that is not ok says what to do, or is only information.
         for f in &report.findings {
             assert!(f.severity <= Severity::Info || f.remedy.is_some(), "{f:#?}");

@@ -264,27 +264,53 @@ pub fn mounts(opts: &DoctorOptions) -> Vec<Finding> {
             )]
         }
     };
-    opts.page_sizes
-        .iter()
-        .map(|&ps| {
-            let paths: Vec<String> = found
-                .iter()
-                .filter(|m| m.page_size == ps)
-                .map(|m| m.path.display().to_string())
-                .collect();
-            if paths.is_empty() {
+    let mut out = Vec::new();
+    for &ps in &opts.page_sizes {
+        let (trusted, passed): (Vec<_>, Vec<_>) = found
+            .iter()
+            .filter(|m| m.page_size == ps)
+            .map(|m| (m, mount::passed_over(&m.path, &opts.run_dir)))
+            .partition(|(_, why)| why.is_none());
+        for (m, why) in passed {
+            out.push(
                 Finding::new(
                     "mounts",
                     format!("hugetlbfs {ps}"),
                     Severity::Info,
-                    "no mount: the daemon mounts its own under its run directory (/run/hugeprep)",
+                    format!(
+                        "{} passed over when the daemon finds its mount: {}",
+                        m.path.display(),
+                        why.unwrap_or_default()
+                    ),
                 )
                 .remedy(format!(
-                    "for a fixed path libvirt can use: hugeprep mount --page-size {ps} /dev/hugepages"
-                ))
-            } else {
-                Finding::ok("mounts", format!("hugetlbfs {ps}"), paths.join(", "))
-            }
-        })
-        .collect()
+                    "unmount it if it is a leftover (umount {}), or name it in \
+                     /etc/hugeprep/hugeprep.toml (mounts = [\"{}\"]) to use it",
+                    m.path.display(),
+                    m.path.display()
+                )),
+            );
+        }
+        let paths: Vec<String> = trusted
+            .iter()
+            .map(|(m, _)| m.path.display().to_string())
+            .collect();
+        out.push(if paths.is_empty() {
+            Finding::new(
+                "mounts",
+                format!("hugetlbfs {ps}"),
+                Severity::Info,
+                format!(
+                    "no mount to adopt: the daemon mounts its own under its run directory ({})",
+                    opts.run_dir.display()
+                ),
+            )
+            .remedy(format!(
+                "for a fixed path libvirt can use: hugeprep mount --page-size {ps} /dev/hugepages"
+            ))
+        } else {
+            Finding::ok("mounts", format!("hugetlbfs {ps}"), paths.join(", "))
+        });
+    }
+    out
 }

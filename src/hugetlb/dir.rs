@@ -130,6 +130,52 @@ impl DirHandle {
         Ok(dir)
     }
 
+    /// The per-domain directory `name` that libvirt makes for a domain's QEMU before the
+    /// `start begin` hook (`0700`, owned by the user and group QEMU runs as): opened without
+    /// following a link and refused unless it is a directory owned by `uid` that no one else
+    /// may write. When it is missing (a hook run without libvirt) it is made as libvirt makes
+    /// it. Returns the handle and whether this call made it.
+    pub fn qemu_subdir(
+        &self,
+        name: impl AsRef<Path>,
+        uid: u32,
+        gid: u32,
+    ) -> Result<(DirHandle, bool)> {
+        let name = one_component(&self.path, name.as_ref())?;
+        let path = self.path.join(name);
+        let made = match rustix::fs::mkdirat(&*self.fd, name, Mode::from_raw_mode(0o700)) {
+            Ok(()) => true,
+            Err(Errno::EXIST) => false,
+            Err(e) => return Err(io("mkdir", &path)(e)),
+        };
+        let dir = self.open_subdir(name)?;
+        if made {
+            // Between mkdir and open another user who can write the parent could have
+            // swapped it: it must still be this process's.
+            dir.check_owner(rustix::process::geteuid().as_raw())?;
+            rustix::fs::fchown(
+                &*dir.fd,
+                Some(rustix::process::Uid::from_raw(uid)),
+                Some(rustix::process::Gid::from_raw(gid)),
+            )
+            .map_err(io("chown", &path))?;
+            rustix::fs::fchmod(&*dir.fd, Mode::from_raw_mode(0o700)).map_err(io("chmod", &path))?;
+        }
+        dir.check_owner_as(uid, "QEMU's")?;
+        let st = rustix::fs::fstat(&*dir.fd).map_err(io("stat", &path))?;
+        if st.st_mode & 0o022 != 0 {
+            return Err(DirError::NotOurs {
+                path,
+                reason: format!(
+                    "writable by group or others (mode {:o}): another process could swap \
+                     the files QEMU opens",
+                    st.st_mode & 0o7777
+                ),
+            });
+        }
+        Ok((dir, made))
+    }
+
     /// The subdirectory `name`, made with `mode` when missing, opened without following a
     /// link; whoever owns it (a parent that another service such as libvirt may own).
     pub fn parent_subdir(&self, name: impl AsRef<Path>, mode: u32) -> Result<DirHandle> {
@@ -170,12 +216,16 @@ impl DirHandle {
     }
 
     fn check_owner(&self, uid: u32) -> Result<()> {
+        self.check_owner_as(uid, "the daemon's")
+    }
+
+    fn check_owner_as(&self, uid: u32, whose: &str) -> Result<()> {
         let st = rustix::fs::fstat(&*self.fd).map_err(io("stat", &self.path))?;
         if st.st_uid != uid {
             return Err(DirError::NotOurs {
                 path: self.path.clone(),
                 reason: format!(
-                    "owned by uid {}, not by the daemon's uid {uid} (mode {:o})",
+                    "owned by uid {}, not by {whose} uid {uid} (mode {:o})",
                     st.st_uid,
                     st.st_mode & 0o7777
                 ),

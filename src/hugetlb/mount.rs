@@ -156,6 +156,47 @@ pub fn find(page_size: PageSize) -> Result<Option<HugetlbfsMount>> {
     Ok(mounts()?.into_iter().find(|m| m.page_size == page_size))
 }
 
+/// Why a mount that was found, not named, is not one to adopt: a directory above its mount
+/// point that every user may write (`/tmp`, `/var/tmp`), unless the mount is below `own`
+/// (the daemon's runtime directory, where it makes its own). Such a mount is most often an
+/// orphan (a test or a tool that did not unmount), and anyone could have made the directory
+/// it sits on; a mount the operator names is used as named.
+pub fn passed_over(path: &Path, own: &Path) -> Option<String> {
+    if path.starts_with(own) {
+        return None;
+    }
+    path.ancestors().skip(1).find_map(|dir| {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(dir).ok()?.permissions().mode();
+        (mode & 0o002 != 0).then(|| {
+            format!(
+                "under {} (mode {:o}), which every user may write, and not made by hugeprep",
+                dir.display(),
+                mode & 0o7777
+            )
+        })
+    })
+}
+
+/// Mounts [`passed_over`], each with why.
+pub type PassedOver = Vec<(HugetlbfsMount, String)>;
+
+/// The first hugetlbfs mount of `page_size` that [`passed_over`] does not rule out, and the
+/// ones it passed over with why.
+pub fn find_trusted(
+    page_size: PageSize,
+    own: &Path,
+) -> Result<(Option<HugetlbfsMount>, PassedOver)> {
+    let mut skipped = Vec::new();
+    for m in mounts()?.into_iter().filter(|m| m.page_size == page_size) {
+        match passed_over(&m.path, own) {
+            None => return Ok((Some(m), skipped)),
+            Some(why) => skipped.push((m, why)),
+        }
+    }
+    Ok((None, skipped))
+}
+
 /// How to mount a hugetlbfs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MountOptions {
@@ -336,6 +377,23 @@ mod tests {
             PathBuf::from(r"trailing\04")
         );
         assert_eq!(unescape_mountinfo(r"x\999"), PathBuf::from(r"x\999"));
+    }
+
+    #[test]
+    fn mounts_under_world_writable_directories_are_passed_over() {
+        let own = Path::new("/run/hugeprep");
+        assert_eq!(
+            passed_over(Path::new("/run/hugeprep/hugetlbfs-2M"), own),
+            None
+        );
+        assert_eq!(passed_over(Path::new("/dev/hugepages"), own), None);
+        let why = passed_over(Path::new("/tmp/orphan/mnt"), own).unwrap();
+        assert!(why.contains("under /tmp (mode 1777)"), "{why}");
+        // The daemon's own mounts, wherever its runtime directory is.
+        assert_eq!(
+            passed_over(Path::new("/tmp/run/hugetlbfs-2M"), Path::new("/tmp/run")),
+            None
+        );
     }
 
     #[test]

@@ -263,6 +263,8 @@ impl PoolPolicySpec {
         for (i, t) in self.targets.iter().enumerate() {
             targets.push(t.validate(&format!("target[{i}]"))?);
         }
+        super::recycle::check_names(self.recycle_roles.keys(), self.recycle_owners.keys())
+            .map_err(|(field, message)| PoolPolicyError::Field { field, message })?;
         let limit = match &self.reserve_limit {
             Some(text) => Some(field_bytes("reserve_limit".into(), text)?),
             None => None,
@@ -480,12 +482,12 @@ mod tests {
     #[test]
     fn the_strictest_recycle_rule_wins() {
         let p = PoolPolicy::from_toml(
-            "recycle = \"proven\"\n[recycle_owners]\nuntrusted = \"kernel\"\n[recycle_roles]\nlease = \"kernel\"\n",
+            "recycle = \"proven\"\n[recycle_owners]\nnobody = \"kernel\"\n[recycle_roles]\nlease = \"kernel\"\n",
         )
         .unwrap();
         assert_eq!(p.recycle_for(None, None), Recycle::Proven);
         assert_eq!(
-            p.recycle_for(Some("untrusted"), Some(Recycle::Proven)),
+            p.recycle_for(Some("nobody"), Some(Recycle::Proven)),
             Recycle::Kernel
         );
         assert_eq!(
@@ -498,6 +500,49 @@ mod tests {
         );
         assert_eq!(p.recycle_for_role("admin", None), None);
         assert!(PoolPolicy::from_toml("recycle = \"maybe\"\n").is_err());
+    }
+
+    /// Every key that names a role, an owner or a method refuses a name it does not know,
+    /// and says which key, which value, and what it knows.
+    #[test]
+    fn a_misspelt_role_owner_or_method_is_refused_by_name() {
+        for (text, words) in [
+            (
+                "[recycle_roles]\nleese = \"kernel\"\n",
+                &[
+                    "recycle_roles.\"leese\"",
+                    "\"leese\" is no API role",
+                    "read, lease, admin",
+                ][..],
+            ),
+            (
+                "[recycle_owners]\n\"\" = \"kernel\"\n",
+                &["recycle_owners.\"\"", "empty owner"][..],
+            ),
+            (
+                "[recycle_owners]\nlibvirt-qmeu = \"kernel\"\n",
+                &[
+                    "recycle_owners.\"libvirt-qmeu\"",
+                    "names no user on this host",
+                ][..],
+            ),
+            (
+                "[recycle_roles]\nlease = \"kernal\"\n",
+                &["kernal", "proven", "kernel"][..],
+            ),
+            ("recycle = \"maybe\"\n", &["maybe", "proven", "kernel"][..]),
+            ("verify = \"some\"\n", &["some", "sample", "full"][..]),
+            ("shape = \"round\"\n", &["round"][..]),
+        ] {
+            let err = PoolPolicy::from_toml(text).unwrap_err().to_string();
+            for w in words {
+                assert!(err.contains(w), "{text:?}: {err:?} lacks {w:?}");
+            }
+        }
+        // Each known role is a role of the API.
+        for role in super::super::recycle::ROLES {
+            serde_json::from_str::<crate::api::access::Role>(&format!("\"{role}\"")).unwrap();
+        }
     }
 
     #[test]

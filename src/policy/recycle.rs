@@ -32,6 +32,55 @@ impl Recycle {
     }
 }
 
+/// The API roles `[pool.recycle_roles]` may name (`crate::api::access::Role`).
+pub const ROLES: [&str; 3] = ["read", "lease", "admin"];
+
+/// Checks the names of `recycle_roles` and `recycle_owners`: a role outside [`ROLES`], or an
+/// owner that is empty or names no user on this host, would silently leave `kernel` off for
+/// the tenants it was written for. The error names the key, the value and what is known.
+pub fn check_names<'a>(
+    roles: impl IntoIterator<Item = &'a String>,
+    owners: impl IntoIterator<Item = &'a String>,
+) -> Result<(), (String, String)> {
+    for role in roles {
+        if !ROLES.contains(&role.as_str()) {
+            return Err((
+                format!("recycle_roles.{role:?}"),
+                format!(
+                    "{role:?} is no API role: the roles are {}",
+                    ROLES.join(", ")
+                ),
+            ));
+        }
+    }
+    for owner in owners {
+        if owner.trim().is_empty() {
+            return Err((
+                format!("recycle_owners.{owner:?}"),
+                "an empty owner names nobody: give a user name of this host".into(),
+            ));
+        }
+        match nix::unistd::User::from_name(owner) {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Err((
+                    format!("recycle_owners.{owner:?}"),
+                    format!(
+                        "{owner:?} names no user on this host (owners are user names, as in `getent passwd`)"
+                    ),
+                ))
+            }
+            Err(e) => {
+                return Err((
+                    format!("recycle_owners.{owner:?}"),
+                    format!("cannot look up user {owner:?}: {e}"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 impl PoolPolicy {
     /// A lease's own `recycle` made at least as strict as the rule for the API role that
     /// asks for it (see [`PoolPolicy::recycle_for`]).

@@ -72,9 +72,12 @@ impl Pool {
         let deadline = Instant::now() + TEARDOWN_WAIT;
         loop {
             match self.reach.prove(id, file) {
-                Err(Unproven::OpenElsewhere | Unproven::IoUring { .. })
-                    if Instant::now() < deadline && !self.shutdown.load(Ordering::SeqCst) =>
-                {
+                Err(
+                    Unproven::OpenElsewhere
+                    | Unproven::IoUring { .. }
+                    | Unproven::Referenced { .. }
+                    | Unproven::PagesHeld { .. },
+                ) if Instant::now() < deadline && !self.shutdown.load(Ordering::SeqCst) => {
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 other => return other,

@@ -467,6 +467,11 @@ impl Pool {
         (ms > 0).then(|| Instant::now() + Duration::from_millis(ms))
     }
 
+    /// How released leases are proven (see [`reach::Method`]).
+    pub fn proof_method(&self) -> reach::Method {
+        self.reach.method()
+    }
+
     /// How long the open watch's reader has been stalled, if it is (see
     /// [`reach::Reach::reader_stalled`]).
     pub fn reader_stalled(&self) -> Option<Duration> {

@@ -4,10 +4,11 @@
 //! The daemon marks each pool file before its lease path exists and reads, for every open
 //! of it by any process through any name, the opener's pidfd: unlike a pid it never names
 //! another process later, so the opener's cgroups can be read without a pid-reuse race.
-//! The events are permission events: the opener waits in `open(2)` until the daemon has
-//! answered, so it is still running (and its cgroups readable) however briefly it holds the
-//! file. Every event is answered "allow" (the daemon never refuses an open) when its
-//! [`Permission`] is dropped; if the daemon dies the kernel allows what is pending.
+//! Permission events ([`OpenWatch::watch`]) make the opener wait in `open(2)` until the
+//! daemon has answered, so it is still running (and its cgroups readable) however briefly it
+//! holds the file; an event is answered "allow" when its [`Permission`] is dropped, and if
+//! the daemon dies the kernel allows what is pending. Notification events
+//! ([`OpenWatch::notify`]) only report an open: the opener never waits.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -37,14 +38,16 @@ pub enum Event {
         /// A pidfd of the opener; `None` when it had exited before the event was read or
         /// the kernel could not make one.
         pidfd: Option<OwnedFd>,
-        /// The opener waits until this is dropped (then its open goes on).
+        /// A permission event: the opener waits until this is dropped (then its open goes
+        /// on). A notification event: dropping it only closes the event's descriptor.
         permission: Permission,
     },
     /// The kernel dropped events: what was opened meanwhile is not known.
     Overflow,
 }
 
-/// An open waiting for the group's answer; dropping it answers "allow".
+/// An open waiting for the group's answer; dropping it answers "allow". For a notification
+/// event nothing waits: it holds the event's descriptor only.
 #[derive(Debug)]
 pub struct Permission {
     group: Arc<OwnedFd>,
@@ -54,6 +57,16 @@ pub struct Permission {
 }
 
 impl Permission {
+    /// Whether the opener waits for this answer (a permission event).
+    pub fn waits(&self) -> bool {
+        !self.answered
+    }
+
+    /// The event's descriptor of the opened file (to change the inode's mark).
+    pub fn file(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
     /// Refuses the open: it fails with `EPERM`.
     pub fn deny(mut self) {
         self.answer(libc::FAN_DENY);
@@ -128,19 +141,38 @@ impl OpenWatch {
         self.mark(libc::FAN_MARK_ADD, file)
     }
 
-    /// Stops watching the inode behind `file`.
+    /// Stops holding opens of the inode behind `file`.
     pub fn unwatch(&self, file: BorrowedFd<'_>) -> io::Result<()> {
         self.mark(libc::FAN_MARK_REMOVE, file)
     }
 
+    /// Reports later opens of the inode behind `file` without holding them (notification
+    /// events): the opener never waits for the daemon.
+    pub fn notify(&self, file: BorrowedFd<'_>) -> io::Result<()> {
+        self.mark_mask(libc::FAN_MARK_ADD, libc::FAN_OPEN, file)
+    }
+
+    /// Stops reporting opens of the inode behind `file` (a mark that watches nothing else
+    /// goes). An inode that is no longer marked for them is not an error.
+    pub fn unnotify(&self, file: BorrowedFd<'_>) -> io::Result<()> {
+        match self.mark_mask(libc::FAN_MARK_REMOVE, libc::FAN_OPEN, file) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            other => other,
+        }
+    }
+
     fn mark(&self, how: libc::c_uint, file: BorrowedFd<'_>) -> io::Result<()> {
+        self.mark_mask(how, libc::FAN_OPEN_PERM, file)
+    }
+
+    fn mark_mask(&self, how: libc::c_uint, mask: u64, file: BorrowedFd<'_>) -> io::Result<()> {
         // SAFETY: with a null path fanotify_mark marks the object `file` refers to; no
         // memory is passed.
         let rc = unsafe {
             libc::fanotify_mark(
                 self.fd.as_raw_fd(),
                 how,
-                libc::FAN_OPEN_PERM,
+                mask,
                 file.as_raw_fd(),
                 std::ptr::null(),
             )
@@ -239,7 +271,8 @@ fn parse(group: &Arc<OwnedFd>, buf: &[u8], out: &mut Vec<Event>) {
         let permission = owned(read_u32(buf, at + 16) as i32).map(|file| Permission {
             group: Arc::clone(group),
             file,
-            answered: false,
+            // A notification event has no answer.
+            answered: mask & libc::FAN_OPEN_PERM == 0,
         });
         let pid = read_u32(buf, at + 20);
         // Info records: a pidfd record (header: type, pad, len; then the pidfd).

@@ -15,4 +15,5 @@ pub mod pidfd;
 pub mod pin;
 pub mod priority;
 pub mod probe;
+pub mod reach_bpf;
 pub mod signals;

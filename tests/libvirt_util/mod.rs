@@ -2,6 +2,11 @@
 //! private hugetlbfs mount, a private libvirtd (`hugeprep::vmm::libvirt::sandbox`) whose
 //! `memory_backing_dir` is on that mount and whose QEMU hook is `hugeprep libvirt-hook`, and
 //! helpers to write domain XML and look into QEMU.
+//!
+//! libvirt runs with the package's own qemu.conf, as the distribution ships it (QEMU as
+//! `libvirt-qemu` with dynamic ownership and its private /dev on Debian), changed only where
+//! integration/libvirt/qemu.conf.snippet says; a lab can run QEMU as root or as another user
+//! instead ([`QemuAs`]).
 
 #![allow(dead_code)]
 
@@ -10,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use hugeprep::pool::LeaseInfo;
+use hugeprep::vmm::libvirt::qemu_conf::QemuConf;
+pub use hugeprep::vmm::libvirt::sandbox::QemuAs;
 use hugeprep::vmm::libvirt::sandbox::{hook_command, Sandbox};
 use hugeprep::vmm::libvirt::HookConfig;
 
@@ -29,7 +36,34 @@ pub fn tools_present() -> bool {
             return false;
         }
     }
+    assert_qemu_conf_as_shipped();
     true
+}
+
+/// The host's /etc/libvirt/qemu.conf is the package's, unchanged (dpkg's checksum of the
+/// conffile): the sandboxes start from it, and the tests claim to run libvirt as shipped.
+pub fn assert_qemu_conf_as_shipped() {
+    let conf = "/etc/libvirt/qemu.conf";
+    let out = Command::new("dpkg-query")
+        .args(["-W", "-f", "${Conffiles}", "libvirt-daemon-system"])
+        .output();
+    let Ok(out) = out else { return };
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let Some(sum) = listed
+        .lines()
+        .map(str::split_whitespace)
+        .find_map(|mut f| (f.next() == Some(conf)).then(|| f.next()).flatten())
+    else {
+        return;
+    };
+    let md5 = Command::new("md5sum").arg(conf).output().unwrap();
+    let actual = String::from_utf8_lossy(&md5.stdout);
+    assert!(
+        actual.starts_with(sum),
+        "{conf} is not the one libvirt-daemon-system ships (md5 {sum}): the libvirt tests run \
+         QEMU as the distribution configures it; restore it (apt-get install --reinstall \
+         -o Dpkg::Options::=--force-confask libvirt-daemon-system)"
+    );
 }
 
 /// A hugeprep daemon plus a libvirtd that uses it. Field order is drop order: libvirt and
@@ -41,6 +75,8 @@ pub struct Lab {
     pub backing: PathBuf,
     pub config_path: PathBuf,
     pub warm: u64,
+    /// The uid libvirt runs QEMU as (from the sandbox's qemu.conf).
+    pub qemu_uid: u32,
     daemon_args: Vec<String>,
     next_uuid: u32,
 }
@@ -52,9 +88,19 @@ impl Lab {
         Lab::on(Env::new(name, mount_bytes), warm, 32 * MIB)
     }
 
+    /// As [`Lab::new`], with QEMU run as `qemu` says.
+    pub fn new_as(name: &str, mount_bytes: u64, warm: u64, qemu: &QemuAs) -> Lab {
+        Lab::on_as(Env::new(name, mount_bytes), warm, 32 * MIB, qemu)
+    }
+
     /// A lab on `env` (its mount's page size), the daemon keeping `warm` bytes warm in files
-    /// of `file_size`.
+    /// of `file_size`, QEMU run as the package configures it.
     pub fn on(env: Env, warm: u64, file_size: u64) -> Lab {
+        Lab::on_as(env, warm, file_size, &QemuAs::Packaged)
+    }
+
+    /// As [`Lab::on`], with QEMU run as `qemu` says.
+    pub fn on_as(env: Env, warm: u64, file_size: u64, qemu: &QemuAs) -> Lab {
         let page_size = hugeprep::hugetlb::hugetlbfs_page_size(&env.mount)
             .unwrap()
             .unwrap();
@@ -74,10 +120,18 @@ impl Lab {
         let mut config = HookConfig::new(&backing);
         config.socket = env.socket.clone();
         config.stale_after_s = 0;
+        // A hook run by hand (no DAC label in its XML) reads the sandbox's qemu.conf.
+        config.qemu_conf = env.dir.join("libvirt/etc/qemu.conf");
         std::fs::write(&config_path, config.to_toml()).unwrap();
         let hook = hook_command(Path::new(env!("CARGO_BIN_EXE_hugeprep")), &config_path);
-        let sandbox = Sandbox::up(&env.dir.join("libvirt"), &backing, Some(&hook))
+        let sandbox = Sandbox::up_as(&env.dir.join("libvirt"), &backing, Some(&hook), qemu)
             .unwrap_or_else(|e| panic!("libvirt sandbox: {e}"));
+        let qemu_uid = QemuConf::read(&config.qemu_conf)
+            .unwrap()
+            .qemu_user()
+            .unwrap()
+            .creds
+            .uid;
         Lab {
             sandbox,
             daemon,
@@ -85,14 +139,16 @@ impl Lab {
             backing,
             config_path,
             warm,
+            qemu_uid,
             daemon_args,
             next_uuid: 1,
         }
     }
 
-    /// Rewrites the hook's config (read on every hook call).
+    /// Rewrites the hook's config (read on every hook call), even one that no longer loads.
     pub fn configure(&self, change: impl FnOnce(&mut HookConfig)) {
-        let mut config = HookConfig::load(&self.config_path).unwrap();
+        let text = std::fs::read_to_string(&self.config_path).unwrap();
+        let mut config: HookConfig = toml::from_str(&text).unwrap();
         change(&mut config);
         std::fs::write(&self.config_path, config.to_toml()).unwrap();
     }
@@ -148,6 +204,46 @@ impl Lab {
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
+    }
+
+    /// The real uid and gid the QEMU of domain `uuid` runs as.
+    pub fn qemu_ids(&self, uuid: &str) -> (u32, u32) {
+        let pid = self.sandbox.qemu_pid(uuid).unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let field = |name: &str| -> u32 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap()
+        };
+        (field("Uid:"), field("Gid:"))
+    }
+
+    /// QEMU of domain `uuid` runs as `uid`, and libvirt's per-domain directory and the
+    /// hook's lease files in it are that user's, closed to everyone else.
+    pub fn assert_qemu_owns(&self, uuid: &str, uid: u32) {
+        assert_eq!(self.qemu_ids(uuid).0, uid, "QEMU's uid");
+        let leases = self.leases_of(uuid);
+        assert!(!leases.is_empty());
+        for l in &leases {
+            let m = std::fs::metadata(&l.path).unwrap();
+            assert_eq!((m.uid(), m.mode() & 0o777), (uid, 0o600), "{}", l.name);
+        }
+        let dirs = Env::names(&self.backing.join("libvirt/qemu"));
+        let mine: Vec<&String> = dirs
+            .iter()
+            .filter(|d| {
+                let dir = self.backing.join("libvirt/qemu").join(d);
+                Env::names(&dir)
+                    .iter()
+                    .any(|f| leases.iter().any(|l| inode(&dir.join(f)) == inode(&l.path)))
+            })
+            .collect();
+        assert_eq!(mine.len(), 1, "{dirs:?}");
+        let m = std::fs::metadata(self.backing.join("libvirt/qemu").join(mine[0])).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o777), (uid, 0o700), "{}", mine[0]);
     }
 
     /// (file name, inode) of every file the QEMU of domain `uuid` maps under `memory_backing_dir`.
@@ -375,4 +471,95 @@ pub fn hmp_bytes(text: &str) -> Vec<u8> {
         })
         .map(|b| u8::from_str_radix(b.trim_start_matches("0x"), 16).unwrap())
         .collect()
+}
+
+/// Polls `done` every 20 ms for up to `limit` (a liveness bound, not a timing claim); says
+/// what was not seen.
+pub fn wait_until(what: &str, limit: std::time::Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while !done() {
+        if std::time::Instant::now() > deadline {
+            eprintln!("not seen within {limit:?}: {what}");
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
+}
+
+/// Whether a `hugeprep libvirt-hook NAME OP ...` process is running now.
+pub fn hook_running(name: &str, op: &str) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+            let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+            args.iter().any(|a| a.ends_with(b"libvirt-hook"))
+                && args.contains(&name.as_bytes())
+                && args.contains(&op.as_bytes())
+        })
+    })
+}
+
+/// A system user `name` (its own group, no home, no login) that is also in group `kvm`, as
+/// Fedora's `qemu` user is; made when missing, added to `kvm` when not in it yet. Returns
+/// its uid.
+pub fn ensure_kvm_user(name: &str) -> u32 {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _held = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let run = |cmd: &mut Command| {
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{cmd:?}: {out:?}");
+    };
+    match nix::unistd::User::from_name(name).unwrap() {
+        None => run(Command::new("useradd").args([
+            "--system",
+            "--user-group",
+            "--no-create-home",
+            "--home-dir",
+            "/nonexistent",
+            "--shell",
+            "/usr/sbin/nologin",
+            "--groups",
+            "kvm",
+            name,
+        ])),
+        Some(u) => {
+            let kvm = nix::unistd::Group::from_name("kvm").unwrap().unwrap();
+            if !kvm.mem.contains(&u.name) && u.gid != kvm.gid {
+                run(Command::new("usermod").args(["-a", "-G", "kvm", name]));
+            }
+        }
+    }
+    nix::unistd::User::from_name(name)
+        .unwrap()
+        .unwrap()
+        .uid
+        .as_raw()
+}
+
+/// Whether a process with `creds` can open `path` for reading and writing (run through
+/// `setpriv`, so the kernel decides, not a reading of mode bits).
+pub fn can_open_as(creds: &hugeprep::perm::Credentials, path: &Path) -> bool {
+    let groups: Vec<String> = creds.groups.iter().map(u32::to_string).collect();
+    let groups = if groups.is_empty() {
+        "--clear-groups".to_string()
+    } else {
+        format!("--groups={}", groups.join(","))
+    };
+    let out = Command::new("setpriv")
+        .arg(format!("--reuid={}", creds.uid))
+        .arg(format!("--regid={}", creds.gid))
+        .arg(groups)
+        .args(["--", "sh", "-c", "exec 3<>\"$1\"", "sh"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() || err.contains("Permission denied"),
+        "setpriv: {out:?}"
+    );
+    out.status.success()
 }

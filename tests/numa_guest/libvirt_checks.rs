@@ -1,5 +1,5 @@
 //! The libvirt hook's per-cell placement on a multi-node guest, without libvirt: the guest
-//! runs `hugeprep libvirt-hook NAME prepare begin -` with a domain XML on stdin, as libvirtd
+//! runs `hugeprep libvirt-hook NAME start begin -` with a domain XML on stdin, as libvirtd
 //! would, and checks with `numa_maps` that each guest cell's file sits on the host node its
 //! `<numatune><memnode>` names; `release end` gives every lease back.
 
@@ -104,7 +104,7 @@ fn hook_cells(guest: &Guest, daemon: &Daemon) -> Result<String, String> {
     )
     .map_err(|e| e.to_string())?;
     let xml = domain_xml(&cells);
-    hook(&config, "prepare", "begin", &xml)?;
+    hook(&config, "start", "begin", &xml)?;
     let dir = Path::new(BACKING_DIR).join("libvirt/qemu").join(DOMAIN_DIR);
     let placed: Result<Vec<String>, String> = cells
         .iter()

@@ -5,6 +5,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use super::int;
@@ -32,6 +33,12 @@ struct PathLabel {
 struct RecycleLabels {
     path: String,
     reason: String,
+}
+
+/// How releases are proven (`hugeprep_release_proof_info`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProofLabels {
+    method: String,
 }
 
 /// Registers the gauges of `status` (one consistent snapshot).
@@ -111,6 +118,13 @@ pub(super) fn register_status(reg: &mut Registry, status: &PoolStatus) {
 
 /// Registers the running totals of `pool` (faults, scrubs, release outcomes).
 pub(super) fn register_counters(reg: &mut Registry, pool: &Pool, status: &PoolStatus) {
+    reg.register(
+        "release_proof",
+        "How released leases are proven out of reach: kernel-counts (BPF), proc-walk (the fallback) or none (every release takes the kernel's path)",
+        Info::new(ProofLabels {
+            method: pool.proof_method().label().to_string(),
+        }),
+    );
     let c = &status.counters;
     let fault_bytes = Family::<PathLabel, Counter>::default();
     let fault_seconds = Family::<PathLabel, Counter<f64>>::default();

@@ -12,13 +12,17 @@
 //! - immediate on a lease: the same plus `<allocation mode='immediate' threads='N'/>`;
 //! - hugeprep with `<discard/>` (OpenStack Nova's file-backed memory): QEMU punches the
 //!   lease's pages out when it stops and the pool refills them.
+//!
+//! QEMU runs as the distribution's package configures it (`libvirt-qemu` on Debian, with
+//! dynamic ownership and its private /dev); `libvirt-root` runs a second libvirtd with
+//! QEMU as root beside it, on the immediate, floor and hugeprep cases.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::{Case, Result, Starter, VmStartBenchConfig, VmStartBenchError, Vmm, World};
 use crate::page_size::PageSize;
-use crate::vmm::libvirt::sandbox::Sandbox;
+use crate::vmm::libvirt::sandbox::{QemuAs, Sandbox};
 use crate::vmm::libvirt::{Fallback, HookConfig};
 
 /// What libvirt needs on this machine.
@@ -52,6 +56,7 @@ fn write_config(path: &Path, text: &str) -> Result<()> {
 /// A private libvirtd for one size's world.
 pub(crate) struct LibvirtStarter {
     sandbox: Sandbox,
+    vmm: Vmm,
     config_path: PathBuf,
     /// The hook's configuration: the world's daemon.
     served: String,
@@ -65,8 +70,17 @@ pub(crate) struct LibvirtStarter {
 impl LibvirtStarter {
     /// Starts libvirtd with `memory_backing_dir` on the pool's mount and the hook pointed at
     /// the world's daemon.
-    pub fn up(cfg: &VmStartBenchConfig, world: &World) -> Result<LibvirtStarter> {
-        LibvirtStarter::up_on(cfg, &world.pool_mount, &world.tmp, world.daemon.socket())
+    pub fn up(cfg: &VmStartBenchConfig, world: &World, vmm: Vmm) -> Result<LibvirtStarter> {
+        // Each libvirtd of the run in a directory of its own.
+        let tmp = world.tmp.join(vmm.name());
+        std::fs::create_dir_all(&tmp).map_err(|source| VmStartBenchError::Io {
+            op: "make the libvirt directory",
+            source,
+        })?;
+        let mut starter =
+            LibvirtStarter::up_on(cfg, &world.pool_mount, &tmp, world.daemon.socket(), vmm)?;
+        starter.vmm = vmm;
+        Ok(starter)
     }
 
     /// [`LibvirtStarter::up`] on a pool mount, a run directory and a daemon socket (the
@@ -76,14 +90,17 @@ impl LibvirtStarter {
         pool_mount: &Path,
         tmp: &Path,
         socket: &Path,
+        vmm: Vmm,
     ) -> Result<LibvirtStarter> {
-        let backing = pool_mount.join("libvirt-backing");
+        let backing = pool_mount.join(format!("{}-backing", vmm.name()));
         let mut config = HookConfig::new(&backing);
         config.socket = socket.to_path_buf();
         let config_path = tmp.join("libvirt-hook.toml");
         let served = config.to_toml();
         config.socket = tmp.join("no-daemon.sock");
         config.on_daemon_down = Fallback::Cold;
+        // A daemon that is not there at all: no retry, straight to cold.
+        config.daemon_retry_s = 0;
         let cold = config.to_toml();
         write_config(&config_path, &served)?;
         let hook = format!(
@@ -91,9 +108,15 @@ impl LibvirtStarter {
             cfg.hook_binary.display(),
             config_path.display()
         );
-        let sandbox = Sandbox::up(&tmp.join("libvirt"), &backing, Some(&hook))?;
+        let qemu = if vmm == Vmm::LibvirtRoot {
+            QemuAs::Root
+        } else {
+            QemuAs::Packaged
+        };
+        let sandbox = Sandbox::up_as(&tmp.join("libvirt"), &backing, Some(&hook), &qemu)?;
         Ok(LibvirtStarter {
             sandbox,
+            vmm,
             config_path,
             served,
             cold,
@@ -196,7 +219,15 @@ impl LibvirtStarter {
 
 impl Starter for LibvirtStarter {
     fn vmm(&self) -> Vmm {
-        Vmm::Libvirt
+        self.vmm
+    }
+
+    fn cases(&self) -> &'static [Case] {
+        if self.vmm == Vmm::LibvirtRoot {
+            &Case::ROOT
+        } else {
+            &Case::ALL
+        }
     }
 
     fn start(&mut self, world: &World, case: Case, _tag: &str) -> Result<f64> {

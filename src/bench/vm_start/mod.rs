@@ -92,18 +92,27 @@ pub struct VmStartBenchConfig {
 pub enum Vmm {
     /// QEMU alone: exec to QMP ready.
     Qemu,
-    /// libvirt: `virsh start` to running.
+    /// libvirt: `virsh start` to running, QEMU run as the distribution's package
+    /// configures it (unprivileged: `libvirt-qemu` on Debian).
     Libvirt,
+    /// The same with QEMU run as root (qemu.conf `user = "root"`), beside it.
+    LibvirtRoot,
     /// cloud-hypervisor: exec to the guest's first serial report.
     CloudHypervisor,
 }
 
 impl Vmm {
+    /// Whether it is started through libvirt.
+    pub fn is_libvirt(self) -> bool {
+        matches!(self, Vmm::Libvirt | Vmm::LibvirtRoot)
+    }
+
     /// Its short name in tables and logs.
     pub fn name(self) -> &'static str {
         match self {
             Vmm::Qemu => "qemu",
             Vmm::Libvirt => "libvirt",
+            Vmm::LibvirtRoot => "libvirt-root",
             Vmm::CloudHypervisor => "ch",
         }
     }
@@ -150,6 +159,9 @@ impl Case {
         Case::HugeprepDiscard,
     ];
 
+    /// The cases QEMU-as-root is compared on beside the unprivileged QEMU.
+    pub const ROOT: [Case; 3] = [Case::Immediate, Case::Floor, Case::Hugeprep];
+
     /// Whether the VM's memory is a hugeprep lease.
     pub fn leased(self) -> bool {
         matches!(
@@ -168,13 +180,19 @@ impl Case {
             (Vmm::Qemu, Case::HugeprepDiscard) => "hugeprep warm lease, discard-data=on".into(),
             (Vmm::Qemu, Case::Present) => "present file, not leased, qemu-args".into(),
             (_, Case::Present) => "(not run)".into(),
-            (Vmm::Libvirt, Case::Immediate) => {
+            (Vmm::Libvirt | Vmm::LibvirtRoot, Case::Immediate) => {
                 format!("<hugepages/> + immediate, threads={threads}")
             }
-            (Vmm::Libvirt, Case::Floor) => "file-backed, hook cold (floor)".into(),
-            (Vmm::Libvirt, Case::Hugeprep) => "hugeprep hook, warm pool".into(),
-            (Vmm::Libvirt, Case::ImmediateOnLease) => "file-backed immediate over a lease".into(),
-            (Vmm::Libvirt, Case::HugeprepDiscard) => "hugeprep hook, <discard/>".into(),
+            (Vmm::Libvirt | Vmm::LibvirtRoot, Case::Floor) => {
+                "file-backed, hook cold (floor)".into()
+            }
+            (Vmm::Libvirt | Vmm::LibvirtRoot, Case::Hugeprep) => "hugeprep hook, warm pool".into(),
+            (Vmm::Libvirt | Vmm::LibvirtRoot, Case::ImmediateOnLease) => {
+                "file-backed immediate over a lease".into()
+            }
+            (Vmm::Libvirt | Vmm::LibvirtRoot, Case::HugeprepDiscard) => {
+                "hugeprep hook, <discard/>".into()
+            }
             (Vmm::CloudHypervisor, Case::Immediate) => "hugepages=on, prefault=on".into(),
             (Vmm::CloudHypervisor, Case::Floor) => "hugepages=on, prefault=off (floor)".into(),
             (Vmm::CloudHypervisor, Case::Hugeprep) => "hugeprep warm lease, ch-args".into(),
@@ -276,7 +294,7 @@ fn vmm_cgroups(
 ) -> Option<VmmCgroups> {
     // libvirt puts its QEMUs in machine cgroups of its own; only the VMMs the run starts
     // itself need one from it.
-    if vmms.iter().all(|&v| v == Vmm::Libvirt) {
+    if vmms.iter().all(|v| v.is_libvirt()) {
         return None;
     }
     match VmmCgroups::usable() {
@@ -336,11 +354,11 @@ pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport
     let load_before = crate::bench::load_average();
     let mut not_measured = Vec::new();
     let mut vmms = cfg.vmms.clone();
-    if vmms.contains(&Vmm::Libvirt) {
+    if vmms.iter().any(|v| v.is_libvirt()) {
         if let Err(why) = libvirt::tools_present() {
             log(&format!("not measured: libvirt: {why}"));
             not_measured.push(format!("libvirt: {why}"));
-            vmms.retain(|&v| v != Vmm::Libvirt);
+            vmms.retain(|v| !v.is_libvirt());
         }
     }
     if vmms.contains(&Vmm::CloudHypervisor) && cfg.cloud_hypervisor.is_none() {
@@ -417,9 +435,16 @@ fn run_size(
                 w,
                 match vmm {
                     Vmm::Qemu => Box::new(qemu::QemuStarter::new(cfg)),
-                    Vmm::Libvirt => {
-                        log("starting a private libvirtd (about 10 s: it probes QEMU)");
-                        Box::new(libvirt::LibvirtStarter::up(cfg, &pw.world)?)
+                    Vmm::Libvirt | Vmm::LibvirtRoot => {
+                        log(&format!(
+                            "starting a private libvirtd, QEMU as {} (about 10 s: it probes QEMU)",
+                            if *vmm == Vmm::LibvirtRoot {
+                                "root"
+                            } else {
+                                "the package configures it"
+                            }
+                        ));
+                        Box::new(libvirt::LibvirtStarter::up(cfg, &pw.world, *vmm)?)
                     }
                     Vmm::CloudHypervisor => match &cfg.cloud_hypervisor {
                         Some(binary) => Box::new(cloud_hypervisor::ChStarter::new(binary)),

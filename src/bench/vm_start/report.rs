@@ -96,6 +96,10 @@ pub struct SizeResult {
     pub savings: Vec<Saving>,
     /// The warm start's breakdown per page size (QEMU alone).
     pub breakdown: Vec<WarmBreakdown>,
+    /// libvirt with QEMU as the package runs it (unprivileged) against QEMU as root, per
+    /// page size and case both ran: `T_libvirt / T_libvirt-root` per repetition.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unprivileged_vs_root: Vec<(PageSize, Case, Summary)>,
 }
 
 /// The whole run.
@@ -177,7 +181,7 @@ pub(super) fn size_result(
             // libvirt releases inside `virsh destroy` (the hook's `release end`), before
             // the benchmark can start a clock.
             release_to_warm: Summary::of(&recycles[i])
-                .filter(|_| case.leased() && vmm != Vmm::Libvirt),
+                .filter(|_| case.leased() && !vmm.is_libvirt()),
             lease_call: Summary::of(&lease_calls[i]),
         });
         if case.leased() {
@@ -203,7 +207,7 @@ pub(super) fn size_result(
     let mut breakdown = Vec::new();
     let mut page_sizes: Vec<PageSize> = runs.iter().map(|r| r.page_size).collect();
     page_sizes.dedup();
-    for ps in page_sizes {
+    for &ps in &page_sizes {
         let q = |case| find(ps, Vmm::Qemu, case);
         let calls = runs
             .iter()
@@ -243,11 +247,26 @@ pub(super) fn size_result(
             });
         }
     }
+    let mut unprivileged_vs_root = Vec::new();
+    for &ps in &page_sizes {
+        for case in Case::ROOT {
+            let (Some(a), Some(b)) = (
+                find(ps, Vmm::Libvirt, case),
+                find(ps, Vmm::LibvirtRoot, case),
+            ) else {
+                continue;
+            };
+            if let Some(r) = Summary::of(&paired(a, b, |x, y| x / y)) {
+                unprivileged_vs_root.push((ps, case, r));
+            }
+        }
+    }
     SizeResult {
         size,
         results,
         savings,
         breakdown,
+        unprivileged_vs_root,
     }
 }
 
@@ -307,7 +326,7 @@ impl VmStartReport {
         }
         for size in &self.sizes {
             out.push_str(&format!(
-                "\n{}\n{:<5} {:<8} {:<42} {:>22} {:>22} {:>22}\n",
+                "\n{}\n{:<5} {:<12} {:<42} {:>22} {:>22} {:>22}\n",
                 format_bytes(size.size),
                 "pages",
                 "vmm",
@@ -319,7 +338,7 @@ impl VmStartReport {
             let range = |s: &Summary| format!("{:.3} ({:.3}-{:.3})", s.median, s.min, s.max);
             for r in &size.results {
                 out.push_str(&format!(
-                    "{:<5} {:<8} {:<42} {:>22} {:>22} {:>22}\n",
+                    "{:<5} {:<12} {:<42} {:>22} {:>22} {:>22}\n",
                     r.page_size.to_string(),
                     vmm_name(r.vmm),
                     r.label,
@@ -338,8 +357,9 @@ impl VmStartReport {
                     )
                 };
                 out.push_str(&format!(
-                    "{:<5} qemu     warm start above the floor ({} ms), ms: {} = mapping present pages {} + lease call {} + watched open and the rest {} (each paired per rep)\n",
+                    "{:<5} {:<12} warm start above the floor ({} ms), ms: {} = mapping present pages {} + lease call {} + watched open and the rest {} (each paired per rep)\n",
                     b.page_size.to_string(),
+                    "qemu",
                     ms(&b.floor),
                     ms(&b.lease_above_floor),
                     ms(&b.mapping_present_pages),
@@ -349,7 +369,7 @@ impl VmStartReport {
             }
             for s in &size.savings {
                 out.push_str(&format!(
-                    "{:<5} {:<8} {:<42} {:.3} ({:.3}-{:.3}) of immediate - floor taken off{}\n",
+                    "{:<5} {:<12} {:<42} {:.3} ({:.3}-{:.3}) of immediate - floor taken off{}\n",
                     s.page_size.to_string(),
                     vmm_name(s.vmm),
                     s.case.label(s.vmm, self.threads),
@@ -363,6 +383,18 @@ impl VmStartReport {
                     } else {
                         " (goal >= 0.9: NOT met)"
                     }
+                ));
+            }
+        }
+        for size in &self.sizes {
+            for (ps, case, r) in &size.unprivileged_vs_root {
+                out.push_str(&format!(
+                    "{} on {ps} pages: libvirt / libvirt-root (QEMU unprivileged / as root), {}: {:.3} ({:.3}-{:.3})\n",
+                    format_bytes(size.size),
+                    case.label(Vmm::Libvirt, self.threads),
+                    r.median,
+                    r.min,
+                    r.max
                 ));
             }
         }

@@ -3,7 +3,12 @@
 //!
 //! The kernel never gives a hugetlb page to a new owner while anyone references it. The
 //! daemon's fast path reuses the same pages, so it recycles a released file in place only
-//! when each of these holds; otherwise the file takes the kernel's path (`Pool::give_back`):
+//! when nobody else can reach them; otherwise the file takes the kernel's path.
+//!
+//! By default the proof reads the kernel's own reference counts of the file ([`kernel`],
+//! [`Method::KernelCounts`]): its cost is bounded by the file, and nobody's open waits for
+//! the daemon. Where the counts cannot be read it falls back to the walk
+//! ([`Method::ProcWalk`]), which holds when each of these holds:
 //!
 //! 1. the file was watched from before its lease path existed until now (fanotify open
 //!    permission events, [`crate::sys::fanotify`]: each opener is recorded before its open
@@ -28,6 +33,7 @@
 //! live process outside its cgroups; `recycle = "kernel"` closes that too.
 
 pub mod cgroup;
+pub mod kernel;
 mod reader;
 pub mod scan;
 
@@ -40,6 +46,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::sys::fanotify::OpenWatch;
+use crate::sys::reach_bpf::Probe;
 
 /// Openers recorded per file before the record stops proving anything (each keeps a pidfd).
 const MAX_OPENERS: usize = 64;
@@ -115,6 +122,35 @@ pub enum Unproven {
         /// The process.
         pid: u32,
     },
+    /// Open files or mounts of the file exist beside the daemon's one (the kernel's count of
+    /// references to its dentry), or another dentry of it does (a name unlinked while held).
+    #[error("{extra} open files or mounts of it exist beside the daemon's (O_PATH and in flight ones included), and {names} other dentries")]
+    Referenced {
+        /// References beyond the daemon's.
+        extra: i32,
+        /// Other dentries of the inode.
+        names: u32,
+    },
+    /// A mount of its file system shows less than the whole (a bind mount of the file or of
+    /// a directory), in some mount namespace or none.
+    #[error("{mounts} mounts of its file system show a part of it (a bind mount)")]
+    PartialMount {
+        /// Such mounts.
+        mounts: u32,
+    },
+    /// Pages of the file are referenced beyond the page cache: mapped, pinned (io_uring,
+    /// VFIO, RDMA), in a pipe, or otherwise held.
+    #[error("{folios} of its huge pages are held beyond the page cache (the first: {refs} references, {pins} pins, {maps} mappings)")]
+    PagesHeld {
+        /// Folios held.
+        folios: u64,
+        /// The first one's reference count.
+        refs: i64,
+        /// Its long-term pins.
+        pins: i64,
+        /// Its mappings.
+        maps: i64,
+    },
     /// A step could not be carried out; the proof fails closed.
     #[error("{step}: {message}")]
     Error {
@@ -141,12 +177,15 @@ impl Unproven {
             Unproven::IoUring { .. } => "io-uring",
             Unproven::Descriptor { .. } => "descriptor",
             Unproven::Mount { .. } => "mount",
+            Unproven::Referenced { .. } => "descriptor",
+            Unproven::PartialMount { .. } => "mount",
+            Unproven::PagesHeld { .. } => "pages-held",
             Unproven::Error { .. } => "error",
         }
     }
 
     /// Every label, for metrics that list them all.
-    pub const LABELS: [&'static str; 13] = [
+    pub const LABELS: [&'static str; 14] = [
         "trust",
         "not-watched",
         "lost-events",
@@ -159,6 +198,7 @@ impl Unproven {
         "io-uring",
         "descriptor",
         "mount",
+        "pages-held",
         "error",
     ];
 }
@@ -183,6 +223,11 @@ struct Record {
     /// daemon and root is refused (one that passed its permission check before the lease
     /// path went would otherwise reach the next lessee's memory).
     recycled: bool,
+    /// Kernel counts: opens by anyone but the daemon and root are refused, from before the
+    /// counts are read until the next lease.
+    refusing: bool,
+    /// Kernel counts: opens by other processes reported since the lease began.
+    opens: usize,
 }
 
 #[derive(Debug, Default)]
@@ -200,10 +245,38 @@ pub struct Proof {
     pub took: Duration,
 }
 
+/// How releases are proven (see `docs/security.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// The kernel's own reference counts of the file, read by a BPF iterator: cost bounded
+    /// by the file ([`kernel`]).
+    KernelCounts,
+    /// Openers recorded by fanotify permission events, their cgroups, and a walk of every
+    /// thread in `/proc` ([`scan`]): cost grows with the host.
+    ProcWalk,
+    /// No fanotify watch: every release takes the kernel's path.
+    None,
+}
+
+impl Method {
+    /// A short label for logs and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Method::KernelCounts => "kernel-counts",
+            Method::ProcWalk => "proc-walk",
+            Method::None => "none",
+        }
+    }
+}
+
 /// The open watch over leased files and the proofs made from it.
 #[derive(Debug)]
 pub struct Reach {
     watch: Option<OpenWatch>,
+    /// The kernel-counts probe; `None`: the proof walks `/proc`.
+    probe: Option<Probe>,
+    /// Whether the kernel's counts of a quiet file match the proof's model.
+    model: Mutex<kernel::Model>,
     hierarchies: cgroup::Hierarchies,
     watched: Mutex<Watched>,
     /// Milliseconds after `born` at which the reader thread last finished a turn.
@@ -218,6 +291,12 @@ impl Reach {
     /// takes the kernel's path; the log says so once. The thread ends once the last
     /// reference is gone.
     pub fn new() -> Arc<Reach> {
+        Reach::proving(None)
+    }
+
+    /// [`Reach::new`] with the method chosen: `Some(Method::ProcWalk)` never loads the
+    /// kernel counts' probe (as `HUGEPREP_REACH=walk` does); `None` prefers the counts.
+    pub fn proving(method: Option<Method>) -> Arc<Reach> {
         let watch = match OpenWatch::new() {
             Ok(w) => Some(w),
             Err(err) => {
@@ -229,13 +308,31 @@ impl Reach {
             tracing::warn!(%err, "cannot read the cgroup mounts: no opener can be proven gone");
             cgroup::Hierarchies::default()
         });
+        let walk = method == Some(Method::ProcWalk)
+            || std::env::var("HUGEPREP_REACH").as_deref() == Ok("walk");
+        if walk {
+            tracing::info!("HUGEPREP_REACH=walk: the release proof walks /proc");
+        }
+        let probe = match &watch {
+            Some(_) if !walk => match Probe::load() {
+                Ok(p) => Some(p),
+                Err(err) => {
+                    tracing::warn!(%err, "the release proof cannot read the kernel's counts: it walks /proc, and its cost grows with the processes on the host");
+                    None
+                }
+            },
+            _ => None,
+        };
         let reach = Arc::new(Reach {
             watch,
+            probe,
+            model: Mutex::new(kernel::Model::Unchecked),
             hierarchies,
             watched: Mutex::new(Watched::default()),
             beat_ms: AtomicU64::new(0),
             born: Instant::now(),
         });
+        tracing::info!(method = reach.method().label(), "release proof");
         if reach.watch.is_none() {
             return reach;
         }
@@ -250,12 +347,23 @@ impl Reach {
                 tracing::warn!(%err, "cannot start the open watch's reader: released leases take the kernel's path");
                 Arc::new(Reach {
                     watch: None,
+                    probe: None,
+                    model: Mutex::new(kernel::Model::Unchecked),
                     hierarchies: reach.hierarchies.clone(),
                     watched: Mutex::new(Watched::default()),
                     beat_ms: AtomicU64::new(0),
                     born: Instant::now(),
                 })
             }
+        }
+    }
+
+    /// How releases are proven.
+    pub fn method(&self) -> Method {
+        match (&self.watch, &self.probe) {
+            (None, _) => Method::None,
+            (Some(_), Some(_)) => Method::KernelCounts,
+            (Some(_), None) => Method::ProcWalk,
         }
     }
 
@@ -310,6 +418,10 @@ impl Reach {
                 },
             );
         }
+        if self.probe.is_some() {
+            self.watch_by_counts(w, id, file);
+            return;
+        }
         // Marked once the record is there: the first open finds it.
         if let Err(err) = w.watch(file.as_fd()) {
             tracing::warn!(id, %err, "cannot watch a leased file's opens: it will take the kernel's path");
@@ -339,6 +451,9 @@ impl Reach {
         let started = Instant::now();
         if self.watch.is_none() {
             return Err(Unproven::NotWatched);
+        }
+        if let Some(probe) = &self.probe {
+            return self.prove_by_counts(probe, id, file, started);
         }
         // Every open that returned is recorded; one still waiting for its answer is an
         // open file, which the write lease below sees.
@@ -452,11 +567,14 @@ mod tests {
     #[test]
     fn a_recycled_file_refuses_opens_until_leased_again() {
         use std::os::unix::fs::PermissionsExt;
-        let reach = Reach::new();
+        let reach = Reach::proving(Some(Method::ProcWalk));
         if reach.watch.is_none() {
             return; // not root, or no fanotify
         }
-        let path = std::env::temp_dir().join(format!("hugeprep-recycled-{}", std::process::id()));
+        // On a tmpfs of its own: the walk rightly fails a file whose file system another
+        // mount namespace mounts below its root, as libvirt sandboxes do with /tmp's.
+        let fs = PrivateTmpfs::mount("recycled");
+        let path = fs.dir.join("file");
         std::fs::write(&path, b"memory").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let file = File::open(&path).unwrap();
@@ -476,6 +594,66 @@ mod tests {
         assert!(opens_as(0, &path), "root is refused");
         assert!(File::open(&path).is_ok(), "the daemon is refused");
         // Leased again: opens go on.
+        reach.watch(9, &file);
+        assert!(opens_as(65534, &path));
+        drop(file);
+        reach.forget(9);
+    }
+
+    /// A tmpfs mounted on a directory of its own for one test, unmounted and removed on drop.
+    struct PrivateTmpfs {
+        dir: std::path::PathBuf,
+    }
+
+    impl PrivateTmpfs {
+        fn mount(name: &str) -> PrivateTmpfs {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = std::env::temp_dir().join(format!("hugeprep-{name}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            nix::mount::mount(
+                Some("tmpfs"),
+                &dir,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some("size=1m,mode=0755"),
+            )
+            .unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+            PrivateTmpfs { dir }
+        }
+    }
+
+    impl Drop for PrivateTmpfs {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.dir, nix::mount::MntFlags::MNT_DETACH);
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+
+    /// With the kernel's counts, opens are refused (but the daemon's and root's) from the
+    /// start of a proof, whatever it finds, until the next lease: an open that took its
+    /// reference before the counts were read is in them, a later one never reaches the file.
+    #[test]
+    fn with_kernel_counts_opens_are_refused_from_the_proof_to_the_next_lease() {
+        use std::os::unix::fs::PermissionsExt;
+        let reach = Reach::new();
+        if reach.method() != Method::KernelCounts {
+            return; // not root, or no BPF: the walk's test above covers it
+        }
+        let path = std::env::temp_dir().join(format!("hugeprep-refused-{}", std::process::id()));
+        std::fs::write(&path, b"memory").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let file = File::open(&path).unwrap();
+        reach.watch(8, &file);
+        // Leased: opens never wait, and go on.
+        assert!(opens_as(65534, &path));
+        let _ = reach.prove(8, &file);
+        assert!(
+            !opens_as(65534, &path),
+            "an open during or after a proof went on"
+        );
+        assert!(opens_as(0, &path), "root is refused");
+        assert!(File::open(&path).is_ok(), "the daemon is refused");
         reach.watch(9, &file);
         assert!(opens_as(65534, &path));
         drop(file);

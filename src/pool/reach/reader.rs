@@ -31,6 +31,9 @@ impl Reach {
     /// answered yet is an open file, which the proof's write lease sees). Opens of a
     /// recycled file are refused, except the daemon's and root's.
     fn answer(&self, events: Vec<Event>) {
+        if self.probe.is_some() {
+            return self.answer_by_counts(events);
+        }
         let me = std::process::id();
         let mut lost = false;
         let mut refuse = Vec::new();
@@ -131,6 +134,65 @@ impl Reach {
         }
         drop(st);
         drop(answers);
+    }
+}
+
+impl Reach {
+    /// [`Reach::answer`] when releases are proven from the kernel's counts: nobody's open
+    /// waits during a lease (the first one is noted, for the start gate, and no more are
+    /// reported); from a proof until the next lease, opens are refused but the daemon's and
+    /// root's.
+    fn answer_by_counts(&self, events: Vec<Event>) {
+        let me = std::process::id();
+        let mut refuse = Vec::new();
+        let mut noted = Vec::new();
+        {
+            let mut st = self.lock();
+            for event in events {
+                // A lost notification loses a start gate hint, never a proof.
+                let Event::Open {
+                    dev,
+                    ino,
+                    pid,
+                    pidfd,
+                    permission,
+                } = event
+                else {
+                    continue;
+                };
+                if pid == me {
+                    continue;
+                }
+                let Some(&id) = st.by_inode.get(&(dev, ino)) else {
+                    continue;
+                };
+                let Some(record) = st.files.get_mut(&id) else {
+                    continue;
+                };
+                if permission.waits() {
+                    if record.refusing {
+                        refuse.push((pid, pidfd, permission));
+                    }
+                    continue;
+                }
+                record.opens += 1;
+                record.first_open.get_or_insert_with(Instant::now);
+                noted.push(permission);
+            }
+        }
+        if let Some(w) = &self.watch {
+            for event in noted {
+                if let Err(err) = w.unnotify(event.file()) {
+                    tracing::debug!(%err, "cannot stop reporting a leased file's opens");
+                }
+            }
+        }
+        for (pid, pidfd, permission) in refuse {
+            if !runs_as_root(pid, pidfd.as_ref()) {
+                tracing::warn!(pid, "refused an open of a released pool file");
+                permission.deny();
+            }
+        }
     }
 }
 

@@ -260,7 +260,7 @@ pub fn adopt(
         out.replace_range(range, &text);
     }
 
-    // What the hook will do with it: the same checks it makes at `prepare begin`.
+    // What the hook will do with it: the same checks it makes at `start begin`.
     let adopted = Domain::parse(&out)?;
     if plan::opts_in(&adopted).is_err() {
         return Err(super::HookError::Plan("the rewritten domain does not opt in".into()).into());
@@ -363,7 +363,7 @@ mod tests {
             xml,
             PageSize::Size2M,
             PageSize::Size2M,
-            "/dev/hugepages/libvirt",
+            "/dev/hugepages/libvirt-backing",
         )
         .unwrap()
         {

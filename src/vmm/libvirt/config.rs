@@ -9,6 +9,11 @@ use super::error::{HookError, Result};
 /// Where the hook reads its configuration unless told otherwise.
 pub const DEFAULT_CONFIG: &str = "/etc/hugeprep/libvirt-hook.toml";
 
+/// The `memory_backing_dir` every shipped file and `doctor` recommend: a directory of its
+/// own on the default hugetlbfs mount (libvirt's `<hugepages/>` domains use
+/// `/dev/hugepages/libvirt`).
+pub const RECOMMENDED_MEMORY_BACKING_DIR: &str = "/dev/hugepages/libvirt-backing";
+
 /// What to do when a domain's memory cannot come from hugeprep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -33,15 +38,27 @@ pub struct HookConfig {
     /// When the pool cannot serve a domain.
     #[serde(default)]
     pub on_shortage: Fallback,
-    /// When the daemon does not answer.
+    /// When the daemon does not answer: unreachable, or busy (503) for longer than
+    /// `daemon_retry_s`.
     #[serde(default)]
     pub on_daemon_down: Fallback,
+    /// Seconds to keep retrying a daemon that refuses connections (restarting) or answers
+    /// 503 (shutting down, admission full; its `Retry-After` is honoured) before
+    /// `on_daemon_down` applies; 0: no retry.
+    #[serde(default = "default_retry")]
+    pub daemon_retry_s: u64,
     /// Seconds to wait for each answer of the daemon (a cold lease faults its memory first).
     #[serde(default = "default_timeout")]
     pub timeout_s: u64,
-    /// User to hand lease files to (QEMU's user, `libvirt-qemu` on Debian), if not root.
+    /// User to hand lease files to when the domain XML carries no DAC label (a hook run by
+    /// hand; libvirt always passes one at `start begin`). Unset: qemu.conf's `user`, or the
+    /// default libvirt was built with. Must exist.
     #[serde(default)]
     pub owner: Option<String>,
+    /// libvirt's qemu.conf, read for QEMU's user when neither the domain nor `owner` names
+    /// one.
+    #[serde(default = "default_qemu_conf")]
+    pub qemu_conf: PathBuf,
     /// Seconds after which a hook lease no longer linked into libvirt's directory is released
     /// by the next hook call or `--reconcile`.
     #[serde(default = "default_stale")]
@@ -64,6 +81,14 @@ fn default_timeout() -> u64 {
     30
 }
 
+fn default_retry() -> u64 {
+    10
+}
+
+fn default_qemu_conf() -> PathBuf {
+    PathBuf::from(super::qemu_conf::QEMU_CONF)
+}
+
 fn default_stale() -> u64 {
     60
 }
@@ -76,8 +101,10 @@ impl HookConfig {
             memory_backing_dir: memory_backing_dir.into(),
             on_shortage: Fallback::Fail,
             on_daemon_down: Fallback::Fail,
+            daemon_retry_s: default_retry(),
             timeout_s: default_timeout(),
             owner: None,
+            qemu_conf: default_qemu_conf(),
             stale_after_s: default_stale(),
             pin: false,
             utf8_locale: None,
@@ -103,6 +130,18 @@ impl HookConfig {
                 "timeout_s {} must be between 1 and 3600",
                 config.timeout_s
             )));
+        }
+        if config.daemon_retry_s > 600 {
+            return Err(bad(format!(
+                "daemon_retry_s {} must be at most 600",
+                config.daemon_retry_s
+            )));
+        }
+        // Checked at every load, so a user that does not exist fails the start before any
+        // lease is taken.
+        if let Some(owner) = &config.owner {
+            super::qemu_conf::resolve_user(owner)
+                .map_err(|e| bad(format!("owner: {e} (QEMU's user; or leave owner unset)")))?;
         }
         Ok(config)
     }
@@ -143,6 +182,26 @@ mod tests {
                 "maybe",
             ),
             ("memory_backing_dir = \"/x\"\ntimeout_s = 0", "timeout_s"),
+            (
+                "memory_backing_dir = \"/x\"\ndaemon_retry_s = 601",
+                "daemon_retry_s",
+            ),
+            (
+                "memory_backing_dir = \"/x\"\nowner = \"no-such-user-hugeprep\"",
+                "owner: no user \"no-such-user-hugeprep\"",
+            ),
+            (
+                "memory_backing_dir = \"/x\"\nowner = \"libvirt-qmeu\"",
+                "owner: no user \"libvirt-qmeu\" on this host",
+            ),
+            (
+                "memory_backing_dir = \"/x\"\nowner = \"\"",
+                "owner: no user \"\"",
+            ),
+            (
+                "memory_backing_dir = \"/x\"\non_daemon_down = \"colder\"",
+                "colder",
+            ),
         ] {
             std::fs::write(&path, text).unwrap();
             let e = HookConfig::load(&path).unwrap_err().to_string();
@@ -155,6 +214,10 @@ mod tests {
     fn the_shipped_example_is_valid() {
         let text = include_str!("../../../integration/libvirt/libvirt-hook.toml");
         let c: HookConfig = toml::from_str(text).unwrap();
-        assert_eq!(c.owner.as_deref(), Some("libvirt-qemu"));
+        assert_eq!(c.owner, None, "QEMU's user comes from libvirt");
+        assert_eq!(
+            c.memory_backing_dir,
+            PathBuf::from(RECOMMENDED_MEMORY_BACKING_DIR)
+        );
     }
 }

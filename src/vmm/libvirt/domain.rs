@@ -15,7 +15,7 @@ pub struct Domain {
     pub name: String,
     /// `<uuid>`, lower case.
     pub uuid: String,
-    /// `id` of `<domain>`: the number of this start (present at `prepare begin`).
+    /// `id` of `<domain>`: the number of this start (present from `prepare begin` on).
     pub id: Option<u32>,
     /// `<memory>` in bytes.
     pub memory: u64,
@@ -33,6 +33,10 @@ pub struct Domain {
     pub numatune: NumaTune,
     /// hugeprep's `<metadata>` element, when present.
     pub metadata: Option<Metadata>,
+    /// `<label>` of the domain's `<seclabel model='dac'>`: the `USER:GROUP` its QEMU runs
+    /// as (libvirt adds `+UID:+GID` before the `start begin` hook; a static per-domain
+    /// label is in the definition itself).
+    pub dac_label: Option<String>,
 }
 
 /// One `<cpu><numa><cell>`.
@@ -229,6 +233,10 @@ impl Domain {
                 d.numatune.memnodes.push((cell, parse_nodeset(set)?));
             }
         }
+        d.dac_label = children(root, "seclabel")
+            .filter(|s| s.attribute("model") == Some("dac"))
+            .find_map(|s| child(s, "label").and_then(|l| l.text()))
+            .map(|l| l.trim().to_string());
         if let Some(meta) = child(root, "metadata") {
             d.metadata = meta
                 .children()
@@ -293,6 +301,8 @@ mod tests {
   <memoryBacking><source type='file'/><access mode='shared'/><discard/></memoryBacking>
   <numatune><memory mode='strict' nodeset='0-1'/><memnode cellid='0' mode='strict' nodeset='1'/></numatune>
   <cpu><numa><cell id='0' cpus='0' memory='131072' unit='KiB'/><cell id='1' cpus='1' memory='128' unit='MiB' memAccess='shared'/></numa></cpu>
+  <seclabel type='dynamic' model='selinux' relabel='yes'><label>system_u:system_r:svirt_t:s0:c1,c2</label></seclabel>
+  <seclabel type='dynamic' model='dac' relabel='yes'><label>+64055:+64055</label><imagelabel>+64055:+64055</imagelabel></seclabel>
 </domain>"#;
 
     #[test]
@@ -313,6 +323,7 @@ mod tests {
         let m = d.metadata.unwrap();
         assert_eq!(m.page_size, Some(PageSize::Size2M));
         assert_eq!(m.cells, vec![(1, 3)]);
+        assert_eq!(d.dac_label.as_deref(), Some("+64055:+64055"));
     }
 
     #[test]

@@ -42,11 +42,15 @@ pub enum HookError {
         /// The daemon's answer.
         source: ClientError,
     },
-    /// The daemon did not answer.
-    #[error("hugeprep daemon unavailable for domain {domain:?}: {source}")]
+    /// The daemon did not answer, or stayed busy.
+    #[error(
+        "hugeprep daemon unavailable for domain {domain:?} (retried for {retried_s} s): {source}"
+    )]
     DaemonDown {
         /// Domain name.
         domain: String,
+        /// How long the hook retried (`daemon_retry_s`).
+        retried_s: u64,
         /// What failed.
         source: ClientError,
     },
@@ -60,7 +64,21 @@ pub enum HookError {
         /// The daemon's answer.
         source: ClientError,
     },
-    /// A directory below `memory_backing_dir` is a link or was not made by the hook.
+    /// QEMU's user cannot reach the files the hook would link for it.
+    #[error(
+        "memory_backing_dir {dir}: QEMU runs as {qemu} and could not open its memory there: \
+         {blocked}; give that user search permission on every directory down to it, or set \
+         memory_backing_dir (qemu.conf and the hook's config) to a directory it can reach"
+    )]
+    Unreachable {
+        /// The per-domain directory.
+        dir: PathBuf,
+        /// QEMU's user, for the message.
+        qemu: String,
+        /// Where the path is closed.
+        blocked: Box<crate::perm::Blocked>,
+    },
+    /// A directory below `memory_backing_dir` is a link, not QEMU's, or writable by others.
     #[error(transparent)]
     Dir(#[from] crate::hugetlb::dir::DirError),
     /// A file system operation failed.
@@ -79,11 +97,15 @@ pub enum HookError {
 pub type Result<T> = std::result::Result<T, HookError>;
 
 impl HookError {
-    /// Whether the daemon could not be reached or did not answer in time.
+    /// Whether the daemon could not be reached, did not answer in time, or stayed busy
+    /// (503) after the retries.
     pub fn is_unreachable(e: &ClientError) -> bool {
         matches!(
             e,
-            ClientError::Connect { .. } | ClientError::Timeout { .. } | ClientError::Http { .. }
+            ClientError::Connect { .. }
+                | ClientError::Timeout { .. }
+                | ClientError::Http { .. }
+                | ClientError::Api { status: 503, .. }
         )
     }
 }

@@ -1,6 +1,14 @@
-//! The hook's actions: `prepare begin` takes one lease per memory backend and links it where
+//! The hook's actions: `start begin` takes one lease per memory backend and links it where
 //! QEMU will open it; `stopped end` and `release end` give the domain's leases back; every
 //! call that reaches the daemon also releases leases whose domain is gone (reconciliation).
+//!
+//! `start begin` is where libvirt says resources are labelled: by then it has made the
+//! per-domain directory `<memory_backing_dir>/libvirt/qemu/<id>-<name>` (0700) and given it
+//! to the user and group QEMU will run as (`qemuProcessBuildDestroyMemoryPaths`, the DAC
+//! driver's `SetPathLabel`; an SELinux host labels it with the domain's MCS pair), and the
+//! XML carries that user and group as `<seclabel model='dac'><label>`. The hook links the
+//! leases into libvirt's directory and has the daemon hand the files to that user, so the
+//! domain's QEMU opens them whatever user libvirt runs it as.
 //!
 //! The hook talks only to the hugeprep daemon, never to libvirt (a hook that calls libvirt
 //! deadlocks it), and writes nothing on stdout.
@@ -15,6 +23,7 @@ use super::config::{Fallback, HookConfig};
 use super::domain::Domain;
 use super::error::{HookError, Result};
 use super::plan::{self, NotOptedIn, Plan};
+use super::qemu_conf::{QemuConf, QemuUser};
 use crate::client::{Client, ClientError};
 use crate::hugetlb::dir::DirHandle;
 use crate::pool::{LeaseInfo, LeaseRequest};
@@ -44,8 +53,9 @@ pub struct Hook {
 impl Hook {
     /// A hook with `config`.
     pub fn new(config: HookConfig) -> Hook {
-        let client =
-            Client::new(&config.socket).with_timeout(Duration::from_secs(config.timeout_s));
+        let client = Client::new(&config.socket)
+            .with_timeout(Duration::from_secs(config.timeout_s))
+            .with_retry(Duration::from_secs(config.daemon_retry_s));
         Hook { config, client }
     }
 
@@ -57,8 +67,8 @@ impl Hook {
         if let Err(why) = plan::opts_in(d) {
             return Ok(Outcome::Untouched(why));
         }
-        if op == "prepare" {
-            self.prepare(d)
+        if op == "start" {
+            self.start(d)
         } else {
             self.release(d).map(Outcome::Released)
         }
@@ -80,6 +90,7 @@ impl Hook {
         if HookError::is_unreachable(&e) {
             return HookError::DaemonDown {
                 domain: d.name.clone(),
+                retried_s: self.config.daemon_retry_s,
                 source: e,
             };
         }
@@ -97,7 +108,7 @@ impl Hook {
         }
     }
 
-    /// Applies the configured fallback to an error of `prepare`.
+    /// Applies the configured fallback to an error of `start`.
     fn fallback(&self, e: HookError) -> Result<Outcome> {
         let choice = match &e {
             HookError::Shortage { .. } => self.config.on_shortage,
@@ -110,10 +121,38 @@ impl Hook {
         }
     }
 
-    fn prepare(&self, d: &Domain) -> Result<Outcome> {
+    /// The user and group the domain's QEMU runs as: libvirt's DAC label in the XML, else
+    /// the hook's `owner`, else qemu.conf's (or libvirt's built-in) user and group; with
+    /// the supplementary groups libvirt gives every QEMU.
+    pub fn qemu_user(&self, d: &Domain) -> Result<QemuUser> {
+        let conf = QemuConf::read(&self.config.qemu_conf).map_err(|source| HookError::Io {
+            op: "read",
+            path: self.config.qemu_conf.clone(),
+            source,
+        })?;
+        let user = if let Some(label) = &d.dac_label {
+            QemuUser::from_label(label).map_err(|message| HookError::Xml {
+                field: "seclabel model='dac' label".into(),
+                message,
+            })?
+        } else if let Some(owner) = &self.config.owner {
+            QemuUser::from_user(owner)
+                .map_err(|message| HookError::Plan(format!("owner: {message}")))?
+        } else {
+            conf.qemu_user().map_err(|message| {
+                HookError::Plan(format!(
+                    "QEMU's user from {}: {message}",
+                    self.config.qemu_conf.display()
+                ))
+            })?
+        };
+        Ok(user.with_groups_of(&conf))
+    }
+
+    fn start(&self, d: &Domain) -> Result<Outcome> {
         let id = d.id.ok_or_else(|| HookError::Xml {
             field: "domain id".into(),
-            message: "missing at prepare begin".into(),
+            message: "missing at start begin".into(),
         })?;
         let mbd = &self.config.memory_backing_dir;
         let page_size = crate::hugetlb::hugetlbfs_page_size(mbd)
@@ -129,12 +168,13 @@ impl Hook {
                 ))
             })?;
         let plan = plan::plan(d, page_size)?;
+        let qemu = self.qemu_user(d)?;
         let existing = match self.leases(d) {
             Ok(l) => l,
             Err(e) => return self.fallback(e),
         };
         // Leases of an earlier start of this domain that were never released: libvirt runs
-        // no prepare for a running domain, so they are stale.
+        // no start hook for a running domain, so they are stale.
         let prefix = plan::lease_prefix(&d.uuid);
         for l in existing.iter().filter(|l| l.name.starts_with(&prefix)) {
             self.blocking(self.client.release(l.id))
@@ -145,7 +185,7 @@ impl Hook {
         let short = plan::short_name(id, &d.name, self.utf8_locale());
         let dir = plan::domain_dir(mbd, &short);
         let mut taken = Taken::default();
-        match self.take(d, &plan, &dir, &mut taken) {
+        match self.take(d, &plan, &qemu, &dir, &mut taken) {
             Ok(()) => Ok(Outcome::Linked(taken.links)),
             Err(e) => {
                 self.undo(taken);
@@ -154,7 +194,43 @@ impl Hook {
         }
     }
 
-    fn take(&self, d: &Domain, plan: &Plan, dir: &Path, taken: &mut Taken) -> Result<()> {
+    fn take(
+        &self,
+        d: &Domain,
+        plan: &Plan,
+        qemu: &QemuUser,
+        dir: &Path,
+        taken: &mut Taken,
+    ) -> Result<()> {
+        let io = |op, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| HookError::Io { op, path, source }
+        };
+        // `<memory_backing_dir>/libvirt/qemu` belongs to QEMU's user, which every domain may
+        // share: below the configured directory no link is followed, and the per-domain
+        // directory must be QEMU's and writable by no one else. libvirt made it (0700) just
+        // before this call; a hook run without libvirt makes it the same way.
+        let short = dir.file_name().map(OsString::from).ok_or_else(|| {
+            HookError::Plan(format!("{}: no per-domain directory name", dir.display()))
+        })?;
+        let parent = DirHandle::open(&self.config.memory_backing_dir)?
+            .parent_subdir("libvirt", 0o755)?
+            .parent_subdir("qemu", 0o755)?;
+        let (domain, made) = parent.qemu_subdir(&short, qemu.creds.uid, qemu.creds.gid)?;
+        taken.dir = Some((parent, short, domain.clone(), made));
+        // Before any lease: QEMU's user must be able to reach the files (a directory on the
+        // way that it cannot search fails the start here, naming it, with nothing taken).
+        if let Err(e) = crate::perm::check(dir, &qemu.creds, crate::perm::Access::SEARCH) {
+            return Err(match e {
+                crate::perm::CheckError::Blocked(blocked) => HookError::Unreachable {
+                    dir: dir.to_path_buf(),
+                    qemu: qemu.to_string(),
+                    blocked,
+                },
+                crate::perm::CheckError::Unreadable(u) => io("stat", &u.path)(u.source),
+            });
+        }
+        let owner = (!qemu.is_root()).then(|| qemu.creds.uid.to_string());
         for b in &plan.backends {
             let req = LeaseRequest {
                 recycle: None,
@@ -162,7 +238,7 @@ impl Hook {
                 size: b.size,
                 page_size: Some(plan.page_size),
                 node: b.node,
-                owner: self.config.owner.clone(),
+                owner: owner.clone(),
                 pid: None,
                 pin: self.config.pin,
             };
@@ -171,22 +247,6 @@ impl Hook {
                 .map_err(|e| self.classify(d, &format!("lease {}", req.name), Some(&b.alias), e))?;
             taken.leases.push(lease);
         }
-        let io = |op, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| HookError::Io { op, path, source }
-        };
-        // `<memory_backing_dir>/libvirt/qemu` may belong to QEMU's user, which every domain
-        // shares: below the configured directory no link is followed, and the per-domain
-        // directory must be one this call made (mode 0700, root's), so no other domain can
-        // have planted it, or a link in it, to catch this domain's memory.
-        let short = dir.file_name().map(OsString::from).ok_or_else(|| {
-            HookError::Plan(format!("{}: no per-domain directory name", dir.display()))
-        })?;
-        let qemu = DirHandle::open(&self.config.memory_backing_dir)?
-            .parent_subdir("libvirt", 0o755)?
-            .parent_subdir("qemu", 0o755)?;
-        let domain = qemu.new_subdir(&short, 0o700, nix::unistd::geteuid().as_raw())?;
-        taken.dir = Some((qemu, short, domain.clone()));
         for (b, lease) in plan.backends.iter().zip(&taken.leases) {
             let link = dir.join(&b.alias);
             domain.link_in(&lease.path, &b.alias).map_err(|source| {
@@ -206,17 +266,19 @@ impl Hook {
         Ok(())
     }
 
-    /// Gives back what a failed prepare took, through the directory handles; every step is
-    /// attempted.
+    /// Gives back what a failed start took, through the directory handles; every step is
+    /// attempted. libvirt's own directory stays (libvirt removes it when the start fails).
     fn undo(&self, taken: Taken) {
-        if let Some((parent, name, dir)) = &taken.dir {
+        if let Some((parent, name, dir, made)) = &taken.dir {
             for link in &taken.links {
                 if let Some(alias) = link.file_name() {
                     // Every step is attempted; the prepare's own error is the one reported.
                     let _ = dir.unlink(alias);
                 }
             }
-            let _ = parent.rmdir(name);
+            if *made {
+                let _ = parent.rmdir(name);
+            }
         }
         for l in &taken.leases {
             if let Err(err) = self.blocking(self.client.release(l.id)) {
@@ -251,6 +313,7 @@ impl Hook {
             self.blocking(self.client.leases())
                 .map_err(|source| HookError::DaemonDown {
                     domain: String::new(),
+                    retried_s: self.config.daemon_retry_s,
                     source,
                 })?;
         self.reconcile_from(&leases, except)
@@ -310,20 +373,21 @@ impl Hook {
     }
 }
 
-/// Whether the hook acts on `OP SUBOP`: `prepare begin`, `stopped end`, `release end`.
+/// Whether the hook acts on `OP SUBOP`: `start begin`, `stopped end`, `release end`.
 pub fn acts_on(op: &str, subop: &str) -> bool {
     matches!(
         (op, subop),
-        ("prepare", "begin") | ("stopped", "end") | ("release", "end")
+        ("start", "begin") | ("stopped", "end") | ("release", "end")
     )
 }
 
-/// What a prepare has taken so far, to undo on failure.
+/// What a start has taken so far, to undo on failure.
 #[derive(Debug, Default)]
 struct Taken {
     leases: Vec<LeaseInfo>,
-    /// The parent's handle, the name and the handle of the per-domain directory made.
-    dir: Option<(DirHandle, OsString, DirHandle)>,
+    /// The parent's handle, the name and the handle of the per-domain directory, and
+    /// whether this call made it.
+    dir: Option<(DirHandle, OsString, DirHandle, bool)>,
     links: Vec<PathBuf>,
 }
 

@@ -37,6 +37,38 @@ pub enum SandboxError {
 /// Result of sandbox actions.
 pub type Result<T> = std::result::Result<T, SandboxError>;
 
+/// Who the sandbox's libvirt runs QEMU as.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum QemuAs {
+    /// As the distribution's package configures it (qemu.conf's `user` and `group` as
+    /// shipped: `libvirt-qemu` on Debian).
+    #[default]
+    Packaged,
+    /// As root (`user = "root"`, `group = "root"`), which stays supported.
+    Root,
+    /// As another user and group (another distribution's `qemu:qemu`).
+    User {
+        /// qemu.conf's `user`.
+        user: String,
+        /// qemu.conf's `group`.
+        group: String,
+    },
+}
+
+impl QemuAs {
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let (user, group) = match self {
+            QemuAs::Packaged => return Vec::new(),
+            QemuAs::Root => ("root", "root"),
+            QemuAs::User { user, group } => (user.as_str(), group.as_str()),
+        };
+        vec![
+            ("HUGEPREP_SANDBOX_QEMU_USER", user.to_string()),
+            ("HUGEPREP_SANDBOX_QEMU_GROUP", group.to_string()),
+        ]
+    }
+}
+
 /// A running libvirtd + virtlogd pair; stopped and removed on drop.
 #[derive(Debug)]
 pub struct Sandbox {
@@ -57,6 +89,10 @@ pub fn hook_command(hugeprep: &Path, config: &Path) -> String {
 }
 
 fn script(args: &[&std::ffi::OsStr]) -> Result<Output> {
+    script_with(args, &[])
+}
+
+fn script_with(args: &[&std::ffi::OsStr], env: &[(&str, String)]) -> Result<Output> {
     let command = format!(
         "sandbox.sh {}",
         args.iter()
@@ -69,6 +105,7 @@ fn script(args: &[&std::ffi::OsStr]) -> Result<Output> {
         .arg(SCRIPT)
         .arg("sandbox.sh")
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .map_err(|source| SandboxError::Spawn {
             command: command.clone(),
@@ -88,9 +125,19 @@ impl Sandbox {
     /// Starts the daemons with their state in `dir` (created; removed again by `down`),
     /// `memory_backing_dir` (on a hugetlbfs mount) in qemu.conf, and `hook`, a shell command
     /// line, installed as `/etc/libvirt/hooks/qemu.d/hugeprep` (libvirt appends
-    /// `NAME OP SUBOP EXTRA`). Takes about 10 s: libvirt probes QEMU's capabilities into a
-    /// fresh cache.
+    /// `NAME OP SUBOP EXTRA`). QEMU runs as the package configures it. Takes about 10 s:
+    /// libvirt probes QEMU's capabilities into a fresh cache.
     pub fn up(dir: &Path, memory_backing_dir: &Path, hook: Option<&str>) -> Result<Sandbox> {
+        Sandbox::up_as(dir, memory_backing_dir, hook, &QemuAs::Packaged)
+    }
+
+    /// As [`Sandbox::up`], with QEMU run as `qemu` says.
+    pub fn up_as(
+        dir: &Path,
+        memory_backing_dir: &Path,
+        hook: Option<&str>,
+        qemu: &QemuAs,
+    ) -> Result<Sandbox> {
         let mut args = vec![
             "up".as_ref(),
             dir.as_os_str(),
@@ -105,7 +152,7 @@ impl Sandbox {
             up: true,
         };
         // On failure the drop of `sandbox` stops whatever did start.
-        script(&args)?;
+        script_with(&args, &qemu.env())?;
         Ok(sandbox)
     }
 
@@ -160,6 +207,22 @@ impl Sandbox {
                 std::fs::read(format!("/proc/{pid}/cmdline"))
                     .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
             })
+    }
+
+    /// A command that runs `program` inside the sandbox's mount namespace, where
+    /// `/etc/libvirt` and `/run/libvirt` are the sandbox's (what libvirtd and its hooks see).
+    pub fn command_inside(&self, program: impl AsRef<std::ffi::OsStr>) -> Result<Command> {
+        let pid = std::fs::read_to_string(self.dir.join("virtlogd.pid")).map_err(|source| {
+            SandboxError::Spawn {
+                command: "read virtlogd.pid".into(),
+                source,
+            }
+        })?;
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--mount=/proc/{}/ns/mnt", pid.trim()))
+            .arg("--")
+            .arg(program);
+        Ok(cmd)
     }
 
     /// Stops libvirtd (running domains keep running) and starts it again.

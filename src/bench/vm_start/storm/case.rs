@@ -40,8 +40,10 @@ impl StormCase {
             (Vmm::Libvirt, StormCase::Floor) => "file-backed, hook cold (floor)".into(),
             (Vmm::Libvirt, StormCase::Warm) => "hugeprep hook, pool warm for all".into(),
             (Vmm::Libvirt, StormCase::HalfWarm) => "hugeprep hook, pool warm for half".into(),
-            // Storms start QEMU alone or through libvirt; `run` leaves cloud-hypervisor out.
-            (Vmm::CloudHypervisor, case) => format!("cloud-hypervisor ({case:?}, not stormed)"),
+            // Storms start QEMU alone or through libvirt; `run` leaves the others out.
+            (Vmm::CloudHypervisor | Vmm::LibvirtRoot, case) => {
+                format!("{} ({case:?}, not stormed)", vmm.name())
+            }
         }
     }
 

@@ -73,6 +73,12 @@ pub fn run(
         not_measured.push("cloud-hypervisor: storms start QEMU alone and through libvirt".into());
         vmms.retain(|&v| v != Vmm::CloudHypervisor);
     }
+    if vmms.contains(&Vmm::LibvirtRoot) {
+        let why = "libvirt-root: storms start libvirt's QEMU as the package configures it";
+        log(&format!("not measured: {why}"));
+        not_measured.push(why.into());
+        vmms.retain(|&v| v != Vmm::LibvirtRoot);
+    }
     if vmms.contains(&Vmm::Libvirt) {
         if let Err(why) = super::libvirt::tools_present() {
             log(&format!("not measured: libvirt: {why}"));
@@ -181,6 +187,7 @@ fn run_count(
             pool_mount.path(),
             &tmp.0,
             daemon.socket(),
+            Vmm::Libvirt,
         )?)
     } else {
         None

@@ -1,0 +1,244 @@
+//! The release proof from the kernel's own reference counts ([`crate::sys::reach_bpf`]):
+//! its cost is bounded by the released file (its dentry, the mounts of its file system, its
+//! pages) and the daemon's descriptors, never by the processes on the host.
+//!
+//! Everything that can reach a released file's pages holds a count the kernel keeps:
+//!
+//! - a name: `i_nlink`, and a dentry of the inode (an unlinked name someone still holds);
+//! - an open file of it, of any kind (read, write, `O_PATH`), in any descriptor table, in
+//!   flight in a unix socket, registered with an io_uring, or held by a mapping: one
+//!   reference to its dentry per open file;
+//! - a mount of the file (a bind mount, in any namespace, or a detached tree): a reference
+//!   to its dentry; a mount of a directory of its file system shows as a mount whose root is
+//!   not the file system's root;
+//! - a page reference (a mapping, a long-term pin by io_uring, VFIO, iommufd or RDMA, a pipe
+//!   buffer filled by `vmsplice`, any `get_page`): a reference to the folio, beyond the one
+//!   per page the page cache holds. The kernel frees a hugetlb folio only when nobody holds
+//!   one: this is the test it applies itself before it reuses a page.
+//!
+//! So the proof needs no record of who opened the file, no cgroups and no walk of `/proc`:
+//! with the daemon's one descriptor open (and a fresh one, never handed to a lessee, so that
+//! no mapping can hide behind it), the dentry must have the daemon's reference and the
+//! one every linked hugetlbfs dentry holds, the inode no other dentry, the file system no
+//! partial mount, and every folio exactly the page cache's references.
+//!
+//! Opens are refused (but the daemon's and root's) from before the counts are read until the
+//! file is leased again: an open that had taken its dentry reference before is counted, one
+//! after is refused.
+//!
+//! The counts of a quiet file are checked once against this model, on the first lease (a
+//! file nobody but the daemon can reach): the dentry of one open file has 2 references, an
+//! `O_PATH` descriptor adds one, every folio is at the page cache's count. A kernel that
+//! differs fails every proof (the kernel's path), with one error in the log.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+
+use std::os::fd::AsFd;
+use std::time::Instant;
+
+use super::{Proof, Reach, Unproven};
+use crate::sys::fanotify::OpenWatch;
+use crate::sys::reach_bpf::{kernel_dev, Probe, Report};
+
+/// References to the dentry of a linked hugetlbfs file that one open file (the daemon's)
+/// holds: the file system's own pin of a linked dentry, and the open file's.
+pub const QUIET_DENTRY_REFS: i32 = 2;
+
+/// Whether the kernel's counts of a quiet file match the model the proof relies on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Model {
+    /// Not checked yet (no file leased since the start).
+    Unchecked,
+    /// Checked on a quiet file: the proof may rely on it.
+    Holds,
+    /// A quiet file's counts differ: every proof fails.
+    Differs,
+}
+
+/// Checks the model on `file`, a pool file that only the daemon can reach and that it holds
+/// through this one open file. `None`: the file cannot tell (no page in it).
+pub fn check_model(probe: &Probe, file: &File) -> Result<Option<()>, String> {
+    let quiet = probe.report(file, true).map_err(|e| e.to_string())?;
+    if quiet.folios == 0 {
+        return Ok(None);
+    }
+    let same = |r: &Report| r.other_aliases == 0 && r.partial_mounts == 0 && !r.incomplete;
+    if !same(&quiet) || quiet.dentry_count != QUIET_DENTRY_REFS || quiet.held_folios != 0 {
+        return Err(format!("a quiet file's counts: {quiet:?}"));
+    }
+    // One more open file of it (O_PATH) is one more reference.
+    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(file));
+    let o_path = nix::fcntl::open(
+        path.as_str(),
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| format!("O_PATH open of the quiet file: {e}"))?;
+    let held = probe.report(file, false);
+    let _ = nix::unistd::close(o_path);
+    let held = held.map_err(|e| e.to_string())?;
+    if held.dentry_count != QUIET_DENTRY_REFS + 1 {
+        return Err(format!(
+            "an O_PATH descriptor did not count: {} references, {} expected",
+            held.dentry_count,
+            QUIET_DENTRY_REFS + 1
+        ));
+    }
+    Ok(Some(()))
+}
+
+/// The counts' verdict on `file` (the daemon's only open file of a released pool file).
+pub fn prove(probe: &Probe, file: &File) -> Result<Report, Unproven> {
+    let fail = |step: &'static str| move |e: String| Unproven::Error { step, message: e };
+    let r = probe
+        .report(file, true)
+        .map_err(|e| e.to_string())
+        .map_err(fail("kernel counts"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| e.to_string())
+        .map_err(fail("fstat"))?;
+    if (r.dev, r.ino) != (kernel_dev(meta.dev()), meta.ino()) {
+        return Err(Unproven::Error {
+            step: "kernel counts",
+            message: format!(
+                "the probe read inode {}:{}, not the file's {}:{}",
+                r.dev,
+                r.ino,
+                kernel_dev(meta.dev()),
+                meta.ino()
+            ),
+        });
+    }
+    if r.nlink != 1 {
+        return Err(Unproven::Links {
+            nlink: u64::from(r.nlink),
+        });
+    }
+    if r.file_mounts > 0 || r.partial_mounts > 0 || r.mounts_truncated {
+        return Err(Unproven::PartialMount {
+            mounts: r.partial_mounts,
+        });
+    }
+    if r.other_aliases > 0 || r.aliases_truncated || r.dentry_count != QUIET_DENTRY_REFS {
+        return Err(Unproven::Referenced {
+            extra: r.dentry_count - QUIET_DENTRY_REFS,
+            names: r.other_aliases,
+        });
+    }
+    if r.incomplete || r.odd_entries > 0 || !r.walked {
+        return Err(Unproven::Error {
+            step: "page cache walk",
+            message: format!(
+                "{} folios read, {} entries under change, finished: {}",
+                r.folios, r.odd_entries, !r.incomplete
+            ),
+        });
+    }
+    if r.held_folios > 0 {
+        let (refs, pins, maps) = r.first_held;
+        return Err(Unproven::PagesHeld {
+            folios: r.held_folios,
+            refs,
+            pins,
+            maps: maps + 1,
+        });
+    }
+    Ok(r)
+}
+
+impl Reach {
+    /// [`Reach::watch`] with kernel counts: opens are no longer refused, and the first one
+    /// is reported (for the start gate) without making the opener wait. On the first lease,
+    /// the model of the counts is checked on the file, which only the daemon reaches yet.
+    pub(super) fn watch_by_counts(&self, w: &OpenWatch, id: u64, file: &File) {
+        self.check_model(file);
+        let unwatched = match w.unwatch(file.as_fd()) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            other => other,
+        };
+        if let Err(err) = unwatched.and_then(|()| w.notify(file.as_fd())) {
+            // Opens of it would be refused, or not seen by the start gate.
+            tracing::warn!(id, %err, "cannot change a leased file's open watch: it will take the kernel's path");
+            if let Some(r) = self.lock().files.get_mut(&id) {
+                r.complete = false;
+            }
+        }
+    }
+
+    /// Checks once that the kernel's counts of a quiet file match the proof's model.
+    fn check_model(&self, file: &File) {
+        let Some(probe) = &self.probe else { return };
+        let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
+        if *model != Model::Unchecked {
+            return;
+        }
+        match check_model(probe, file) {
+            Ok(Some(())) => {
+                tracing::info!(
+                    "the kernel's counts of a quiet pool file match the release proof's model"
+                );
+                *model = Model::Holds;
+            }
+            Ok(None) => {}
+            Err(err) => {
+                tracing::error!(%err, "the kernel's counts of a quiet pool file do not match the release proof's model: every release takes the kernel's path");
+                *model = Model::Differs;
+            }
+        }
+    }
+
+    /// [`Reach::prove`] from the kernel's counts ([`kernel`]).
+    pub(super) fn prove_by_counts(
+        &self,
+        probe: &Probe,
+        id: u64,
+        file: &File,
+        started: Instant,
+    ) -> Result<Proof, Unproven> {
+        let Some(w) = &self.watch else {
+            return Err(Unproven::NotWatched);
+        };
+        // Refused from now until the next lease (but the daemon's and root's opens): an
+        // open that took its dentry reference before is in the counts read below.
+        let opens = {
+            let mut st = self.lock();
+            let record = st.files.get_mut(&id).ok_or(Unproven::NotWatched)?;
+            if !record.complete {
+                return Err(Unproven::Lost);
+            }
+            record.refusing = true;
+            record.opens
+        };
+        w.watch(file.as_fd()).map_err(|e| Unproven::Error {
+            step: "refusing opens",
+            message: e.to_string(),
+        })?;
+        let model = *self.model.lock().unwrap_or_else(|e| e.into_inner());
+        if model != Model::Holds {
+            return Err(Unproven::Error {
+                step: "kernel counts",
+                message: match model {
+                    Model::Unchecked => "not checked on a quiet file yet".into(),
+                    _ => "a quiet file's counts differ from the model".into(),
+                },
+            });
+        }
+        let sole = crate::sys::lease::sole_open_file(file).map_err(|e| Unproven::Error {
+            step: "write lease",
+            message: e.to_string(),
+        })?;
+        if !sole {
+            return Err(Unproven::OpenElsewhere);
+        }
+        prove(probe, file)?;
+        if let Some(r) = self.lock().files.get_mut(&id) {
+            r.recycled = true;
+        }
+        Ok(Proof {
+            openers: opens,
+            took: started.elapsed(),
+        })
+    }
+}
