@@ -5,6 +5,7 @@ pub mod contig;
 pub mod dir;
 mod file;
 pub mod free;
+pub mod ledger;
 pub mod lock;
 pub mod mount;
 pub mod pool;

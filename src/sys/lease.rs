@@ -14,7 +14,15 @@ use std::os::fd::AsRawFd;
 
 /// Whether `file` (opened by the caller, read-only or read-write) is the only open file of
 /// its inode. The lease is given back at once: nobody else's open ever waits for it.
+///
+/// An open or truncate of the inode while the lease is held breaks it, and the kernel
+/// signals the holder with `SIGIO`, whose default action ends the process: a daemon under
+/// load was killed that way, and a lessee opening its old file at the wrong moment could do
+/// it on purpose. So the first call sets `SIGIO` to ignored when it is at its default (a
+/// handler the program installed is left alone); the break itself needs no answer, as the
+/// lease is given back at once.
 pub fn sole_open_file(file: &File) -> io::Result<bool> {
+    ignore_sigio_once()?;
     // SAFETY: F_SETLEASE takes an integer argument; no memory is passed.
     let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) };
     if rc < 0 {
@@ -32,6 +40,33 @@ pub fn sole_open_file(file: &File) -> io::Result<bool> {
     Ok(true)
 }
 
+/// Sets `SIGIO` to ignored, once per process, unless the program handles it.
+fn ignore_sigio_once() -> io::Result<()> {
+    static DONE: std::sync::OnceLock<Result<(), i32>> = std::sync::OnceLock::new();
+    let done = DONE.get_or_init(|| {
+        // SAFETY: sigaction with a null new action only reads the current one into `old`, a
+        // zeroed sigaction that lives for the call.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::sigaction(libc::SIGIO, std::ptr::null(), &mut old) } < 0 {
+            return Err(io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL));
+        }
+        if old.sa_sigaction != libc::SIG_DFL {
+            return Ok(());
+        }
+        // SAFETY: SIG_IGN installs no handler: no code runs on the signal.
+        if unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) } == libc::SIG_ERR {
+            return Err(io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL));
+        }
+        Ok(())
+    });
+    done.map_err(io::Error::from_raw_os_error)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,6 +82,36 @@ mod tests {
         assert!(!sole_open_file(&mine).unwrap());
         drop(other);
         assert!(sole_open_file(&mine).unwrap());
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// An open of the file while the lease is held breaks it: the kernel's SIGIO must not end
+    /// the process (it did, under load, before SIGIO was ignored).
+    #[test]
+    fn a_lease_broken_by_an_open_does_not_end_the_process() {
+        let path =
+            std::env::temp_dir().join(format!("hugeprep-lease-break-{}", std::process::id()));
+        std::fs::write(&path, b"x").unwrap();
+        let mine = File::open(&path).unwrap();
+        ignore_sigio_once().unwrap();
+        // Hold the lease as `sole_open_file` does, across an open from another thread.
+        // SAFETY: F_SETLEASE takes an integer argument.
+        assert_eq!(
+            unsafe { libc::fcntl(mine.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) },
+            0
+        );
+        let opener = {
+            let path = path.clone();
+            std::thread::spawn(move || File::open(path).map(drop))
+        };
+        // The opener waits for the lease; the break's SIGIO comes first.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { libc::fcntl(mine.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) },
+            0
+        );
+        opener.join().unwrap().unwrap();
         std::fs::remove_file(&path).unwrap();
     }
 }

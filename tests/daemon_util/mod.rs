@@ -365,8 +365,13 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.kill();
+        match self.child.try_wait() {
+            Ok(None) => self.kill(),
+            // A daemon that died under a failing test: how (a signal leaves no line in its log).
+            Ok(Some(status)) if std::thread::panicking() => {
+                eprintln!("the daemon had exited: {status}")
+            }
+            _ => {}
         }
     }
 }

@@ -352,6 +352,11 @@ pub fn set_pages(scope: Scope, page_size: PageSize, pages: u64) -> Result<Resize
         fs::write(&path, target.to_string())
     };
     let after = read_counter(scope, page_size, "nr_hugepages")?;
+    super::ledger::record(
+        page_size,
+        own_change(counts.total, target, after),
+        &scope.to_string(),
+    );
     if let Err(source) = written {
         // A partial raise can still report an error (ENOMEM); what counts is the result.
         if after == counts.total {
@@ -374,6 +379,17 @@ pub fn set_pages(scope: Scope, page_size: PageSize, pages: u64) -> Result<Resize
     })
 }
 
+/// The part of a pool's move from `before` to `after` that our write of `target` made: other
+/// processes may change the pool between our read and our write, and what they did is theirs.
+fn own_change(before: u64, target: u64, after: u64) -> i64 {
+    let (before, target, after) = (before as i64, target as i64, after as i64);
+    if target >= before {
+        after.clamp(before, target) - before
+    } else {
+        after.clamp(target, before) - before
+    }
+}
+
 /// ": " and what keeps the kernel from assembling pages of a gigantic `page_size` (read only
 /// on this failure path: it scans /proc/kpageflags), or nothing.
 fn gigantic_cause(page_size: PageSize) -> String {
@@ -388,6 +404,19 @@ fn gigantic_cause(page_size: PageSize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn own_change_leaves_others_changes_out() {
+        // raised 10 -> 15, the kernel gave 3
+        assert_eq!(own_change(10, 15, 13), 3);
+        // raised 10 -> 15 while another process added 4 more between read and write
+        assert_eq!(own_change(10, 15, 19), 5);
+        // lowered 10 -> 4, pages in use kept it at 6
+        assert_eq!(own_change(10, 4, 6), -4);
+        // lowered 10 -> 4 while another process lowered to 2
+        assert_eq!(own_change(10, 4, 2), -6);
+        assert_eq!(own_change(10, 10, 12), 0);
+    }
 
     #[test]
     fn scopes_name_their_sysfs_directories() {
