@@ -96,10 +96,8 @@ mod tests {
         ignore_sigio_once().unwrap();
         // Hold the lease as `sole_open_file` does, across an open from another thread.
         // SAFETY: F_SETLEASE takes an integer argument.
-        assert_eq!(
-            unsafe { libc::fcntl(mine.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) },
-            0
-        );
+        let taken = unsafe { libc::fcntl(mine.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) };
+        assert_eq!(taken, 0);
         let opener = {
             let path = path.clone();
             std::thread::spawn(move || File::open(path).map(drop))
@@ -107,10 +105,8 @@ mod tests {
         // The opener waits for the lease; the break's SIGIO comes first.
         std::thread::sleep(std::time::Duration::from_millis(200));
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { libc::fcntl(mine.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) },
-            0
-        );
+        let given = unsafe { libc::fcntl(mine.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+        assert_eq!(given, 0);
         opener.join().unwrap().unwrap();
         std::fs::remove_file(&path).unwrap();
     }
