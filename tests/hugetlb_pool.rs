@@ -144,6 +144,70 @@ fn a_one_gib_raise_reports_what_the_kernel_gave() {
     assert_eq!(back.before - back.after, added, "{back:?}");
 }
 
+/// A pull-in raises the 2M pool and lowers it by exactly what that raise added, with 2M pages
+/// someone holds (this test's) untouched.
+#[test]
+fn a_pull_in_leaves_the_two_meg_pool_as_it_found_it() {
+    let env = HugeEnv::new(PageSize::Size2M, 4).unwrap();
+    let held =
+        BackingFile::create(&env.dir().join("held"), 4 << 21, PageSize::Size2M, None).unwrap();
+    held.allocate(0, 4 << 21).unwrap();
+    let pulled = pool::pull_in(Scope::System, 64 << 20).unwrap();
+    assert_eq!(pulled.asked, 32);
+    assert!(pulled.added <= 32, "{pulled:?}");
+    // Exactly what it added went back (the machine's totals prove nothing on a shared host:
+    // other processes change the pool meanwhile; scripts/test's ledger sums the deltas).
+    assert_eq!(pulled.returned, pulled.added, "{pulled:?}");
+    let after = pool::read(Scope::System, PageSize::Size2M).unwrap();
+    assert!(
+        after.free + 4 <= after.total,
+        "the held pages stay held: {after:?}"
+    );
+    held.remove().unwrap();
+}
+
+/// A 1G raise the kernel falls short of pulls memory in once per node and asks again; what it
+/// got is recorded and given back like any raise. (With every free 1G page held the kernel
+/// refuses unless it finds a new free GiB, which a lazily initialising kernel may after the
+/// pull-in; both outcomes are checked.)
+#[test]
+fn a_short_one_gig_raise_pulls_memory_in_once_per_node() {
+    use hugeprep::pool::reserve::Reservations;
+    let _lock = hugeprep::testing::lock().unwrap();
+    let held: Vec<BackingFile> = (0..pool::available(None, PageSize::Size1G).unwrap())
+        .map(|i| {
+            let f = BackingFile::memfd(&format!("held-{i}"), 1 << 30, PageSize::Size1G).unwrap();
+            f.allocate(0, 1 << 30).unwrap();
+            f
+        })
+        .collect();
+    let dir = std::env::temp_dir().join(format!("hugeprep-pull-in-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ledger = Reservations::open(&dir).unwrap();
+    let first = ledger.raise(0, PageSize::Size1G, 1, 64 << 20).unwrap();
+    assert_eq!(first.asked, 1);
+    if first.added == 0 {
+        let pulled = first.pulled_in.expect("a short 1G raise pulls memory in");
+        assert_eq!(pulled.asked, 32);
+        // The 2M pool gets back exactly what the pull-in added (a delta: other processes on
+        // the host change its total meanwhile).
+        assert_eq!(pulled.returned, pulled.added);
+        // Once per node: memory once pulled in stays so.
+        let second = ledger.raise(0, PageSize::Size1G, 1, 64 << 20).unwrap();
+        assert!(second.pulled_in.is_none(), "{second:?}");
+    } else {
+        eprintln!("the kernel gave a 1G page: {first:?}");
+    }
+    // A 2M raise never pulls in.
+    let two = ledger.raise(0, PageSize::Size2M, 0, 64 << 20).unwrap();
+    assert!(two.pulled_in.is_none());
+    let given = ledger.release(0, PageSize::Size1G).unwrap();
+    assert_eq!(given.kept, 0, "{given:?}");
+    assert_eq!(ledger.added(0, PageSize::Size1G), 0);
+    drop(held);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The census behind every 1G shortfall note reads the kernel's page flags right: a 2M pool
 /// this test holds shows up as hugetlb pages, the kernel's own slab as slab pages, and all of
 /// memory is counted.

@@ -20,3 +20,14 @@ pub mod trace;
 pub mod vm_start;
 
 pub use crate::stats::Summary;
+
+/// The machine's 1-minute load average (`/proc/loadavg`), for a report to say how busy the
+/// host was while it measured (the machines benchmarks run on are shared).
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}

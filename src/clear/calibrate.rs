@@ -74,7 +74,7 @@ pub enum CalibrationMemory {
 }
 
 impl CalibrationMemory {
-    /// Words for `hugeprep cpu` and the log.
+    /// Words for `hugeprep cpu` and the log, for a buffer on 2M pages.
     pub fn describe(self) -> &'static str {
         match self {
             CalibrationMemory::FreeHugepages => "2M hugepages (free in the kernel's pool)",
@@ -82,6 +82,19 @@ impl CalibrationMemory {
                 "2M hugepages (added by the daemon for its warm target)"
             }
             CalibrationMemory::Ordinary => "ordinary memory",
+        }
+    }
+
+    /// As [`CalibrationMemory::describe`], for a buffer on pages of `page_size`.
+    pub fn describe_on(self, page_size: PageSize) -> String {
+        match self {
+            CalibrationMemory::FreeHugepages => {
+                format!("{page_size} hugepages (free in the kernel's pool)")
+            }
+            CalibrationMemory::DaemonHugepages => {
+                format!("{page_size} hugepages (added by the daemon for its warm target)")
+            }
+            CalibrationMemory::Ordinary => "ordinary memory".into(),
         }
     }
 }
@@ -101,6 +114,10 @@ pub struct Calibration {
     /// (`hugepage_backed` still tells hugepages from ordinary memory).
     #[serde(default)]
     pub memory: Option<CalibrationMemory>,
+    /// The hugepage size the buffer was on (`None`: ordinary memory, or 2M in records stored
+    /// before hugeprep said; see [`Calibration::page_size`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<PageSize>,
     /// Wall time of the whole calibration, warm-up included, in milliseconds.
     #[serde(default)]
     pub elapsed_ms: f64,
@@ -111,6 +128,26 @@ pub struct Calibration {
 }
 
 impl Calibration {
+    /// The hugepage size the buffer was on; `None` for ordinary memory.
+    pub fn page_size(&self) -> Option<PageSize> {
+        self.page_size
+            .or(self.hugepage_backed.then_some(PageSize::Size2M))
+    }
+
+    /// Which memory the buffer was on, in words, with the note on why it was not the memory
+    /// asked for (when it was not).
+    pub fn describe_memory(&self) -> String {
+        let memory = match (self.page_size(), self.memory) {
+            (Some(ps), Some(memory)) => memory.describe_on(ps),
+            (Some(ps), None) => format!("{ps} hugepages"),
+            (None, _) => "ordinary memory".into(),
+        };
+        match &self.backing_note {
+            Some(note) => format!("{memory}: {note}"),
+            None => memory,
+        }
+    }
+
     /// The measured throughput of `method`, if it was timed.
     pub fn gbps_of(&self, method: Method) -> Option<f64> {
         self.methods
@@ -130,6 +167,7 @@ impl Calibration {
     ///     hugepage_backed: true,
     ///     backing_note: None,
     ///     memory: None,
+    ///     page_size: None,
     ///     elapsed_ms: 260.0,
     ///     methods: vec![
     ///         MethodTiming { method: Method::Avx512Nt, gbps: 73.0, rounds: vec![] },
@@ -157,6 +195,53 @@ pub fn calibrate(budget: Duration) -> Result<Calibration, CalibrateError> {
     calibrate_with(&super::available_methods(), CALIBRATION_BUFFER, budget)
 }
 
+/// [`calibrate`] on hugepages of `page_size`: the buffer is one mapping of such pages (a 1G
+/// page holds the whole buffer), falling back to 2M pages and then ordinary memory, each
+/// fallback with its reason in [`Calibration::backing_note`].
+pub fn calibrate_on(budget: Duration, page_size: PageSize) -> Result<Calibration, CalibrateError> {
+    calibrate_with_pages(
+        &super::available_methods(),
+        CALIBRATION_BUFFER,
+        budget,
+        page_size,
+    )
+}
+
+/// The scratch buffer: `len` bytes on pages of `page_size` (the mapping rounded up to whole
+/// pages), else on 2M pages, else ordinary memory; the page size it got and why not the one
+/// asked for.
+fn map_buffer(
+    len: usize,
+    page_size: PageSize,
+) -> Result<(MmapRegion, Option<PageSize>, Option<String>), CalibrateError> {
+    let mut notes = Vec::new();
+    let mut sizes = vec![page_size];
+    if page_size != PageSize::Size2M {
+        sizes.push(PageSize::Size2M);
+    }
+    for ps in sizes {
+        let page = ps.bytes() as usize;
+        match MmapRegion::anonymous(len.div_ceil(page) * page, Some(ps)) {
+            Ok(region) => {
+                let note = (!notes.is_empty())
+                    .then(|| format!("{}: timed on {ps} hugepages", notes.join("; ")));
+                return Ok((region, Some(ps), note));
+            }
+            Err(err) => notes.push(format!(
+                "the kernel could not supply {} of free {ps} hugepages ({err})",
+                crate::units::format_bytes((len.div_ceil(page) * page) as u64)
+            )),
+        }
+    }
+    let region =
+        MmapRegion::anonymous(len, None).map_err(|source| CalibrateError::Map { len, source })?;
+    Ok((
+        region,
+        None,
+        Some(format!("{}: timed on ordinary memory", notes.join("; "))),
+    ))
+}
+
 /// [`calibrate`] with a chosen set of methods and buffer size (rounded up to 2 MiB).
 ///
 /// The buffer is hugepage-backed when the kernel has enough free 2 MiB pages, otherwise
@@ -172,6 +257,16 @@ pub fn calibrate_with(
     buffer_bytes: usize,
     budget: Duration,
 ) -> Result<Calibration, CalibrateError> {
+    calibrate_with_pages(methods, buffer_bytes, budget, PageSize::Size2M)
+}
+
+/// [`calibrate_with`] on hugepages of `page_size` (see [`calibrate_on`]).
+pub fn calibrate_with_pages(
+    methods: &[Method],
+    buffer_bytes: usize,
+    budget: Duration,
+    page_size: PageSize,
+) -> Result<Calibration, CalibrateError> {
     let began = Instant::now();
     if methods.is_empty() {
         return Err(CalibrateError::NoMethods);
@@ -185,25 +280,16 @@ pub fn calibrate_with(
         .map(|&m| Clearer::new(ClearPlan::always(m)))
         .collect::<Result<Vec<_>, _>>()?;
     let len = buffer_bytes.div_ceil(page) * page;
-    let (mut region, backing_note) = match MmapRegion::anonymous(len, Some(PageSize::Size2M)) {
-        Ok(region) => (region, None),
-        Err(err) => {
-            let region = MmapRegion::anonymous(len, None)
-                .map_err(|source| CalibrateError::Map { len, source })?;
-            let note = format!(
-                "the kernel could not supply {} of free 2M hugepages ({err}): timed on ordinary memory",
-                crate::units::format_bytes(len as u64)
-            );
-            tracing::info!("calibration: {note}");
-            (region, Some(note))
-        }
-    };
+    let (mut region, on_pages, backing_note) = map_buffer(len, page_size)?;
+    if let Some(note) = &backing_note {
+        tracing::info!("calibration: {note}");
+    }
     // Populating is only a speed-up (kernels before 5.14 lack it): the clear below touches
     // every page anyway.
     let _ = region.populate_write(0, len);
-    region.as_mut_slice().fill(0);
+    region.as_mut_slice()[..len].fill(0);
     for clearer in &clearers {
-        clearer.clear(region.as_mut_slice());
+        clearer.clear(&mut region.as_mut_slice()[..len]);
     }
 
     let share = budget / (methods.len() * CALIBRATION_ROUNDS) as u32;
@@ -212,7 +298,7 @@ pub fn calibrate_with(
     for round in 0..CALIBRATION_ROUNDS {
         for k in 0..clearers.len() {
             let i = (k + round) % clearers.len();
-            let buf = region.as_mut_slice();
+            let buf = &mut region.as_mut_slice()[..len];
             let started = Instant::now();
             let mut this_round = Vec::new();
             while this_round.is_empty()
@@ -242,12 +328,13 @@ pub fn calibrate_with(
         .map_or(methods[0], |t| t.method);
     Ok(Calibration {
         buffer_bytes: len,
-        hugepage_backed: backing_note.is_none(),
-        memory: Some(if backing_note.is_none() {
+        hugepage_backed: on_pages.is_some(),
+        memory: Some(if on_pages.is_some() {
             CalibrationMemory::FreeHugepages
         } else {
             CalibrationMemory::Ordinary
         }),
+        page_size: on_pages,
         backing_note,
         elapsed_ms: began.elapsed().as_secs_f64() * 1e3,
         methods: timings,

@@ -13,8 +13,8 @@ mod method;
 mod parallel;
 
 pub use calibrate::{
-    calibrate, calibrate_with, CalibrateError, Calibration, CalibrationMemory, MethodTiming,
-    CALIBRATION_BUFFER, CALIBRATION_ROUNDS,
+    calibrate, calibrate_on, calibrate_with, calibrate_with_pages, CalibrateError, Calibration,
+    CalibrationMemory, MethodTiming, CALIBRATION_BUFFER, CALIBRATION_ROUNDS,
 };
 pub use clearer::{ClearError, Clearer};
 pub use detect::available_methods;

@@ -12,9 +12,12 @@ pub struct BenchPrefaultArgs {
     /// Bytes per file (needs that many free hugepages; the pool is topped up for the run).
     #[arg(long, default_value = "4G", value_parser = parse_bytes)]
     pub size: u64,
-    /// Page size: 2M or 1G.
-    #[arg(long, default_value = "2M")]
-    pub page_size: PageSize,
+    /// Page sizes, comma-separated, each measured in turn in the same run (default: 2M, and
+    /// 1G where the kernel has a 1G pool; a page size the kernel cannot supply is skipped
+    /// and listed). With one page size the JSON is that run's report; with several,
+    /// `{"runs": [...], "skipped": [...]}`.
+    #[arg(long, value_delimiter = ',')]
+    pub page_size: Vec<PageSize>,
     /// hugeprep threads and QEMU prealloc-threads (default: hugeprep's default).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -40,21 +43,49 @@ pub fn run(args: BenchPrefaultArgs) -> anyhow::Result<()> {
     let cancel = hugeprep::sys::signals::cancel_on_signals()?;
     // Borrowed pool pages and timings must not be disturbed by tests or other benchmarks.
     let _lock = hugeprep::hugetlb::lock::HugepageLock::acquire()?;
-    let cfg = PrefaultBenchConfig {
-        size: args.size,
-        page_size: args.page_size,
-        threads: args.threads,
-        reps: args.reps,
-        node: args.node,
-        qemu: args.qemu,
-        mount: args.mount,
-        cancel: Some(cancel),
+    let page_sizes = if args.page_size.is_empty() {
+        hugeprep::hugetlb::pool::page_sizes()
+    } else {
+        args.page_size.clone()
     };
-    let report = prefault::run(&cfg, &|line| eprintln!("{line}")).map_err(|e| match e {
-        prefault::PrefaultBenchError::Invalid { field, reason } => {
-            anyhow::anyhow!("--{field}: {reason}")
+    let mut runs = Vec::new();
+    let mut skipped = Vec::new();
+    for &page_size in &page_sizes {
+        let cfg = PrefaultBenchConfig {
+            size: args.size,
+            page_size,
+            threads: args.threads,
+            reps: args.reps,
+            node: args.node,
+            qemu: args.qemu.clone(),
+            mount: args.mount.clone(),
+            cancel: Some(cancel.clone()),
+        };
+        match prefault::run(&cfg, &|line| eprintln!("{line}")) {
+            Ok(report) => runs.push(report),
+            Err(e @ prefault::PrefaultBenchError::Pool(_)) if page_sizes.len() > 1 => {
+                eprintln!("skipped {page_size} pages: {e}");
+                skipped.push(format!("{page_size} pages: {e}"));
+            }
+            Err(prefault::PrefaultBenchError::Invalid { field, reason }) => {
+                anyhow::bail!("--{field}: {reason}")
+            }
+            Err(other) => return Err(anyhow::anyhow!(other)),
         }
-        other => anyhow::anyhow!(other),
-    })?;
-    args.output.emit(&report, || report.table())
+    }
+    if page_sizes.len() == 1 {
+        if let Some(report) = runs.first() {
+            return args.output.emit(report, || report.table());
+        }
+    }
+    args.output.emit(
+        &serde_json::json!({ "runs": runs, "skipped": skipped }),
+        || {
+            runs.iter().map(|r| r.table() + "\n").collect::<String>()
+                + &skipped
+                    .iter()
+                    .map(|s| format!("skipped {s}\n"))
+                    .collect::<String>()
+        },
+    )
 }

@@ -11,9 +11,11 @@ pub struct BenchRecycleArgs {
     /// Bytes per file for the throughput comparison.
     #[arg(long, default_value = "1G", value_parser = parse_bytes)]
     pub size: u64,
-    /// Page size: 2M or 1G.
-    #[arg(long, default_value = "2M")]
-    pub page_size: PageSize,
+    /// Page sizes, comma-separated, each measured in turn in the same run (default: 2M, and
+    /// 1G where the kernel has a 1G pool; a page size the kernel cannot supply is skipped
+    /// and listed).
+    #[arg(long, value_delimiter = ',')]
+    pub page_size: Vec<PageSize>,
     /// Thread counts, each measured for both paths side by side (default: 1 to every CPU
     /// this process may use).
     #[arg(long, value_delimiter = ',')]
@@ -71,33 +73,51 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
         format!("{:?}", in_use.decided_by).to_lowercase(),
         in_use.reason
     );
-    let mut runs = Vec::with_capacity(threads.len());
-    for (i, &threads) in threads.iter().enumerate() {
-        let cfg = RecycleBenchConfig {
-            size: args.size,
-            page_size: args.page_size,
-            threads,
-            reps: args.reps,
-            leases: if i == 0 { args.leases } else { 0 },
-            lease_size: args
-                .lease_size
-                .unwrap_or_else(|| (64 << 20).max(args.page_size.bytes())),
-            plan: resolution.plan,
-            methods: hugeprep::clear::available_methods(),
-            state_dir: args.state_dir.clone(),
-            hog: args.hog,
-            client_nice: args.client_nice,
-            host_processes: if i == 0 { args.host_processes } else { 0 },
-            flood: if i == 0 {
-                args.flood.clone()
-            } else {
-                Vec::new()
-            },
-        };
-        runs.push(recycle::run(&cfg, &|line| eprintln!("{line}"))?);
+    let page_sizes = if args.page_size.is_empty() {
+        hugeprep::hugetlb::pool::page_sizes()
+    } else {
+        args.page_size.clone()
+    };
+    let mut runs = Vec::with_capacity(threads.len() * page_sizes.len());
+    let mut skipped = Vec::new();
+    for &page_size in &page_sizes {
+        for (i, &threads) in threads.iter().enumerate() {
+            let cfg = RecycleBenchConfig {
+                size: args.size,
+                page_size,
+                threads,
+                reps: args.reps,
+                leases: if i == 0 { args.leases } else { 0 },
+                lease_size: args
+                    .lease_size
+                    .unwrap_or_else(|| (64 << 20).max(page_size.bytes())),
+                plan: resolution.plan,
+                methods: hugeprep::clear::available_methods(),
+                state_dir: args.state_dir.clone(),
+                hog: args.hog,
+                client_nice: args.client_nice,
+                host_processes: if i == 0 { args.host_processes } else { 0 },
+                flood: if i == 0 {
+                    args.flood.clone()
+                } else {
+                    Vec::new()
+                },
+            };
+            match recycle::run(&cfg, &|line| eprintln!("{line}")) {
+                Ok(run) => runs.push(run),
+                // The kernel cannot supply this page size (1G pages, fragmented memory):
+                // the other page sizes' results still stand.
+                Err(e @ recycle::RecycleBenchError::KernelPool(_)) if page_sizes.len() > 1 => {
+                    eprintln!("skipped {page_size} pages: {e}");
+                    skipped.push(format!("{page_size} pages: {e}"));
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
     args.output.emit(
-        &serde_json::json!({ "in_use": in_use, "runs": runs }),
+        &serde_json::json!({ "in_use": in_use, "runs": runs, "skipped": skipped }),
         || {
             let head = format!(
                 "method in use: {} (rule {}, {}, decided by {})\n  why: {}\n\n",
@@ -108,6 +128,10 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
                 in_use.reason
             );
             head + &runs.iter().map(|r| r.table() + "\n").collect::<String>()
+                + &skipped
+                    .iter()
+                    .map(|s| format!("skipped {s}\n"))
+                    .collect::<String>()
         },
     )
 }

@@ -19,9 +19,11 @@ pub struct BenchVmStartArgs {
     /// can spare is skipped and listed).
     #[arg(long, value_delimiter = ',', value_parser = parse_bytes, default_value = "1G,4G,8G")]
     pub sizes: Vec<u64>,
-    /// Page size: 2M or 1G.
-    #[arg(long, default_value = "2M")]
-    pub page_size: PageSize,
+    /// Page sizes, comma-separated: every case runs on each, side by side in the same
+    /// repetitions (a page size the machine cannot supply for a size is skipped and listed).
+    /// Default: 2M and 1G where the kernel has a 1G pool.
+    #[arg(long, value_delimiter = ',')]
+    pub page_size: Vec<PageSize>,
     /// Preallocation threads for QEMU and libvirt, workers for hugeprep (default: every CPU
     /// this process may use).
     #[arg(long)]
@@ -80,7 +82,11 @@ pub fn run(args: BenchVmStartArgs) -> anyhow::Result<()> {
     let _lock = hugeprep::hugetlb::lock::HugepageLock::acquire()?;
     let cfg = VmStartBenchConfig {
         sizes: args.sizes.clone(),
-        page_size: args.page_size,
+        page_sizes: if args.page_size.is_empty() {
+            hugeprep::hugetlb::pool::page_sizes()
+        } else {
+            args.page_size.clone()
+        },
         threads,
         reps: args.reps,
         qemu,

@@ -236,12 +236,7 @@ fn print_text(
     row("plan", &details);
     row("source", &r.source);
     if let Some(cal) = measured {
-        let backing = match (&cal.backing_note, cal.hugepage_backed, cal.memory) {
-            (_, true, Some(memory)) => memory.describe().to_string(),
-            (_, true, None) => "2M hugepages".to_string(),
-            (Some(note), false, _) => format!("ordinary memory: {note}"),
-            (None, false, _) => "ordinary memory".to_string(),
-        };
+        let backing = cal.describe_memory();
         let timings: Vec<String> = cal
             .methods
             .iter()

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use hugeprep::daemon::config::ConfigFile;
 use hugeprep::hugetlb::pool::{self as kpool, Scope};
-use hugeprep::pool::reserve::{self, Reservations};
+use hugeprep::pool::reserve::{self, Raise, Reservations};
 use hugeprep::pool::targets::stored_targets;
 use hugeprep::pool::PoolPolicy;
 use hugeprep::topology::{self, Topology};
@@ -94,14 +94,31 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
                 ledger.added_bytes_on(node),
                 available,
             );
-            let added = if pages > 0 {
+            let pull_in = reserve::pull_in_bytes(&policy.reserve, available);
+            let raise = if pages > 0 {
                 progress.restart(pages, format!("node {node} {page_size}: raising the pool"));
-                raise_in_steps(&ledger, node, page_size, pages, |added| {
-                    progress.set_position(added)
-                })?
+                Some(raise_in_steps(
+                    &ledger,
+                    node,
+                    page_size,
+                    pages,
+                    pull_in,
+                    |added| progress.set_position(added),
+                )?)
             } else {
-                0
+                None
             };
+            let added = raise.map_or(0, |r| r.added);
+            if let Some(pulled) = raise.and_then(|r| r.pulled_in) {
+                progress.suspend(|| {
+                    println!(
+                        "node {node} {page_size}: the kernel gave fewer pages than asked; pulled \
+                         lazily initialised memory in (the 2M pool took {} pages and gave {} \
+                         back) and asked again",
+                        pulled.added, pulled.returned
+                    )
+                });
+            }
             let short = need.saturating_sub(added);
             let target = format_bytes(want * page_size.bytes());
             if short == 0 {
@@ -132,23 +149,31 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
 }
 
 /// Raises `node`'s pool by `pages` in up to [`RAISE_STEPS`] writes, each recorded in the
-/// ledger as it lands; `added` hears the running total. Stops at the first step the kernel
-/// falls short of: memory is short or fragmented, and the next step would fall short too.
+/// ledger as it lands; `added` hears the running total. A gigantic-page step the kernel falls
+/// short of pulls lazily initialised memory in (up to `pull_in` bytes, once per node:
+/// [`Reservations::raise`]) and asks again; a step still short ends the raise: memory is short
+/// or fragmented, and the next step would fall short too.
 fn raise_in_steps(
     ledger: &Reservations,
     node: u32,
     page_size: PageSize,
     pages: u64,
+    pull_in: u64,
     added: impl Fn(u64),
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<Raise> {
     let step = pages.div_ceil(RAISE_STEPS).max(1);
-    let mut total = 0;
-    while total < pages {
-        let ask = step.min(pages - total);
-        let got = ledger.raise(node, page_size, ask)?.added;
-        total += got;
-        added(total);
-        if got < ask {
+    let mut total = Raise {
+        asked: pages,
+        added: 0,
+        pulled_in: None,
+    };
+    while total.added < pages {
+        let ask = step.min(pages - total.added);
+        let got = ledger.raise(node, page_size, ask, pull_in)?;
+        total.added += got.added;
+        total.pulled_in = total.pulled_in.or(got.pulled_in);
+        added(total.added);
+        if got.added < ask {
             break;
         }
     }

@@ -261,7 +261,14 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
         mode,
         &state_dir,
         redo,
-        PagesFrom::Daemon { policy: &policy },
+        PagesFrom::Daemon {
+            policy: &policy,
+            page_size: calibration_page_size(if args.mounts.is_empty() {
+                &file.mounts
+            } else {
+                &args.mounts
+            }),
+        },
     ) {
         Ok(decision) => decision,
         Err(err) => {
@@ -339,6 +346,20 @@ pub fn config(args: ServeArgs) -> anyhow::Result<DaemonConfig> {
             }),
         },
     })
+}
+
+/// The page size the daemon scrubs, to calibrate on: 1G when every mount it is given serves
+/// 1G pages, else 2M (with no mounts given it finds or mounts one of each size).
+fn calibration_page_size(mounts: &[PathBuf]) -> PageSize {
+    let sizes: Vec<Option<PageSize>> = mounts
+        .iter()
+        .map(|m| hugeprep::hugetlb::hugetlbfs_page_size(m).ok().flatten())
+        .collect();
+    if !sizes.is_empty() && sizes.iter().all(|s| *s == Some(PageSize::Size1G)) {
+        PageSize::Size1G
+    } else {
+        PageSize::Size2M
+    }
 }
 
 /// Runs `hugeprep serve`.

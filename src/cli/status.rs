@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use hugeprep::clear::CalibrationMemory;
+use hugeprep::clear::Calibration;
 use hugeprep::client::Client;
 
 /// Show the daemon's leases and pool.
@@ -43,11 +43,6 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
 /// Which memory the daemon's calibration was timed on, from `/v1/cpu`'s `calibration.measured`.
 fn calibrated_on(cpu: &hugeprep::api::CpuReport) -> Option<String> {
     let measured = cpu.calibration.as_ref()?.get("measured")?;
-    let memory: Option<CalibrationMemory> =
-        serde_json::from_value(measured.get("memory")?.clone()).ok();
-    match memory {
-        Some(memory) => Some(memory.describe().to_string()),
-        None if measured.get("hugepage_backed")?.as_bool()? => Some("2M hugepages".into()),
-        None => Some("ordinary memory".into()),
-    }
+    let calibration: Calibration = serde_json::from_value(measured.clone()).ok()?;
+    Some(calibration.describe_memory())
 }

@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::calibration_pages::{self, PagesFrom};
-use crate::clear::{calibrate, CalibrateError, Calibration, CalibrationMemory, Method};
+use crate::clear::{calibrate_on, CalibrateError, Calibration, CalibrationMemory, Method};
 use crate::cpu::CpuInfo;
 use crate::journal::{Journal, JournalError};
 use crate::policy::{CalibrationMode, ClearingPolicy, Resolution, CALIBRATION_BUDGET};
@@ -163,10 +163,12 @@ fn store(state_dir: &Path, record: &StoredCalibration) -> Result<(), StoreError>
 /// hysteresis band keeps the earlier choice). A record that cannot be read or written
 /// is logged and otherwise ignored.
 ///
-/// The methods are timed on 2M hugepages when `pages` can supply them (see
-/// [`calibration_pages`]), and a stored record timed on ordinary memory is measured again
-/// when they can: the daemon scrubs hugepages. The record says which memory it was timed on
-/// ([`Calibration::memory`]).
+/// The methods are timed on hugepages of the size the daemon scrubs (2M, or 1G for a daemon
+/// that serves only 1G pages) when `pages` can supply them (see [`calibration_pages`]), and
+/// a stored record timed on other memory is measured again when they can. Otherwise the
+/// calibration runs on what there is, and the record ([`Calibration::memory`],
+/// [`Calibration::page_size`], [`Calibration::backing_note`]) and a warning say which memory
+/// and why.
 pub fn decide_stored(
     policy: &ClearingPolicy,
     cpu: &CpuInfo,
@@ -184,6 +186,7 @@ pub fn decide_stored(
         });
     }
     let key = CalibrationKey::current(cpu, policy, mode);
+    let page_size = pages.page_size();
     let stored = load_stored(state_dir).unwrap_or_else(|err| {
         tracing::warn!(%err, "ignoring the stored calibration");
         None
@@ -193,11 +196,15 @@ pub fn decide_stored(
         Some(_) if redo => "asked to recalibrate".to_string(),
         Some(s)
             if s.key == key
-                && !s.measured.hugepage_backed
+                && s.measured.page_size() != Some(page_size)
                 && calibration_pages::hugepages_obtainable(pages) =>
         {
-            "the stored calibration was timed on ordinary memory and hugepages can be had now"
-                .to_string()
+            format!(
+                "the stored calibration was timed on {} and {page_size} hugepages can be had now",
+                s.measured
+                    .page_size()
+                    .map_or("ordinary memory".into(), |ps| format!("{ps} hugepages"))
+            )
         }
         Some(s) if s.key == key => {
             resolution.apply_calibration(mode, &s.measured, s.override_method);
@@ -231,9 +238,25 @@ pub fn decide_stored(
         .filter(|s| s.key.same_cpu_and_policy(&key))
         .and_then(|s| s.override_method);
     let provided = calibration_pages::provide(state_dir, pages);
-    let mut measured = calibrate(CALIBRATION_BUDGET)?;
-    if provided.raised > 0 && measured.hugepage_backed {
-        measured.memory = Some(CalibrationMemory::DaemonHugepages);
+    let mut measured = calibrate_on(CALIBRATION_BUDGET, page_size)?;
+    if measured.page_size == Some(page_size) {
+        if provided.raised > 0 {
+            measured.memory = Some(CalibrationMemory::DaemonHugepages);
+        }
+    } else {
+        // Never a silent calibration on memory the daemon does not scrub: the record, `hugeprep
+        // cpu`, `hugeprep status` and the log say which memory it was and why.
+        if let Some(why) = provided.why_not {
+            measured.backing_note = Some(match measured.backing_note.take() {
+                Some(note) => format!("{why}; {note}"),
+                None => why,
+            });
+        }
+        tracing::warn!(
+            page_size = %page_size,
+            "calibration not timed on the {page_size} pages the daemon scrubs: {}",
+            measured.describe_memory()
+        );
     }
     resolution.apply_calibration(mode, &measured, previous);
     let override_method = resolution

@@ -128,6 +128,10 @@ pub struct PoolPolicySpec {
     /// (default: keep them for the next start).
     #[serde(default)]
     pub release_on_stop: bool,
+    /// When the kernel gives fewer 1G pages than a raise asks, pull lazily initialised memory
+    /// into the page allocator first and ask again (default: true).
+    #[serde(default = "default_true")]
+    pub reserve_pull_in: bool,
     /// Milliseconds after a lease or a release during which the worker starts no refill or
     /// background scrub, leaving the host to the VMM that starts on the lease (0: none).
     #[serde(default = "default_grace")]
@@ -174,6 +178,10 @@ pub struct ReservePolicy {
     pub margin: u64,
     /// Give warm files and added pages back on a clean stop.
     pub release_on_stop: bool,
+    /// When the kernel gives fewer gigantic (1G) pages than asked, pull lazily initialised
+    /// memory in first (a 2M pool raise of the node's available memory less the margin,
+    /// lowered again by exactly what it added) and ask again.
+    pub pull_in: bool,
 }
 
 impl Default for ReservePolicy {
@@ -183,6 +191,7 @@ impl Default for ReservePolicy {
             limit: None,
             margin: 1 << 30,
             release_on_stop: false,
+            pull_in: true,
         }
     }
 }
@@ -270,6 +279,7 @@ impl PoolPolicySpec {
                 limit,
                 margin: field_bytes("reserve_margin".into(), &self.reserve_margin)?,
                 release_on_stop: self.release_on_stop,
+                pull_in: self.reserve_pull_in,
             },
             shape: self.shape,
             lessee_grace: {
@@ -576,7 +586,8 @@ mod tests {
     #[test]
     fn reserve_is_on_by_default_and_configurable() {
         let p = PoolPolicy::from_toml(
-            "reserve = false\nreserve_limit = \"8G\"\nreserve_margin = \"512M\"\nrelease_on_stop = true\n",
+            "reserve = false\nreserve_limit = \"8G\"\nreserve_margin = \"512M\"\nrelease_on_stop = true\n\
+             reserve_pull_in = false\n",
         )
         .unwrap();
         assert_eq!(
@@ -586,8 +597,10 @@ mod tests {
                 limit: Some(8 << 30),
                 margin: 512 << 20,
                 release_on_stop: true,
+                pull_in: false,
             }
         );
+        assert!(PoolPolicy::embedded().reserve.pull_in);
         let err = PoolPolicy::from_toml("reserve_margin = \"lots\"\n").unwrap_err();
         assert!(err.to_string().contains("reserve_margin"), "{err}");
     }

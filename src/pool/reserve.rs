@@ -137,6 +137,19 @@ pub struct Raise {
     pub asked: u64,
     /// Pages the kernel added.
     pub added: u64,
+    /// The pull-in of lazily initialised memory between a first ask that fell short and the
+    /// second, if there was one ([`kpool::pull_in`]).
+    pub pulled_in: Option<kpool::PullIn>,
+}
+
+/// Bytes a gigantic-page raise may pull in through the 2M pool when the kernel falls short:
+/// the node's available memory less the margin, or 0 when the policy does not pull in.
+pub fn pull_in_bytes(policy: &ReservePolicy, available: u64) -> u64 {
+    if policy.enabled && policy.pull_in {
+        available.saturating_sub(policy.margin)
+    } else {
+        0
+    }
 }
 
 /// The outcome of giving pages back to one pool.
@@ -157,6 +170,9 @@ pub struct Released {
 pub struct Reservations {
     journal: Journal,
     added: Mutex<BTreeMap<(u32, PageSize), u64>>,
+    /// Nodes whose memory a raise has pulled in already: memory once initialised stays so,
+    /// and a second pull-in would only push the page cache out again.
+    pulled_in: Mutex<std::collections::BTreeSet<u32>>,
 }
 
 impl Reservations {
@@ -191,6 +207,7 @@ impl Reservations {
         Ok(Reservations {
             journal,
             added: Mutex::new(added),
+            pulled_in: Mutex::default(),
         })
     }
 
@@ -234,8 +251,45 @@ impl Reservations {
     }
 
     /// Raises `node`'s pool by `pages` (a delta on the node's `nr_hugepages`) and records what
-    /// the kernel added, which may be fewer (memory short or fragmented).
-    pub fn raise(&self, node: u32, page_size: PageSize, pages: u64) -> Result<Raise, ReserveError> {
+    /// the kernel added, which may be fewer (memory short or fragmented). For gigantic pages
+    /// the kernel fell short of, with `pull_in` bytes to spare: pulls lazily initialised memory
+    /// in ([`kpool::pull_in`], which leaves the 2M pool as it found it) and asks again for the
+    /// rest, once per node and ledger.
+    pub fn raise(
+        &self,
+        node: u32,
+        page_size: PageSize,
+        pages: u64,
+        pull_in: u64,
+    ) -> Result<Raise, ReserveError> {
+        let mut added = self.raise_once(node, page_size, pages)?;
+        let mut pulled_in = None;
+        if added < pages
+            && page_size != PageSize::Size2M
+            && pull_in >= PageSize::Size2M.bytes()
+            && self
+                .pulled_in
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(node)
+        {
+            let pulled = kpool::pull_in(Scope::Node(node), pull_in)?;
+            added += self.raise_once(node, page_size, pages - added)?;
+            tracing::info!(
+                node, page_size = %page_size, asked = pages, added,
+                pulled_in_2m_pages = pulled.added, returned_2m_pages = pulled.returned,
+                "the kernel gave fewer gigantic pages than asked: pulled lazily initialised memory in and asked again"
+            );
+            pulled_in = Some(pulled);
+        }
+        Ok(Raise {
+            asked: pages,
+            added,
+            pulled_in,
+        })
+    }
+
+    fn raise_once(&self, node: u32, page_size: PageSize, pages: u64) -> Result<u64, ReserveError> {
         let scope = Scope::Node(node);
         let before = kpool::read(scope, page_size)?.total;
         let resize = kpool::set_pages(scope, page_size, before + pages)?;
@@ -243,10 +297,7 @@ impl Reservations {
         if added > 0 {
             self.record(node, page_size, self.added(node, page_size) + added)?;
         }
-        Ok(Raise {
-            asked: pages,
-            added,
-        })
+        Ok(added)
     }
 
     /// Lowers `node`'s pool by what hugeprep added, as far as those pages are free (the

@@ -66,10 +66,15 @@ impl Pool {
         let added_on_node = self.reservations.added_bytes_on(node);
         let (pages, limit) =
             reserve::plan(short, ps, &self.policy().reserve, added_on_node, available);
+        let pull_in = reserve::pull_in_bytes(&self.policy().reserve, available);
         let raised = if pages > 0 {
-            self.reservations.raise(node, ps, pages)
+            self.reservations.raise(node, ps, pages, pull_in)
         } else {
-            Ok(reserve::Raise { asked: 0, added: 0 })
+            Ok(reserve::Raise {
+                asked: 0,
+                added: 0,
+                pulled_in: None,
+            })
         };
         let mut st = self.lock();
         let reason = match raised {
@@ -90,11 +95,7 @@ impl Pool {
                          {} of the {} pages asked (memory short or fragmented{})",
                         r.added,
                         r.asked,
-                        if ps == PageSize::Size1G {
-                            ": reserve 1G pages at boot, hugepagesz=1G hugepages=N"
-                        } else {
-                            ""
-                        }
+                        gigantic_remedy(ps, r.pulled_in.as_ref())
                     ))
                 } else {
                     limit.map(|l| l.explain(node, ps, still))
@@ -198,4 +199,19 @@ impl Pool {
             }
         }
     }
+}
+
+/// What to add to a gigantic-page shortfall's reason: what the pull-in got, and the remedy.
+fn gigantic_remedy(ps: PageSize, pulled_in: Option<&crate::hugetlb::pool::PullIn>) -> String {
+    if ps == PageSize::Size2M {
+        return String::new();
+    }
+    let pulled = match pulled_in {
+        Some(p) => format!(
+            " after pulling {} of lazily initialised memory in",
+            format_bytes(p.added * PageSize::Size2M.bytes())
+        ),
+        None => String::new(),
+    };
+    format!("{pulled}: reserve {ps} pages at boot, hugepagesz={ps} hugepages=N")
 }

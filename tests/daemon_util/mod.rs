@@ -75,8 +75,13 @@ impl Env {
     /// test, and a hugetlbfs mount without a size limit, so the daemon itself must raise the
     /// kernel's pool.
     pub fn fresh(name: &str) -> Env {
+        Env::fresh_on(name, PageSize::Size2M)
+    }
+
+    /// As [`Env::fresh`], on a hugetlbfs of `page_size` pages.
+    pub fn fresh_on(name: &str, page_size: PageSize) -> Env {
         let lock = hugeprep::testing::lock().expect("taking the hugepage test lock");
-        let mut env = Env::with_mount(name, "pagesize=2M");
+        let mut env = Env::with_mount(name, &format!("pagesize={}", page_size.name()));
         env._lock = Some(lock);
         env
     }

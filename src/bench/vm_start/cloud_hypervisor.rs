@@ -199,10 +199,12 @@ impl Starter for ChStarter {
             Case::Immediate => self.own_memory(world, true),
             Case::Floor => self.own_memory(world, false),
             Case::Hugeprep => self.leased(world, tag),
-            Case::ImmediateOnLease | Case::HugeprepDiscard => Err(VmStartBenchError::Invalid {
-                field: "vmms",
-                reason: format!("cloud-hypervisor has no case {case:?}"),
-            }),
+            Case::ImmediateOnLease | Case::HugeprepDiscard | Case::Present => {
+                Err(VmStartBenchError::Invalid {
+                    field: "vmms",
+                    reason: format!("cloud-hypervisor has no case {case:?}"),
+                })
+            }
         }
     }
 }

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::{Case, Result, Starter, VmStartBenchConfig, VmStartBenchError, Vmm, World};
+use crate::page_size::PageSize;
 use crate::vmm::libvirt::sandbox::{QemuAs, Sandbox};
 use crate::vmm::libvirt::{Fallback, HookConfig};
 
@@ -126,22 +127,33 @@ impl LibvirtStarter {
     }
 
     fn domain_xml(&self, world: &World, case: Case, uuid: &str) -> String {
-        self.domain_xml_of(world.size, world.threads, case, uuid)
+        self.domain_xml_of(world.size, world.page_size, world.threads, case, uuid)
     }
 
-    /// The domain of `size` bytes for `case`, with `threads` for an immediate allocation.
+    /// The domain of `size` bytes on pages of `page_size` for `case`, with `threads` for an
+    /// immediate allocation. Pages other than 2M are named: `<hugepages>`' page size, and
+    /// hugeprep's `<metadata>` for the hook.
     pub(super) fn domain_xml_of(
         &self,
         size: u64,
+        page_size: PageSize,
         threads: usize,
         case: Case,
         uuid: &str,
     ) -> String {
+        let two_meg = page_size == PageSize::Size2M;
         let backing = match case {
-            Case::Immediate => {
+            Case::Immediate if two_meg => {
                 format!("<hugepages/><allocation mode='immediate' threads='{threads}'/>")
             }
-            Case::Floor | Case::Hugeprep => "<source type='file'/><access mode='shared'/>".into(),
+            Case::Immediate => format!(
+                "<hugepages><page size='{}' unit='KiB'/></hugepages>\
+                 <allocation mode='immediate' threads='{threads}'/>",
+                page_size.bytes() >> 10
+            ),
+            Case::Floor | Case::Hugeprep | Case::Present => {
+                "<source type='file'/><access mode='shared'/>".into()
+            }
             Case::HugeprepDiscard => {
                 "<source type='file'/><access mode='shared'/><discard/>".into()
             }
@@ -150,11 +162,19 @@ impl LibvirtStarter {
                  <allocation mode='immediate' threads='{threads}'/>"
             ),
         };
+        let metadata = if two_meg {
+            String::new()
+        } else {
+            format!(
+                "\n  <metadata><hp:memory xmlns:hp='urn:hugeprep:libvirt:1' page_size='{}'/></metadata>",
+                page_size.name()
+            )
+        };
         // arch-capabilities off: KVM on AMD hosts refuses QEMU's MSR 0x10a write with -cpu host.
         format!(
             "<domain type='kvm'>
   <name>vm-start-{uuid}</name>
-  <uuid>{uuid}</uuid>
+  <uuid>{uuid}</uuid>{metadata}
   <memory unit='KiB'>{}</memory>
   <vcpu>1</vcpu>
   <memoryBacking>{backing}</memoryBacking>

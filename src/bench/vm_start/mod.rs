@@ -34,6 +34,7 @@ mod libvirt;
 mod qemu;
 mod report;
 pub mod storm;
+mod world;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,16 +44,17 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::cgroup::{VmmCgroup, VmmCgroupError, VmmCgroups};
-use super::daemon::{BenchDaemon, BenchDaemonError};
+use super::daemon::BenchDaemonError;
 use super::qemu::QemuError;
 use crate::clear::ClearPlan;
 use crate::client::ClientError;
-use crate::hugetlb::{FileError, MountError, MountOptions, OwnedMount, PoolError, PoolTopUp};
+use crate::hugetlb::{FileError, MountError, PoolError};
 use crate::page_size::PageSize;
-use crate::pool::{PoolPolicy, Verification};
 use holdback::Holdback;
 
-pub use report::{CaseResult, Saving, SizeResult, VmStartReport};
+pub use report::{CaseResult, Saving, SizeResult, VmStartReport, WarmBreakdown};
+pub(crate) use world::World;
+use world::{page_world, top_up, PageWorld, TempDir};
 
 /// How long the warm pool may take to settle between starts (a liveness bound).
 const SETTLE: Duration = Duration::from_secs(120);
@@ -62,8 +64,8 @@ const SETTLE: Duration = Duration::from_secs(120);
 pub struct VmStartBenchConfig {
     /// Guest memory sizes.
     pub sizes: Vec<u64>,
-    /// Page size of every case.
-    pub page_size: PageSize,
+    /// Page sizes: every case runs on each, side by side in the same repetitions.
+    pub page_sizes: Vec<PageSize>,
     /// QEMU `prealloc-threads`, libvirt `<allocation threads=>` and hugeprep's workers.
     pub threads: usize,
     /// Measured repetitions per case (after one warm-up start of each).
@@ -131,6 +133,10 @@ pub enum Case {
     /// A warm lease, mapped with `discard-data=on` (libvirt `<discard/>`, as OpenStack Nova
     /// sets it): QEMU punches the pages out when it stops, and the pool refills them.
     HugeprepDiscard,
+    /// QEMU alone, with `qemu-args`' options, on a file whose pages are all present but that
+    /// hugeprep never leased (faulted by the bench, untimed): the start's cost of mapping
+    /// present pages, without the lease call and the watched open (the warm-start breakdown).
+    Present,
 }
 
 impl Case {
@@ -138,6 +144,16 @@ impl Case {
     pub const ALL: [Case; 5] = [
         Case::Immediate,
         Case::Floor,
+        Case::Hugeprep,
+        Case::ImmediateOnLease,
+        Case::HugeprepDiscard,
+    ];
+
+    /// QEMU alone's cases: every case, and the present file of the warm-start breakdown.
+    pub const QEMU: [Case; 6] = [
+        Case::Immediate,
+        Case::Floor,
+        Case::Present,
         Case::Hugeprep,
         Case::ImmediateOnLease,
         Case::HugeprepDiscard,
@@ -162,6 +178,8 @@ impl Case {
             (Vmm::Qemu, Case::Hugeprep) => "hugeprep warm lease, qemu-args".into(),
             (Vmm::Qemu, Case::ImmediateOnLease) => "prealloc=on over a warm lease".into(),
             (Vmm::Qemu, Case::HugeprepDiscard) => "hugeprep warm lease, discard-data=on".into(),
+            (Vmm::Qemu, Case::Present) => "present file, not leased, qemu-args".into(),
+            (_, Case::Present) => "(not run)".into(),
             (Vmm::Libvirt | Vmm::LibvirtRoot, Case::Immediate) => {
                 format!("<hugepages/> + immediate, threads={threads}")
             }
@@ -243,48 +261,6 @@ pub enum VmStartBenchError {
 
 type Result<T> = std::result::Result<T, VmStartBenchError>;
 
-/// One size's world: fresh files on `scratch`, hugeprep's pool on its own mount.
-pub(crate) struct World {
-    /// Guest memory size.
-    pub size: u64,
-    /// Page size.
-    pub page_size: PageSize,
-    /// Threads.
-    pub threads: usize,
-    /// A mount for the files QEMU alone creates itself.
-    pub scratch: PathBuf,
-    /// hugeprep's pool mount (libvirt's `hugetlbfs_mount` and `memory_backing_dir` too:
-    /// the hook's hard links cannot cross file systems).
-    pub pool_mount: PathBuf,
-    /// A directory on an ordinary file system for sockets, XML and configuration.
-    pub tmp: PathBuf,
-    /// hugeprep's daemon, its pool warm with one file of `size`.
-    pub daemon: BenchDaemon,
-    /// Where each VMM the run starts itself gets a cgroup of its own (`None`: no cgroup v2).
-    pub cgroups: Option<VmmCgroups>,
-}
-
-impl World {
-    /// A fresh cgroup for one VMM, when the host has cgroup v2.
-    pub fn vmm_cgroup(&self, tag: &str) -> Result<Option<VmmCgroup>> {
-        vmm_cgroup(self.cgroups.as_ref(), tag)
-    }
-
-    /// Waits until the pool is warm again (between starts, untimed).
-    pub fn settle(&self) -> Result<()> {
-        Ok(self.daemon.settle(SETTLE)?)
-    }
-
-    /// Sets the pool's target to `bytes` of files of the run's size (`policy` otherwise)
-    /// and waits until the pool holds exactly that: filled up, or trimmed down so that a
-    /// fresh file can have the pages (untimed).
-    pub fn set_warm(&self, policy: &PoolPolicy, bytes: u64) -> Result<()> {
-        let mut p = policy.clone();
-        p.set_warm(self.page_size, bytes, vec![self.size]);
-        Ok(self.daemon.set_policy_settled(p, SETTLE)?)
-    }
-}
-
 /// A way to start VMs: the cases it can run and one timed start.
 pub(crate) trait Starter {
     /// Which VMM.
@@ -296,29 +272,10 @@ pub(crate) trait Starter {
     /// Starts a VM of `case` and returns the seconds to ready; the VM is stopped and every
     /// lease and file of it given back before it returns.
     fn start(&mut self, world: &World, case: Case, tag: &str) -> Result<f64>;
-}
-
-/// The run's journal and socket directory on an ordinary file system; removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(size: u64) -> Result<TempDir> {
-        let dir = std::env::temp_dir().join(format!(
-            "hugeprep-bench-vm-start-{}-{size}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|source| VmStartBenchError::Io {
-            op: "create the run's directory",
-            source,
-        })?;
-        Ok(TempDir(dir))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+    /// Seconds the last start spent in the lease call over the API, when it made one (the
+    /// warm-start breakdown); `None` where the lease is not timed apart.
+    fn last_lease_seconds(&self) -> Option<f64> {
+        None
     }
 }
 
@@ -369,15 +326,23 @@ fn check(cfg: &VmStartBenchConfig) -> Result<()> {
     if cfg.sizes.is_empty() {
         return invalid("sizes", "give at least one size".into());
     }
+    if cfg.page_sizes.is_empty() {
+        return invalid("page-size", "give at least one page size".into());
+    }
+    // Every size fits the smallest page size asked for; a larger page size that does not
+    // divide a size is left out of that size (listed as skipped).
+    let smallest = cfg.page_sizes.iter().copied().min_by_key(|p| p.bytes());
     for &size in &cfg.sizes {
-        if crate::hugetlb::check_size(size, cfg.page_size).is_err() || size < (2 << 20) {
-            return invalid(
-                "sizes",
-                format!(
-                    "{size} is not a positive multiple of the {} page size of at least 2 MiB",
-                    cfg.page_size
-                ),
-            );
+        if let Some(ps) = smallest {
+            if crate::hugetlb::check_size(size, ps).is_err() || size < (2 << 20) {
+                return invalid(
+                    "sizes",
+                    format!(
+                        "{size} is not a positive multiple of the {ps} page size of at least \
+                         2 MiB (--page-size {ps})"
+                    ),
+                );
+            }
         }
     }
     Ok(())
@@ -386,6 +351,7 @@ fn check(cfg: &VmStartBenchConfig) -> Result<()> {
 /// Runs the benchmark; `log` gets a line per start.
 pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport> {
     check(cfg)?;
+    let load_before = crate::bench::load_average();
     let mut not_measured = Vec::new();
     let mut vmms = cfg.vmms.clone();
     if vmms.iter().any(|v| v.is_libvirt()) {
@@ -405,106 +371,97 @@ pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport
     let mut sizes = Vec::new();
     let mut skipped = Vec::new();
     for &size in &cfg.sizes {
-        // The warm pool, and one fresh file at a time; a VM too large for both (the largest
-        // the machine holds) has the pool emptied for the fresh-file cases, as a host would.
-        let fits = |needed: u64| !mem_available().is_some_and(|m| m < needed + cfg.headroom);
-        let one_copy = !fits(2 * size);
-        if one_copy && !fits(size) {
-            let why = format!(
-                "{}: needs {} of hugepages, more than the memory available less the headroom",
-                crate::units::format_bytes(size),
-                crate::units::format_bytes(size)
-            );
-            log(&format!("skipped {why}"));
-            skipped.push(why);
-            continue;
-        }
-        if one_copy {
-            log(&format!(
-                "{}: the machine holds one copy only: the pool is emptied (untimed) before each fresh-file case and refilled after it",
-                crate::units::format_bytes(size)
-            ));
-        }
-        match run_size(cfg, &vmms, size, one_copy, cgroups.as_ref(), log) {
-            Ok(result) => sizes.push(result),
-            // The kernel could not supply the pages (memory short or fragmented): the other
-            // sizes' results still stand.
-            Err(VmStartBenchError::KernelPool(e)) => {
-                let why = format!("{}: {e}", crate::units::format_bytes(size));
-                log(&format!("skipped {why}"));
-                skipped.push(why);
-            }
-            Err(e) => return Err(e),
+        if let Some(result) = run_size(cfg, &vmms, size, cgroups.as_ref(), &mut skipped, log)? {
+            sizes.push(result);
         }
     }
-    Ok(report::report(cfg, &vmms, not_measured, sizes, skipped))
+    Ok(report::report(
+        cfg,
+        &vmms,
+        not_measured,
+        sizes,
+        skipped,
+        load_before,
+    ))
 }
 
+/// One size on every page size the machine has pages for, their cases interleaved; `None`
+/// when no page size could be had (each reason in `skipped`).
 fn run_size(
     cfg: &VmStartBenchConfig,
     vmms: &[Vmm],
     size: u64,
-    one_copy: bool,
     cgroups: Option<&VmmCgroups>,
+    skipped: &mut Vec<String>,
     log: &dyn Fn(&str),
-) -> Result<SizeResult> {
-    let ps = cfg.page_size;
-    let pages = size / ps.bytes();
-    // Dropped in reverse: the starters (libvirtd) and the daemon with its files, the mounts,
-    // then the pages: the warm pool's and one fresh file's, kept in the kernel's hugetlb pool
-    // for the whole size (pages handed back to the buddy allocator between starts would
-    // come back cold).
-    let copies = if one_copy { 1 } else { 2 };
-    let _top_up = PoolTopUp::ensure_free(None, ps, copies * pages)?;
-    let scratch = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
-    let pool_mount = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
-    let tmp = TempDir::new(size)?;
-    let mut policy = PoolPolicy::embedded();
-    policy.set_warm(ps, size, vec![size]);
-    policy.scrub_bandwidth = None;
-    policy.threads = cfg.threads;
-    policy.verify = Verification::Sample;
-    let daemon = BenchDaemon::start(&tmp.0, pool_mount.path(), policy.clone(), cfg.plan)?;
-    let world = World {
-        size,
-        page_size: ps,
-        threads: cfg.threads,
-        scratch: scratch.path().to_path_buf(),
-        pool_mount: pool_mount.path().to_path_buf(),
-        tmp: tmp.0.clone(),
-        daemon,
-        cgroups: cgroups.cloned(),
-    };
-    world.settle()?;
-    let mut starters: Vec<Box<dyn Starter>> = Vec::new();
-    for vmm in vmms {
-        starters.push(match vmm {
-            Vmm::Qemu => Box::new(qemu::QemuStarter::new(cfg)),
-            Vmm::Libvirt | Vmm::LibvirtRoot => {
-                log(&format!(
-                    "starting a private libvirtd, QEMU as {} (about 10 s: it probes QEMU)",
-                    if *vmm == Vmm::LibvirtRoot {
-                        "root"
-                    } else {
-                        "the package configures it"
-                    }
-                ));
-                Box::new(libvirt::LibvirtStarter::up(cfg, &world, *vmm)?)
+) -> Result<Option<SizeResult>> {
+    let size_name = crate::units::format_bytes(size);
+    // Gigantic pages first: their free pages are set aside already, and a 2M top-up after
+    // them sees the memory that is left.
+    let mut order = cfg.page_sizes.clone();
+    order.sort_by_key(|ps| std::cmp::Reverse(ps.bytes()));
+    let mut worlds: Vec<PageWorld> = Vec::new();
+    for ps in order {
+        if size % ps.bytes() != 0 {
+            let why = format!("{size_name} on {ps} pages: not a whole number of pages");
+            log(&format!("skipped {why}"));
+            skipped.push(why);
+            continue;
+        }
+        let (top_up, one_copy) = match top_up(cfg, size, ps) {
+            Ok(t) => t,
+            Err(why) => {
+                let why = format!("{size_name} on {ps} pages: {why}");
+                log(&format!("skipped {why}"));
+                skipped.push(why);
+                continue;
             }
-            Vmm::CloudHypervisor => match &cfg.cloud_hypervisor {
-                Some(binary) => Box::new(cloud_hypervisor::ChStarter::new(binary)),
-                None => continue,
-            },
-        });
+        };
+        if one_copy {
+            log(&format!(
+                "{size_name} on {ps} pages: the machine holds one copy only: the pool is emptied (untimed) before each fresh-file case and refilled after it"
+            ));
+        }
+        worlds.push(page_world(cfg, size, ps, top_up, one_copy, cgroups)?);
+    }
+    worlds.sort_by_key(|w| cfg.page_sizes.iter().position(|&p| p == w.world.page_size));
+    if worlds.is_empty() {
+        return Ok(None);
+    }
+    let mut starters: Vec<(usize, Box<dyn Starter>)> = Vec::new();
+    for (w, pw) in worlds.iter().enumerate() {
+        for vmm in vmms {
+            starters.push((
+                w,
+                match vmm {
+                    Vmm::Qemu => Box::new(qemu::QemuStarter::new(cfg)),
+                    Vmm::Libvirt | Vmm::LibvirtRoot => {
+                        log(&format!(
+                            "starting a private libvirtd, QEMU as {} (about 10 s: it probes QEMU)",
+                            if *vmm == Vmm::LibvirtRoot {
+                                "root"
+                            } else {
+                                "the package configures it"
+                            }
+                        ));
+                        Box::new(libvirt::LibvirtStarter::up(cfg, &pw.world, *vmm)?)
+                    }
+                    Vmm::CloudHypervisor => match &cfg.cloud_hypervisor {
+                        Some(binary) => Box::new(cloud_hypervisor::ChStarter::new(binary)),
+                        None => continue,
+                    },
+                },
+            ));
+        }
     }
     let runs: Vec<(usize, Case)> = starters
         .iter()
         .enumerate()
-        .flat_map(|(s, starter)| starter.cases().iter().map(move |&c| (s, c)))
+        .flat_map(|(s, (_, starter))| starter.cases().iter().map(move |&c| (s, c)))
         .collect();
     let mut samples = vec![Vec::with_capacity(cfg.reps); runs.len()];
     let mut recycles = vec![Vec::with_capacity(cfg.reps); runs.len()];
-    let size_name = crate::units::format_bytes(size);
+    let mut lease_calls = vec![Vec::with_capacity(cfg.reps); runs.len()];
     for (rep, timed) in std::iter::once((0, false)).chain((0..cfg.reps).map(|r| (r, true))) {
         for i in 0..runs.len() {
             if cfg
@@ -516,18 +473,25 @@ fn run_size(
             }
             let k = if timed { (rep + i) % runs.len() } else { i };
             let (s, case) = runs[k];
-            let starter = &mut starters[s];
+            let (w, starter) = &mut starters[s];
+            let world = &worlds[*w].world;
+            let (ps, one_copy) = (world.page_size, world.one_copy);
             // The fresh pages stay reserved while hugeprep's cases run: the pool cannot
             // refill behind the lease while the start is timed (with one copy there are none
             // to refill with).
-            let held = if case.leased() && !one_copy { pages } else { 0 };
+            let held = if case.leased() && !one_copy {
+                size / ps.bytes()
+            } else {
+                0
+            };
             let holdback = Holdback::reserve(&world.scratch, held, ps)?;
             if one_copy && !case.leased() {
-                world.set_warm(&policy, 0)?;
+                world.set_warm(&world.policy, 0)?;
             }
-            let seconds = starter.start(&world, case, &format!("{rep}-{k}"))?;
+            let seconds = starter.start(world, case, &format!("{rep}-{k}"))?;
+            let lease_call = starter.last_lease_seconds();
             if one_copy && !case.leased() {
-                world.set_warm(&policy, size)?;
+                world.set_warm(&world.policy, size)?;
             }
             // The lease was released as the VM stopped: until the pool is warm again is
             // what recycling it costs (a scrub, or a refill of what QEMU punched out).
@@ -540,26 +504,35 @@ fn run_size(
             if timed {
                 samples[k].push(seconds);
                 recycles[k].push(recycle);
+                lease_calls[k].extend(lease_call);
                 log(&format!(
-                    "{size_name} rep {}/{}  {vmm:<8} {label:<44} {seconds:.3} s",
+                    "{size_name} {ps} rep {}/{}  {vmm:<8} {label:<44} {seconds:.3} s",
                     rep + 1,
                     cfg.reps,
                 ));
             } else {
                 log(&format!(
-                    "{size_name} warm-up  {vmm:<8} {label:<44} {seconds:.3} s"
+                    "{size_name} {ps} warm-up  {vmm:<8} {label:<44} {seconds:.3} s"
                 ));
             }
         }
     }
-    let runs: Vec<(Vmm, Case)> = runs.iter().map(|&(s, c)| (starters[s].vmm(), c)).collect();
+    let runs: Vec<report::Run> = runs
+        .iter()
+        .map(|&(s, case)| report::Run {
+            page_size: worlds[starters[s].0].world.page_size,
+            vmm: starters[s].1.vmm(),
+            case,
+        })
+        .collect();
     drop(starters);
-    drop(world);
-    Ok(report::size_result(
+    drop(worlds);
+    Ok(Some(report::size_result(
         size,
         cfg.threads,
         &runs,
         samples,
         recycles,
-    ))
+        lease_calls,
+    )))
 }

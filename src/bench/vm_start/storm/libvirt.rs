@@ -25,7 +25,7 @@ impl StormWorld {
             let file = lv.xml_dir().join(format!("storm-{uuid}.xml"));
             std::fs::write(
                 &file,
-                lv.domain_xml_of(self.size, self.threads, case.domain_case(), uuid),
+                lv.domain_xml_of(self.size, self.ps, self.threads, case.domain_case(), uuid),
             )
             .map_err(|source| VmStartBenchError::Io {
                 op: "write a storm domain's XML",

@@ -59,6 +59,7 @@ pub fn run(
     log: &dyn Fn(&str),
 ) -> Result<StormReport> {
     super::check(cfg)?;
+    let load_before = crate::bench::load_average();
     if counts.is_empty() || counts.contains(&0) {
         return Err(VmStartBenchError::Invalid {
             field: "concurrent",
@@ -89,55 +90,86 @@ pub fn run(
     let mut storms = Vec::new();
     let mut skipped = Vec::new();
     for &count in counts {
-        // The warm pool for all, and fresh files for all.
-        let needed = 2 * count as u64 * size;
-        if super::mem_available().is_some_and(|m| m < needed + cfg.headroom) {
-            let why = format!(
-                "{count} x {}: needs {} of hugepages, more than the memory available less the headroom",
-                format_bytes(size),
-                format_bytes(needed)
-            );
-            log(&format!("skipped {why}"));
-            skipped.push(why);
-            continue;
+        for &ps in &cfg.page_sizes {
+            if size % ps.bytes() != 0 {
+                let why = format!(
+                    "{count} x {} on {ps} pages: not a whole number of pages",
+                    format_bytes(size)
+                );
+                log(&format!("skipped {why}"));
+                skipped.push(why);
+                continue;
+            }
+            // The warm pool for all, and fresh files for all; the pool's free pages are set
+            // aside already, a raise takes the rest from the machine.
+            let needed = 2 * count as u64 * size;
+            let free = crate::hugetlb::pool::available(None, ps).unwrap_or(0) * ps.bytes();
+            let taken = needed.saturating_sub(free);
+            if taken > 0 && super::mem_available().is_some_and(|m| m < taken + cfg.headroom) {
+                let why = format!(
+                    "{count} x {} on {ps} pages: needs {} of hugepages, more than the pool's free pages and the memory available less the headroom",
+                    format_bytes(size),
+                    format_bytes(needed)
+                );
+                log(&format!("skipped {why}"));
+                skipped.push(why);
+                continue;
+            }
+            match run_count(
+                cfg,
+                &vmms,
+                Shape { count, size, ps },
+                with_refill,
+                cgroups.as_ref(),
+                log,
+            ) {
+                Ok(results) => storms.extend(results),
+                // The kernel could not supply the pages (1G pages, fragmented memory): the
+                // other storms' results still stand.
+                Err(VmStartBenchError::KernelPool(e)) => {
+                    let why = format!("{count} x {} on {ps} pages: {e}", format_bytes(size));
+                    log(&format!("skipped {why}"));
+                    skipped.push(why);
+                }
+                Err(e) => return Err(e),
+            }
         }
-        storms.extend(run_count(
-            cfg,
-            &vmms,
-            count,
-            size,
-            with_refill,
-            cgroups.as_ref(),
-            log,
-        )?);
     }
     Ok(StormReport {
-        page_size: cfg.page_size,
+        page_sizes: cfg.page_sizes.clone(),
         threads: cfg.threads,
         reps: cfg.reps,
         with_refill,
         storms,
         skipped,
         not_measured,
+        load_average: (load_before, crate::bench::load_average()),
     })
+}
+
+/// One storm's shape: how many VMs, each of how many bytes, on which pages.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    count: usize,
+    size: u64,
+    ps: crate::page_size::PageSize,
 }
 
 fn run_count(
     cfg: &VmStartBenchConfig,
     vmms: &[Vmm],
-    count: usize,
-    size: u64,
+    shape: Shape,
     with_refill: bool,
     cgroups: Option<&VmmCgroups>,
     log: &dyn Fn(&str),
 ) -> Result<Vec<StormResult>> {
-    let ps = cfg.page_size;
+    let Shape { count, size, ps } = shape;
     let vm_pages = size / ps.bytes();
     let all_pages = count as u64 * vm_pages;
     let _top_up = PoolTopUp::ensure_free(None, ps, 2 * all_pages)?;
     let scratch = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
     let pool_mount = OwnedMount::new_temp(&std::env::temp_dir(), &MountOptions::new(ps))?;
-    let tmp = super::TempDir::new(count as u64 * size)?;
+    let tmp = super::TempDir::named(&format!("{}-{}", count as u64 * size, ps.name()))?;
     let mut policy = PoolPolicy::embedded();
     policy.set_warm(ps, all_pages * ps.bytes(), vec![size]);
     policy.scrub_bandwidth = None;
@@ -237,14 +269,14 @@ fn run_count(
                 all_ready[k].push(slowest);
                 per_vm[k].extend(&seconds);
                 log(&format!(
-                    "{count} x {} rep {}/{}  {vmm_name:<8} {label:<36} all ready {slowest:.3} s",
+                    "{count} x {} {ps} rep {}/{}  {vmm_name:<8} {label:<36} all ready {slowest:.3} s",
                     format_bytes(size),
                     rep + 1,
                     cfg.reps
                 ));
             } else {
                 log(&format!(
-                    "{count} x {} warm-up  {vmm_name:<8} {label:<36} all ready {slowest:.3} s",
+                    "{count} x {} {ps} warm-up  {vmm_name:<8} {label:<36} all ready {slowest:.3} s",
                     format_bytes(size)
                 ));
             }
@@ -286,6 +318,7 @@ fn run_count(
                 })
                 .collect();
             StormResult {
+                page_size: ps,
                 vmm,
                 count,
                 vm_bytes: size,

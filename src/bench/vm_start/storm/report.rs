@@ -38,6 +38,8 @@ pub struct StormCaseResult {
 /// One storm size.
 #[derive(Debug, Clone, Serialize)]
 pub struct StormResult {
+    /// The VMs' page size.
+    pub page_size: PageSize,
     /// How the VMs start: QEMU alone (exec to QMP ready) or libvirt (`virsh create --paused`
     /// until it returns).
     pub vmm: Vmm,
@@ -54,8 +56,8 @@ pub struct StormResult {
 /// The whole storm run.
 #[derive(Debug, Clone, Serialize)]
 pub struct StormReport {
-    /// Page size.
-    pub page_size: PageSize,
+    /// Page sizes, one storm of each per VM count.
+    pub page_sizes: Vec<PageSize>,
     /// QEMU `prealloc-threads` and hugeprep's workers.
     pub threads: usize,
     /// Measured repetitions per case.
@@ -69,6 +71,8 @@ pub struct StormReport {
     pub skipped: Vec<String>,
     /// What this run does not measure.
     pub not_measured: Vec<String>,
+    /// The machine's 1-minute load average before and after the run.
+    pub load_average: (Option<f64>, Option<f64>),
 }
 
 impl StormReport {
@@ -77,16 +81,27 @@ impl StormReport {
     pub fn table(&self) -> String {
         let mut out = format!(
             "boot storm: N VMs at once (QEMU alone: exec to QMP ready; libvirt: virsh create --paused returned), {} pages, {} threads, {} reps; free pages held back unless a row says \"refill free\" (\"no gate\": the start gate off; /held: over the same case held back)\n",
-            self.page_size,
+            self.page_sizes
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(" and "),
             self.threads,
             self.reps,
         );
+        let load = |l: Option<f64>| l.map_or("-".into(), |l| format!("{l:.1}"));
+        out.push_str(&format!(
+            "load average {} before, {} after\n",
+            load(self.load_average.0),
+            load(self.load_average.1)
+        ));
         for s in &self.storms {
             out.push_str(&format!(
-                "\n{} VMs x {} ({} in all), {}\n{:<44} {:>22} {:>9} {:>9} {:>8} {:>8} {:>8}\n",
+                "\n{} VMs x {} ({} in all) of {} pages, {}\n{:<44} {:>22} {:>9} {:>9} {:>8} {:>8} {:>8}\n",
                 s.count,
                 format_bytes(s.vm_bytes),
                 format_bytes(s.total_bytes),
+                s.page_size,
                 format!("{:?}", s.vmm).to_lowercase(),
                 "case",
                 "all ready s (range)",
