@@ -153,7 +153,9 @@ impl Pool {
             }
             return 0;
         }
-        let added = match self.reservations.raise(node, ps, asked) {
+        // As the reserve job: gigantic pages the kernel falls short of pull memory in once.
+        let pull_in = reserve::pull_in_bytes(&policy.reserve, available);
+        let added = match self.reservations.raise(node, ps, asked, pull_in) {
             Ok(r) => r.added,
             Err(err) => {
                 tracing::warn!(node, page_size = %ps, %err, "raising the kernel's hugepage pool for a lease failed");
