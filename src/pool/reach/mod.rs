@@ -212,6 +212,39 @@ struct Opener {
     cgroups: Option<Vec<cgroup::Cgroup>>,
 }
 
+impl Opener {
+    /// Whether this opener is gone with everything it could have handed on: it exited, and
+    /// one of its cgroups is empty (what it forked stayed there). Any doubt is an
+    /// [`Unproven`].
+    fn gone(&self) -> Result<(), Unproven> {
+        let fail = |step: &'static str| {
+            move |e: std::io::Error| Unproven::Error {
+                step,
+                message: e.to_string(),
+            }
+        };
+        let unknown = || Unproven::OpenerUnknown { pid: self.pid };
+        let pidfd = self.pidfd.as_ref().ok_or_else(unknown)?;
+        if !crate::sys::pidfd::exited(pidfd.as_fd()).map_err(fail("pidfd"))? {
+            return Err(Unproven::OpenerAlive { pid: self.pid });
+        }
+        let cgroups = self.cgroups.as_ref().ok_or_else(unknown)?;
+        for cg in cgroups {
+            if cg.is_empty().map_err(fail("cgroup"))? {
+                return Ok(());
+            }
+        }
+        Err(Unproven::OpenerCgroup {
+            pid: self.pid,
+            cgroups: cgroups
+                .iter()
+                .map(|c| c.dir.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+}
+
 #[derive(Debug, Default)]
 struct Record {
     /// No event was lost and no mark failed since the watch began.
@@ -477,34 +510,7 @@ impl Reach {
                 return Err(Unproven::Lost);
             }
             for o in &record.openers {
-                let pidfd = o
-                    .pidfd
-                    .as_ref()
-                    .ok_or(Unproven::OpenerUnknown { pid: o.pid })?;
-                if !crate::sys::pidfd::exited(pidfd.as_fd()).map_err(fail("pidfd"))? {
-                    return Err(Unproven::OpenerAlive { pid: o.pid });
-                }
-                let cgroups = o
-                    .cgroups
-                    .as_ref()
-                    .ok_or(Unproven::OpenerUnknown { pid: o.pid })?;
-                let mut emptied = false;
-                for cg in cgroups {
-                    if cg.is_empty().map_err(fail("cgroup"))? {
-                        emptied = true;
-                        break;
-                    }
-                }
-                if !emptied {
-                    return Err(Unproven::OpenerCgroup {
-                        pid: o.pid,
-                        cgroups: cgroups
-                            .iter()
-                            .map(|c| c.dir.display().to_string())
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    });
-                }
+                o.gone()?;
             }
             record.openers.len()
         };

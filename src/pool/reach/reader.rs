@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use super::{cgroup, Opener, Reach, MAX_OPENERS, READER_STALL};
-use crate::sys::fanotify::Event;
+use crate::sys::fanotify::{Event, Permission};
 
 impl Reach {
     /// Answers every queued open, batch by batch (the reader thread's work).
@@ -34,43 +34,7 @@ impl Reach {
         if self.probe.is_some() {
             return self.answer_by_counts(events);
         }
-        let me = std::process::id();
-        let mut lost = false;
-        let mut refuse = Vec::new();
-        let mut new = Vec::new();
-        {
-            let st = self.lock();
-            for event in events {
-                match event {
-                    Event::Overflow => lost = true,
-                    // The daemon's own opens: let them go on (dropping the permission).
-                    Event::Open { pid, .. } if pid == me => {}
-                    Event::Open {
-                        dev,
-                        ino,
-                        pid,
-                        pidfd,
-                        permission,
-                    } => {
-                        let Some((&id, record)) = st
-                            .by_inode
-                            .get(&(dev, ino))
-                            .and_then(|id| st.files.get(id).map(|r| (id, r)))
-                        else {
-                            continue;
-                        };
-                        if record.recycled {
-                            refuse.push((pid, pidfd, permission));
-                        } else if !record.complete || record.openers.iter().any(|o| o.same(pid)) {
-                            // Nothing to learn: the proof fails anyway, or this process is
-                            // recorded and still runs. Answered at once, however many come.
-                        } else {
-                            new.push((id, pid, pidfd, permission));
-                        }
-                    }
-                }
-            }
-        }
+        let Sorted { lost, refuse, new } = self.sort(events);
         for (pid, pidfd, permission) in refuse {
             if !runs_as_root(pid, pidfd.as_ref()) {
                 tracing::warn!(pid, "refused an open of a recycled pool file");
@@ -89,6 +53,52 @@ impl Reach {
                 (id, pid, pidfd, cgroups, permission)
             })
             .collect();
+        self.record_openers(lost, new);
+    }
+
+    /// Sorts a batch of events under the state lock: the daemon's own opens and opens of
+    /// files not watched go on, opens of recycled files are to be refused, and the rest name
+    /// openers to record.
+    fn sort(&self, events: Vec<Event>) -> Sorted {
+        let me = std::process::id();
+        let mut sorted = Sorted::default();
+        let st = self.lock();
+        for event in events {
+            match event {
+                Event::Overflow => sorted.lost = true,
+                // The daemon's own opens: let them go on (dropping the permission).
+                Event::Open { pid, .. } if pid == me => {}
+                Event::Open {
+                    dev,
+                    ino,
+                    pid,
+                    pidfd,
+                    permission,
+                } => {
+                    let Some((&id, record)) = st
+                        .by_inode
+                        .get(&(dev, ino))
+                        .and_then(|id| st.files.get(id).map(|r| (id, r)))
+                    else {
+                        continue;
+                    };
+                    if record.recycled {
+                        sorted.refuse.push((pid, pidfd, permission));
+                    } else if !record.complete || record.openers.iter().any(|o| o.same(pid)) {
+                        // Nothing to learn: the proof fails anyway, or this process is
+                        // recorded and still runs. Answered at once, however many come.
+                    } else {
+                        sorted.new.push((id, pid, pidfd, permission));
+                    }
+                }
+            }
+        }
+        sorted
+    }
+
+    /// Records each new opener (with its cgroups) in its file's record, then answers the
+    /// opens; `lost` events cost every watched file its proof.
+    fn record_openers(&self, lost: bool, new: Vec<NewOpener>) {
         let mut answers = Vec::with_capacity(new.len());
         let mut st = self.lock();
         if lost {
@@ -132,6 +142,7 @@ impl Reach {
                 cgroups,
             });
         }
+        // The opens go on only now, with every opener recorded.
         drop(st);
         drop(answers);
     }
@@ -248,4 +259,25 @@ pub(super) fn read_events(reach: std::sync::Weak<Reach>) {
             }
         }
     }
+}
+
+/// An open of a watched file whose opener is to be recorded: file id, pid, pidfd, its
+/// cgroups (read while it waits), and the open's answer.
+type NewOpener = (
+    u64,
+    u32,
+    Option<OwnedFd>,
+    Option<Vec<cgroup::Cgroup>>,
+    Permission,
+);
+
+/// A batch of open events sorted under the state lock ([`Reach::sort`]).
+#[derive(Default)]
+struct Sorted {
+    /// The kernel dropped events.
+    lost: bool,
+    /// Opens of recycled files: pid, pidfd, answer.
+    refuse: Vec<(u32, Option<OwnedFd>, Permission)>,
+    /// Opens whose opener is to be recorded: file id, pid, pidfd, answer.
+    new: Vec<(u64, u32, Option<OwnedFd>, Permission)>,
 }
