@@ -155,6 +155,10 @@ pub fn resolve_group(spec: &str) -> Result<u32, String> {
     if let Ok(Some(g)) = Group::from_name(spec) {
         return Ok(g.gid.as_raw());
     }
+    if spec == "root" {
+        // As for the user: a system without a group database (an initramfs) still has it.
+        return Ok(0);
+    }
     spec.parse()
         .map_err(|_| format!("no group {spec:?} on this host"))
 }
@@ -271,6 +275,7 @@ mod tests {
         let e = resolve_user("no-such-user-hugeprep").unwrap_err();
         assert!(e.contains("no user \"no-such-user-hugeprep\""), "{e}");
         assert_eq!(resolve_group("+5").unwrap(), 5);
+        assert_eq!(resolve_group("root").unwrap(), 0);
         let q = QemuUser::from_label("+0:+0").unwrap();
         assert!(q.is_root());
         assert_eq!(q.name, "root");
