@@ -24,6 +24,17 @@ pub struct HugepageReservation {
     _lock: HugepageLock,
 }
 
+/// Asks the kernel for room for hugepages: `compact` moves movable pages together
+/// (`/proc/sys/vm/compact_memory`); `drop caches` also drops clean page cache first
+/// (`/proc/sys/vm/drop_caches`, 1). Failures are ignored: the raise after it says what came of it.
+fn make_room(step: &str) {
+    if step == "drop caches" {
+        // Only clean pages go: nothing is lost, files are read again when next used.
+        let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
+    }
+    let _ = std::fs::write("/proc/sys/vm/compact_memory", "1");
+}
+
 /// Takes the machine-wide hugepage test lock (blocking).
 pub fn lock() -> io::Result<HugepageLock> {
     HugepageLock::acquire().map_err(|e| io::Error::other(e.to_string()))
@@ -36,7 +47,18 @@ impl HugepageReservation {
     pub fn ensure_free(page_size: PageSize, pages: u64) -> io::Result<Option<Self>> {
         let lock = lock()?;
         let other = |e: crate::hugetlb::PoolError| io::Error::other(e.to_string());
-        let top_up = PoolTopUp::raise(None, page_size, pages).map_err(other)?;
+        let mut top_up = PoolTopUp::raise(None, page_size, pages).map_err(other)?;
+        // A host hours into its life keeps most free memory in the page cache and in blocks
+        // smaller than a page: the kernel's raise stops at the first page it cannot make. Make
+        // room as an operator would (compact, then drop clean caches) and ask again.
+        for step in ["compact", "drop caches"] {
+            if top_up.free_pages().map_err(other)? >= pages {
+                break;
+            }
+            drop(top_up); // gives back what it added, so the retry starts where we began
+            make_room(step);
+            top_up = PoolTopUp::raise(None, page_size, pages).map_err(other)?;
+        }
         if top_up.free_pages().map_err(other)? < pages {
             return Ok(None); // dropping `top_up` gives back what was added
         }
