@@ -105,17 +105,10 @@ impl QemuConf {
 
     /// QEMU's credentials under this configuration (no per-domain label).
     pub fn qemu_user(&self) -> Result<QemuUser, String> {
-        let (uid, _, name) = resolve_user(self.effective_user())?;
-        let gid = resolve_group(self.effective_group())?;
-        Ok(QemuUser {
-            name: name.unwrap_or_else(|| format!("+{uid}")),
-            creds: Credentials {
-                uid,
-                gid,
-                groups: Vec::new(),
-            },
-        }
-        .with_groups_of(self))
+        Ok(
+            QemuUser::from_user_and_group(self.effective_user(), self.effective_group())?
+                .with_groups_of(self),
+        )
     }
 }
 
@@ -179,6 +172,11 @@ impl QemuUser {
         let (user, group) = label
             .split_once(':')
             .ok_or_else(|| format!("DAC label {label:?} is not USER:GROUP"))?;
+        QemuUser::from_user_and_group(user, group)
+    }
+
+    /// `user` with `group` (each a name, a number or `+N`), no supplementary groups.
+    fn from_user_and_group(user: &str, group: &str) -> Result<QemuUser, String> {
         let (uid, _, name) = resolve_user(user)?;
         let gid = resolve_group(group)?;
         Ok(QemuUser {
