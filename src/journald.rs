@@ -15,9 +15,26 @@
 //! Fields: `MESSAGE`, `PRIORITY`, `SYSLOG_IDENTIFIER=hugeprep`, `TARGET` (the module),
 //! `CODE_FILE`, `CODE_LINE`, and each event field upper-cased (`id` -> `ID`; one that would
 //! clash with these gets an `F_` prefix).
+//!
+//! An entry too large for one datagram (journald's socket takes about 200 KiB) is written to
+//! a sealed memfd whose descriptor is sent instead, as `sd_journal_sendv` does: no entry is
+//! dropped for its size.
+//!
+//! Why not the `tracing-journald` crate, which does the same transport: it puts only the
+//! event's message in `MESSAGE` (the fields go to their own journal fields only), so the
+//! short `journalctl` view and `journalctl -g name=vm1` would lose every field that
+//! operators grep for today (docs/operations.md); it also maps INFO to priority 5 (notice)
+//! and prefixes every field with `F_` unless configured otherwise. This layer is the
+//! message format on top of the same two sends (`send_entry`).
 
 use std::fmt::Write as _;
+use std::io::Write as _;
+use std::mem::MaybeUninit;
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixDatagram;
+
+use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
+use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -90,6 +107,40 @@ pub fn append_field(buf: &mut Vec<u8>, name: &str, value: &str) {
     }
     buf.extend_from_slice(value.as_bytes());
     buf.push(b'\n');
+}
+
+/// Sends one entry: as a datagram, or, when it is too large for one (`EMSGSIZE`, `ENOBUFS`),
+/// as a sealed memfd passed with `SCM_RIGHTS` (journald reads the entry from it).
+pub fn send_entry(socket: &UnixDatagram, entry: &[u8]) -> std::io::Result<()> {
+    match socket.send(entry) {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EMSGSIZE | libc::ENOBUFS)) => {
+            send_memfd(socket, entry)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn send_memfd(socket: &UnixDatagram, entry: &[u8]) -> std::io::Result<()> {
+    let fd = memfd_create(
+        "hugeprep-journal-entry",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(entry)?;
+    // journald takes only a sealed memfd: nobody can change the entry after it is sent.
+    fcntl_add_seals(
+        &file,
+        SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL,
+    )?;
+    let fds = [file.as_fd()];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(std::io::Error::other("no room for the descriptor"));
+    }
+    sendmsg(socket, &[], &mut control, SendFlags::empty())?;
+    Ok(())
 }
 
 /// The event's message and fields: the message as a terminal shows it, the fields raw.
@@ -166,16 +217,12 @@ impl JournaldLayer {
 impl<S: Subscriber> tracing_subscriber::Layer<S> for JournaldLayer {
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
         let entry = Self::entry(event);
-        // A log line that journald refuses (too large, journald restarting) is lost rather
-        // than blocking the daemon; there is nowhere else to say so.
-        if self.socket.send(&entry).is_err() {
+        // A log line that journald refuses (journald restarting, no memory for the memfd) is
+        // lost rather than blocking the daemon; a short line says so, if it can.
+        if send_entry(&self.socket, &entry).is_err() {
             let mut short = Vec::new();
             let meta = event.metadata();
-            append_field(
-                &mut short,
-                "MESSAGE",
-                "(a log line journald refused: too large?)",
-            );
+            append_field(&mut short, "MESSAGE", "(a log line journald refused)");
             append_field(&mut short, "PRIORITY", &priority(meta.level()).to_string());
             append_field(&mut short, "SYSLOG_IDENTIFIER", "hugeprep");
             let _ = self.socket.send(&short);
@@ -204,5 +251,47 @@ mod tests {
         assert_eq!(buf, want);
         assert_eq!(priority(&Level::WARN), 4);
         assert_eq!(priority(&Level::INFO), 6);
+    }
+
+    #[test]
+    fn an_entry_larger_than_a_datagram_goes_as_a_sealed_memfd() {
+        use std::os::unix::fs::FileExt;
+        let (tx, rx) = UnixDatagram::pair().unwrap();
+        let mut entry = Vec::new();
+        append_field(&mut entry, "MESSAGE", &"x".repeat(1 << 20));
+        assert!(
+            tx.send(&entry).is_err(),
+            "a datagram this large must not fit"
+        );
+        send_entry(&tx, &entry).unwrap();
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        let mut payload = [0u8; 16];
+        let got = rustix::net::recvmsg(
+            &rx,
+            &mut [std::io::IoSliceMut::new(&mut payload)],
+            &mut control,
+            rustix::net::RecvFlags::empty(),
+        )
+        .unwrap();
+        assert_eq!(got.bytes, 0, "the datagram carries only the descriptor");
+        let fd = control
+            .drain()
+            .find_map(|m| match m {
+                rustix::net::RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+                _ => None,
+            })
+            .expect("a descriptor");
+        let seals = rustix::fs::fcntl_get_seals(&fd).unwrap();
+        assert!(seals.contains(SealFlags::WRITE | SealFlags::SHRINK | SealFlags::SEAL));
+        let file = std::fs::File::from(fd);
+        let mut read = vec![0u8; entry.len()];
+        file.read_exact_at(&mut read, 0).unwrap();
+        assert_eq!(read, entry);
+        // A small entry is still one datagram.
+        send_entry(&tx, b"MESSAGE=short\n").unwrap();
+        let mut buf = [0u8; 64];
+        let n = rx.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"MESSAGE=short\n");
     }
 }

@@ -122,9 +122,24 @@ fn metrics_parse_and_count_bytes_leases_scrubs_faults_and_errors() {
         value(&s, "hugeprep_pool_target_bytes", &kind),
         Some((16 * MIB) as f64)
     );
-    let free = value(&s, "hugeprep_kernel_free_pages", &kind).unwrap();
-    assert!(free >= 0.0);
-    assert!(value(&s, "hugeprep_kernel_pages", &kind).unwrap() >= 12.0);
+    // Base units: the kernel's hugepages in bytes, whole pages of 2 MiB.
+    let page = (2 * MIB) as f64;
+    let free = value(&s, "hugeprep_kernel_hugepages_free_bytes", &kind).unwrap();
+    assert!(free >= 0.0 && free % page == 0.0, "{free}");
+    let kernel = value(&s, "hugeprep_kernel_hugepages_bytes", &kind).unwrap();
+    assert!(kernel >= 12.0 * page && kernel % page == 0.0, "{kernel}");
+    assert_eq!(
+        value(&s, "hugeprep_reserved_hugepages_bytes", &kind),
+        Some(0.0),
+        "the test's own reservation, not the daemon's"
+    );
+    // No metric is counted in pages or MiB any more.
+    for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+        assert!(
+            !line.contains("_pages") && !line.contains("mebibytes"),
+            "not a base unit: {line}"
+        );
+    }
     assert_eq!(
         value(&s, "hugeprep_leases_total", &[("source", "warm-exact")]),
         Some(1.0)
@@ -171,7 +186,7 @@ fn metrics_parse_and_count_bytes_leases_scrubs_faults_and_errors() {
         ),
         Some(1.0)
     );
-    assert_eq!(value(&s, "hugeprep_unreturned_pages_total", &[]), Some(0.0));
+    assert_eq!(value(&s, "hugeprep_unreturned_bytes_total", &[]), Some(0.0));
     assert!(value(&s, "hugeprep_proof_seconds_total", &[]).unwrap() > 0.0);
     assert!(value(&s, "hugeprep_scrub_seconds_total", &[]).unwrap() > 0.0);
     assert_eq!(
@@ -211,11 +226,34 @@ fn metrics_parse_and_count_bytes_leases_scrubs_faults_and_errors() {
         value(&s, "hugeprep_errors_total", &[("kind", "not_found")]),
         Some(1.0)
     );
+    // The lease errors: the bad size of the lease request, not the GET of a missing lease;
+    // the host's kinds are there from the start at 0.
+    assert_eq!(
+        value(
+            &s,
+            "hugeprep_lease_errors_total",
+            &[("kind", "bad_request")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&s, "hugeprep_lease_errors_total", &[("kind", "not_found")]),
+        None
+    );
+    for kind in hugeprep::api::metrics::HOST_LEASE_ERRORS {
+        assert_eq!(
+            value(&s, "hugeprep_lease_errors_total", &[("kind", kind)]),
+            Some(0.0),
+            "{kind}"
+        );
+    }
 
     if let Some(fams) = python_families(&text) {
         for (name, ty) in [
             ("hugeprep_pool_bytes", "gauge"),
-            ("hugeprep_kernel_free_pages", "gauge"),
+            ("hugeprep_kernel_hugepages_free_bytes", "gauge"),
+            ("hugeprep_lease_errors", "counter"),
             ("hugeprep_lease_duration_seconds", "histogram"),
             ("hugeprep_leases", "counter"),
             ("hugeprep_scrub_bytes", "counter"),

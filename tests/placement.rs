@@ -7,7 +7,16 @@
 //!   a generation conflict (409) the allocation caused;
 //! - after the release and the scrub, the host is a candidate again;
 //! - a wrong token and a compute node Placement does not know each get a clear log line and a
-//!   backoff while leases go on (an unreachable Placement: tests/prometheus.rs).
+//!   backoff while leases go on (an unreachable Placement: tests/prometheus.rs);
+//! - every request carries `User-Agent: hugeprep/VERSION`, its own `X-Openstack-Request-Id`
+//!   and the lowest microversion its call needs (Placement's request log, `serve.py`);
+//! - `max_unit` is the node's warm memory, one page when the node has none warm;
+//! - a rotated `token_file` is read again when Placement refuses the token;
+//! - `placement.inventory.inuse` is reported, not retried as a generation conflict;
+//! - https through the system's CA store (`SSL_CERT_FILE`, as `rustls-native-certs` reads it)
+//!   and through `cafile`, and a clear TLS error without either;
+//! - a Placement whose version document stops at 1.17 (as Queens'; `serve.py` rewrites only
+//!   that document) gets no call it cannot serve: a clear error names the call and 1.20.
 
 mod daemon_util;
 #[path = "monitor_util/mod.rs"]
@@ -32,6 +41,11 @@ struct Placement {
 
 impl Placement {
     fn start(dir: &Path) -> Option<Placement> {
+        Placement::start_with(dir, &[], "http")
+    }
+
+    /// Placement with `serve.py`'s `args`, its URL's `scheme` (`https` with `--tls`).
+    fn start_with(dir: &Path, args: &[&str], scheme: &str) -> Option<Placement> {
         let venv = match std::env::var_os("HUGEPREP_PLACEMENT_VENV") {
             Some(v) => PathBuf::from(v),
             None => {
@@ -53,6 +67,7 @@ impl Placement {
             Command::new(venv.join("bin/python"))
                 .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/placement/serve.py"))
                 .arg(dir)
+                .args(args)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())
                 .stderr(log)
@@ -63,7 +78,7 @@ impl Placement {
             std::fs::read_to_string(dir.join("port")).ok()
         });
         Some(Placement {
-            url: format!("http://127.0.0.1:{}", port.trim()),
+            url: format!("{scheme}://127.0.0.1:{}", port.trim()),
             _server: server,
         })
     }
@@ -76,6 +91,8 @@ impl Placement {
             &[
                 ("x-auth-token", "admin"),
                 ("openstack-api-version", "placement 1.39"),
+                // Not the daemon's: check_daemon_requests tells them apart by this.
+                ("user-agent", "hugeprep-tests"),
                 ("content-type", "application/json"),
             ],
             body.as_deref(),
@@ -125,6 +142,16 @@ impl Placement {
         )
     }
 
+    /// The class's `max_unit` on provider `uuid`.
+    fn max_unit(&self, uuid: &str) -> Option<u64> {
+        let (_, inv) = self.call(
+            "GET",
+            &format!("/resource_providers/{uuid}/inventories"),
+            None,
+        );
+        inv["inventories"][CLASS]["max_unit"].as_u64()
+    }
+
     /// The root providers (compute nodes) Placement offers for `resources`, as Nova's
     /// scheduler asks.
     fn candidates(&self, resources: &str) -> BTreeSet<String> {
@@ -164,12 +191,66 @@ fn config(dir: &Path, name: &str, placement: &str, compute_node: &str, token: &s
 }
 
 fn wait_log(env: &Env, what: &str, needles: &[&str]) {
+    wait_log_after(env, 0, what, needles);
+}
+
+/// As [`wait_log`], in the log past its first `from` bytes (this daemon's lines).
+fn wait_log_after(env: &Env, from: usize, what: &str, needles: &[&str]) {
     wait_for(Duration::from_secs(30), what, || {
         env.log()
+            .get(from..)?
             .lines()
             .any(|l| needles.iter().all(|n| l.contains(n)))
             .then_some(())
     });
+}
+
+/// Every request `serve.py` recorded from a daemon (its `User-Agent`), checked: the agent,
+/// a fresh `req-<uuid>` each, and the microversion each call needs.
+fn check_daemon_requests(dir: &Path) {
+    let text = std::fs::read_to_string(dir.join("requests.log")).unwrap();
+    let agent = concat!("hugeprep/", env!("CARGO_PKG_VERSION"));
+    let mut ids = BTreeSet::new();
+    let mut seen = BTreeSet::new();
+    for line in text.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        if !r["user_agent"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("hugeprep/"))
+        {
+            continue;
+        }
+        assert_eq!(r["user_agent"], agent, "{r}");
+        let id = r["request_id"].as_str().unwrap_or_default();
+        let uuid = id.strip_prefix("req-").unwrap_or_default();
+        assert!(
+            uuid.len() == 36 && uuid.chars().all(|c| c.is_ascii_hexdigit() || c == '-'),
+            "{r}"
+        );
+        assert!(ids.insert(id.to_string()), "request id used twice: {r}");
+        let method = r["method"].as_str().unwrap();
+        let path = r["path"].as_str().unwrap();
+        let call = match (method, path) {
+            ("GET", "/") => "version document",
+            ("GET", "/resource_providers") => "find provider",
+            ("POST", "/resource_providers") => "create provider",
+            ("PUT", p) if p.starts_with("/resource_classes/") => "ensure class",
+            ("GET", p) if p.ends_with("/usages") => "usages",
+            ("PUT", p) if p.ends_with("/inventories") => "inventories",
+            _ => panic!("an unexpected request: {r}"),
+        };
+        let want = match call {
+            "version document" => None,
+            "find provider" => Some("placement 1.14"),
+            "create provider" => Some("placement 1.20"),
+            "ensure class" => Some("placement 1.7"),
+            "usages" => Some("placement 1.0"),
+            _ => Some("placement 1.26"),
+        };
+        assert_eq!(r["version"].as_str(), want, "{call}: {r}");
+        seen.insert(call);
+    }
+    assert_eq!(seen.len(), 6, "{seen:?}");
 }
 
 fn lease_and_release(d: &Daemon) {
@@ -221,6 +302,7 @@ fn only_warm_hosts_are_candidates_and_allocations_never_count_twice() {
     wait_for(Duration::from_secs(30), "A's warm 16 MiB published", || {
         (placement.warm(&child_a) == (16, 0, 0)).then_some(())
     });
+    assert_eq!(placement.max_unit(&child_a), Some(16));
     wait_for(Duration::from_secs(30), "B's empty pool published", || {
         (placement.warm(&child_b) == (2, 2, 0)).then_some(())
     });
@@ -269,6 +351,10 @@ fn only_warm_hosts_are_candidates_and_allocations_never_count_twice() {
         || (placement.warm(&child_a) == (16, 0, 16)).then_some(()),
     );
     assert!(placement.candidates(&format!("{CLASS}:2")).is_empty());
+    // Nothing warm on the node: no VM can get more than one page from it.
+    wait_for(Duration::from_secs(30), "max_unit one page", || {
+        (placement.max_unit(&child_a) == Some(2)).then_some(())
+    });
     let (s, v) = placement.call(
         "GET",
         &format!("/resource_providers/{child_a}/usages"),
@@ -296,7 +382,9 @@ fn only_warm_hosts_are_candidates_and_allocations_never_count_twice() {
         (placement.candidates(&flavor) == BTreeSet::from([host_a.clone()])).then_some(())
     });
     assert_eq!(placement.warm(&child_a), (16, 0, 0));
+    assert_eq!(placement.max_unit(&child_a), Some(16));
     drop(db);
+    check_daemon_requests(&a.dir.join("placement"));
 
     // Bad input: each a clear line and a backoff; leases go on.
     drop(da);
@@ -349,4 +437,275 @@ fn only_warm_hosts_are_candidates_and_allocations_never_count_twice() {
     lease_and_release(&da);
     // A's provider still says what the last good update wrote.
     assert_eq!(placement.warm(&child_a), (16, 0, 0));
+}
+
+/// Writes `text` to `path`, mode 0600 (as a secret file must be).
+fn write_secret(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// A CA and a certificate it signed for 127.0.0.1, made with openssl: `(ca.pem, cert, key)`.
+fn tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=hugeprep test CA",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    )
+}
+
+#[test]
+fn rotated_tokens_inventory_in_use_tls_and_an_old_version_document() {
+    let env = Env::new("placement-corners", 4 * MIB);
+    let Some(placement) = Placement::start(&env.dir.join("placement")) else {
+        return;
+    };
+    let url = placement.url.clone();
+
+    // A token_file that Placement refuses, rotated while the daemon runs: read again at the
+    // next refusal, no restart.
+    let host_r = placement.compute_node("host-r");
+    let token = env.dir.join("token");
+    write_secret(&token, "bogus\n");
+    let cfg = env.dir.join("rotate.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[placement]\nendpoint = \"{url}\"\ntoken_file = \"{}\"\ncompute_node = \"host-r\"\nmin_interval_ms = 100\n",
+            token.display()
+        ),
+    )
+    .unwrap();
+    let d = env.spawn(&["--config", cfg.to_str().unwrap()]);
+    wait_log(
+        &env,
+        "the refused token's backoff",
+        &[
+            "Placement refused the credentials (403 Forbidden)",
+            "(request req-",
+            "retry_in_s=1 ",
+        ],
+    );
+    write_secret(&token, "admin\n");
+    wait_log(
+        &env,
+        "the rotated token read",
+        &["read a new token from token_file"],
+    );
+    wait_for(
+        Duration::from_secs(30),
+        "published with the new token",
+        || {
+            let p = placement.provider("host-r:hugeprep")?;
+            assert_eq!(p["parent_provider_uuid"], host_r.as_str(), "{p}");
+            let uuid = p["uuid"].as_str()?.to_string();
+            (placement.warm(&uuid) == (2, 2, 0)).then_some(())
+        },
+    );
+    drop(d);
+
+    // A class the daemon no longer serves (1 GiB pages taken out of its configuration) still
+    // holds a VM's allocation: Placement answers 409 placement.inventory.inuse, reported and
+    // backed off, never re-read as a generation conflict.
+    let host_u = placement.compute_node("host-u");
+    let (s, v) = placement.call(
+        "POST",
+        "/resource_providers",
+        Some(json!({"name": "host-u:hugeprep", "parent_provider_uuid": host_u})),
+    );
+    assert_eq!(s, 200, "{v}");
+    let child_u = v["uuid"].as_str().unwrap().to_string();
+    let big = "CUSTOM_HUGEPREP_WARM_1G";
+    let (s, v) = placement.call("PUT", &format!("/resource_classes/{big}"), None);
+    assert!(s == 201 || s == 204, "{s} {v}");
+    let (s, v) = placement.call(
+        "PUT",
+        &format!("/resource_providers/{child_u}/inventories"),
+        Some(json!({"resource_provider_generation": 0,
+            "inventories": {big: {"total": 2048, "min_unit": 1024, "step_size": 1024, "max_unit": 1024}}})),
+    );
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = placement.call(
+        "PUT",
+        "/allocations/5b1f3c2a-4444-4d5e-9f6a-7b8c9d0e1f2a",
+        Some(json!({
+            "allocations": {child_u.clone(): {"resources": {big: 1024}}},
+            "project_id": "6e8f0a1c-2222-4b3d-9e5f-7a9b1c3d5e7f",
+            "user_id": "0a1b2c3d-3333-4e5f-8a9b-0c1d2e3f4a5b",
+            "consumer_generation": null,
+            "consumer_type": "INSTANCE",
+        })),
+    );
+    assert_eq!(s, 204, "{v}");
+    let from = env.log().len();
+    let d = env.spawn(&[
+        "--config",
+        config(&env.dir, "inuse", &url, "host-u", "admin")
+            .to_str()
+            .unwrap(),
+    ]);
+    for wait in ["retry_in_s=1 ", "retry_in_s=2 "] {
+        wait_log_after(
+            &env,
+            from,
+            "the in-use inventory reported",
+            &["placement.inventory.inuse", "state=\"error\"", wait],
+        );
+    }
+    assert!(
+        !env.log()[from..].contains("generation conflict"),
+        "{}",
+        &env.log()[from..]
+    );
+    drop(d);
+    drop(placement);
+
+    // https: the system's CA store (SSL_CERT_FILE), then cafile, then neither.
+    let (ca, cert, key) = tls_files(&env.dir.join("tls"));
+    let Some(tls) = Placement::start_with(
+        &env.dir.join("placement-tls"),
+        &["--tls", cert.to_str().unwrap(), key.to_str().unwrap()],
+        "https",
+    ) else {
+        return;
+    };
+    let answered = "no resource provider named \"host-tls\" in Placement";
+    let plain = config(&env.dir, "tls", &tls.url, "host-tls", "admin");
+    let with_ca = env.dir.join("tls-cafile.toml");
+    std::fs::write(
+        &with_ca,
+        format!(
+            "{}cafile = \"{}\"\n",
+            std::fs::read_to_string(&plain).unwrap(),
+            ca.display()
+        ),
+    )
+    .unwrap();
+    let store = format!("SSL_CERT_FILE={}", ca.display());
+    let unset = ["env", "-u", "SSL_CERT_FILE", "-u", "SSL_CERT_DIR"];
+    for (wrapper, cfg, needle) in [
+        (vec!["env", store.as_str()], &plain, answered),
+        (unset.to_vec(), &with_ca, answered),
+        (unset.to_vec(), &plain, "Placement unreachable"),
+    ] {
+        let from = env.log().len();
+        let d = env.spawn_wrapped(&wrapper, &["--config", cfg.to_str().unwrap()]);
+        wait_log_after(&env, from, needle, &[needle, "retry_in_s=1 "]);
+        drop(d);
+    }
+    // Without the CA the handshake fails and says why (or, on a host without any CA
+    // bundle, the store says it is empty).
+    let log = env.log();
+    let last = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("Placement unreachable"))
+        .unwrap();
+    assert!(
+        last.contains("invalid peer certificate") || last.contains("no usable certificate"),
+        "{last}"
+    );
+    drop(tls);
+
+    // A Placement whose version document ends at 1.17: no call above it is sent.
+    let Some(old) = Placement::start_with(
+        &env.dir.join("placement-old"),
+        &["--cap-max-version", "1.17"],
+        "http",
+    ) else {
+        return;
+    };
+    old.compute_node("host-q");
+    let from = env.log().len();
+    let d = env.spawn(&[
+        "--config",
+        config(&env.dir, "old", &old.url, "host-q", "admin")
+            .to_str()
+            .unwrap(),
+    ]);
+    wait_log_after(
+        &env,
+        from,
+        "the too-old Placement's error",
+        &[
+            "serves microversions up to 1.17, and creating a provider under a parent needs 1.20",
+            "state=\"error\"",
+        ],
+    );
+    assert_eq!(old.provider("host-q:hugeprep"), None);
+    drop(d);
+    let text = std::fs::read_to_string(env.dir.join("placement-old/requests.log")).unwrap();
+    for line in text.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        let daemon = r["user_agent"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("hugeprep/"));
+        assert!(
+            !(daemon && r["method"] == "POST"),
+            "the daemon sent a call the server is too old for: {r}"
+        );
+    }
 }

@@ -70,6 +70,19 @@ async fn create_lease(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, HeaderMap, Json<LeaseInfo>), ApiError> {
+    let answer = make_lease(state, caller, headers, body).await;
+    if let Err(e) = &answer {
+        events().lease_error(e.kind());
+    }
+    answer
+}
+
+async fn make_lease(
+    state: ApiState,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, HeaderMap, Json<LeaseInfo>), ApiError> {
     let (mut req, key) = parse_lease_body(&body)?;
     let key = super::control::idempotency_key(&headers, key)?;
     let pool = Arc::clone(&state.pool);

@@ -41,7 +41,8 @@ pub struct PlacementSpec {
     pub region_name: Option<String>,
     /// The catalog interface: `internal` (default) or `public`, `admin`.
     pub interface: Option<String>,
-    /// CA certificates (PEM) for https endpoints; default: the system's bundle.
+    /// CA certificates (PEM) for https endpoints; default: the system's CA store
+    /// (`rustls-native-certs`: `SSL_CERT_FILE`, `SSL_CERT_DIR`, else the distribution's).
     pub cafile: Option<PathBuf>,
     /// The shortest time between two inventory updates, ms (default 1000, at least 100).
     pub min_interval_ms: Option<u64>,
@@ -55,8 +56,14 @@ pub struct PlacementSpec {
 /// How the daemon authenticates.
 #[derive(Clone, PartialEq, Eq)]
 pub enum AuthConfig {
-    /// A fixed token, sent as `X-Auth-Token`.
-    Token(String),
+    /// A fixed token, sent as `X-Auth-Token`; from `token_file` when `file` is set, which is
+    /// read again when Placement refuses the token (rotated meanwhile).
+    Token {
+        /// The token.
+        token: String,
+        /// The file it came from.
+        file: Option<PathBuf>,
+    },
     /// A Keystone v3 application credential, exchanged for a token (and the catalog).
     ApplicationCredential {
         /// Keystone's URL, ending in `/v3`.
@@ -72,7 +79,10 @@ impl std::fmt::Debug for AuthConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never a secret in a log line.
         match self {
-            AuthConfig::Token(_) => f.write_str("Token(..)"),
+            AuthConfig::Token { file, .. } => f
+                .debug_struct("Token")
+                .field("file", file)
+                .finish_non_exhaustive(),
             AuthConfig::ApplicationCredential { auth_url, id, .. } => f
                 .debug_struct("ApplicationCredential")
                 .field("auth_url", auth_url)
@@ -123,7 +133,7 @@ fn err(field: &'static str, message: impl Into<String>) -> PlacementConfigError 
 }
 
 /// Reads a secret from `path`, refusing a file other users can read.
-fn secret(field: &'static str, path: &Path) -> Result<String, PlacementConfigError> {
+pub(crate) fn secret(field: &'static str, path: &Path) -> Result<String, PlacementConfigError> {
     let meta =
         std::fs::metadata(path).map_err(|e| err(field, format!("{}: {e}", path.display())))?;
     let mode = meta.permissions().mode();
@@ -186,9 +196,9 @@ impl PlacementSpec {
             .transpose()?;
         let auth = match self.auth_type.as_deref().unwrap_or("token") {
             "token" => {
-                let token = match (&self.token, &self.token_file) {
-                    (Some(t), None) if !t.is_empty() => t.clone(),
-                    (None, Some(p)) => secret("token_file", p)?,
+                let (token, file) = match (&self.token, &self.token_file) {
+                    (Some(t), None) if !t.is_empty() => (t.clone(), None),
+                    (None, Some(p)) => (secret("token_file", p)?, Some(p.clone())),
                     (Some(_), Some(_)) => {
                         return Err(err("token", "give token or token_file, not both"))
                     }
@@ -205,7 +215,7 @@ impl PlacementSpec {
                         "auth_type = \"token\" needs endpoint (no catalog without Keystone)",
                     ));
                 }
-                AuthConfig::Token(token)
+                AuthConfig::Token { token, file }
             }
             "v3applicationcredential" => {
                 let auth_url = self

@@ -12,7 +12,7 @@ pub enum PlacementError {
     #[error("Placement unreachable: {0}")]
     Unreachable(#[from] TransportError),
     /// The credentials were refused.
-    #[error("{service} refused the credentials ({status}) at {url}: {detail}; check [placement] token or the application credential")]
+    #[error("{service} refused the credentials ({status}) at {url}: {detail} (request {request}); check [placement] token, token_file or the application credential")]
     Auth {
         /// `Placement` or `Keystone`.
         service: &'static str,
@@ -22,6 +22,31 @@ pub enum PlacementError {
         status: StatusCode,
         /// The service's message.
         detail: String,
+        /// The request's `X-Openstack-Request-Id`, for the service's logs.
+        request: String,
+    },
+    /// Placement serves no microversion new enough for a call.
+    #[error("Placement at {url} serves microversions up to {max}, and {call} needs {needs}: upgrade Placement (Rocky, 1.30, serves every call hugeprep makes)")]
+    TooOld {
+        /// Placement's root URL.
+        url: String,
+        /// The call.
+        call: &'static str,
+        /// The microversion it needs.
+        needs: String,
+        /// The newest the server serves.
+        max: String,
+    },
+    /// 409 `placement.inventory.inuse`: the write would remove a class, or shrink it below
+    /// what VMs hold allocated.
+    #[error("Placement refused the inventory on {url}: allocations use it (placement.inventory.inuse: {detail}; request {request}); the VMs that hold them must be deleted or moved first (`openstack resource provider usage show`)")]
+    InventoryInUse {
+        /// The URL.
+        url: String,
+        /// Placement's message.
+        detail: String,
+        /// The request's id.
+        request: String,
     },
     /// No provider is named after the compute node.
     #[error("no resource provider named {name:?} in Placement: is nova-compute running on this host, and is [placement] compute_node its hypervisor_hostname (`openstack hypervisor list`)?")]
@@ -58,7 +83,7 @@ pub enum PlacementError {
         region: String,
     },
     /// Any other refusal.
-    #[error("{method} {url}: {status}: {detail}")]
+    #[error("{method} {url}: {status}: {detail} (request {request})")]
     Refused {
         /// The method.
         method: String,
@@ -68,6 +93,8 @@ pub enum PlacementError {
         status: StatusCode,
         /// The service's message.
         detail: String,
+        /// The request's `X-Openstack-Request-Id`, for the service's logs.
+        request: String,
     },
     /// An answer that is not what the API documents.
     #[error("{url}: unexpected answer: {message}")]
@@ -88,6 +115,8 @@ impl PlacementError {
             PlacementError::NoComputeNode { .. } => State::NoComputeNode,
             PlacementError::Conflict { .. } => State::Conflict,
             PlacementError::WrongParent { .. }
+            | PlacementError::TooOld { .. }
+            | PlacementError::InventoryInUse { .. }
             | PlacementError::Catalog { .. }
             | PlacementError::Refused { .. }
             | PlacementError::Answer { .. } => State::Error,
@@ -124,6 +153,13 @@ pub fn detail(body: &[u8]) -> String {
     out
 }
 
+/// The `code` of an OpenStack error body (`{"errors": [{"code": "placement.concurrent_update"}]}`,
+/// Placement 1.23 and later).
+pub fn error_code(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v.pointer("/errors/0/code")?.as_str().map(str::to_string)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +177,12 @@ mod tests {
             detail(b"<html>bad\ngateway</html>"),
             "<html>bad gateway</html>"
         );
+        let inuse =
+            br#"{"errors": [{"status": 409, "code": "placement.inventory.inuse", "detail": "x"}]}"#;
+        assert_eq!(
+            error_code(inuse).as_deref(),
+            Some("placement.inventory.inuse")
+        );
+        assert_eq!(error_code(b"<html>"), None);
     }
 }

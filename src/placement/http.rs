@@ -1,6 +1,9 @@
 //! The HTTP client the publisher talks to Placement and Keystone with: one request per
 //! connection (updates are rare and rate-limited), hyper's HTTP/1 client over a TCP stream,
-//! wrapped in rustls for `https` with the configured CA file or the system's bundle.
+//! wrapped in rustls for `https` with the configured CA file or the system's CA store (found
+//! by `rustls-native-certs` as OpenSSL would: `SSL_CERT_FILE`, `SSL_CERT_DIR`, else the
+//! distribution's bundle, on Debian, Fedora, RHEL and SUSE alike). Every request carries a
+//! `User-Agent` and its own `X-Openstack-Request-Id` (`req-<uuid>`), which the services log.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,10 +15,6 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
-
-/// The system's CA bundle on Debian and its derivatives (Fedora's is linked there too by
-/// `ca-certificates`); `cafile` overrides it.
-pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// Why a request got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -44,8 +43,8 @@ pub enum TransportError {
         /// The limit.
         timeout: Duration,
     },
-    /// The CA file cannot be read.
-    #[error("cafile {path}: {message}")]
+    /// The CA file or the system's CA store cannot be read.
+    #[error("CA certificates of {path}: {message}")]
     Ca {
         /// The file.
         path: String,
@@ -63,6 +62,8 @@ pub struct Answer {
     pub headers: HeaderMap,
     /// Its body.
     pub body: Bytes,
+    /// The `X-Openstack-Request-Id` it was asked with.
+    pub request_id: String,
 }
 
 /// A client: timeouts and the TLS configuration.
@@ -81,16 +82,36 @@ impl std::fmt::Debug for Http {
     }
 }
 
-fn tls_config(cafile: Option<&Path>) -> Result<rustls::ClientConfig, String> {
-    let path = cafile.unwrap_or(Path::new(SYSTEM_CA_BUNDLE));
+/// What the system's CA store is called in errors.
+const SYSTEM_STORE: &str =
+    "the system's CA store (rustls-native-certs: SSL_CERT_FILE, SSL_CERT_DIR or the distribution's bundle)";
+
+fn roots(cafile: Option<&Path>) -> Result<rustls::RootCertStore, String> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(path).map_err(|e| e.to_string())? {
-        let cert = cert.map_err(|e| e.to_string())?;
-        roots.add(cert).map_err(|e| e.to_string())?;
+    match cafile {
+        Some(path) => {
+            for cert in CertificateDer::pem_file_iter(path).map_err(|e| e.to_string())? {
+                let cert = cert.map_err(|e| e.to_string())?;
+                roots.add(cert).map_err(|e| e.to_string())?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            let (added, _ignored) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
+                return Err(format!("no usable certificate ({})", errors.join("; ")));
+            }
+        }
     }
     if roots.is_empty() {
         return Err("no certificate in it".into());
     }
+    Ok(roots)
+}
+
+fn tls_config(cafile: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    let roots = roots(cafile)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -99,9 +120,14 @@ fn tls_config(cafile: Option<&Path>) -> Result<rustls::ClientConfig, String> {
         .with_no_client_auth())
 }
 
+/// A fresh request id as OpenStack services expect it: `req-` and a random UUID.
+pub fn request_id() -> String {
+    format!("req-{}", uuid::Uuid::new_v4())
+}
+
 impl Http {
-    /// A client with `timeout` per request; https trusts `cafile` (default: the system's
-    /// bundle). A CA file that cannot be read fails each https request, saying why.
+    /// A client with `timeout` per request; https trusts `cafile` (default: the system's CA
+    /// store). A CA file or store that cannot be read fails each https request, saying why.
     pub fn new(timeout: Duration, cafile: Option<&Path>) -> Http {
         let (tls, ca_error) = match tls_config(cafile) {
             Ok(c) => (Some(Arc::new(c)), None),
@@ -110,16 +136,15 @@ impl Http {
         Http {
             timeout,
             tls,
-            ca_error: ca_error.map(|e| {
-                format!(
-                    "{}: {e}",
-                    cafile.unwrap_or(Path::new(SYSTEM_CA_BUNDLE)).display()
-                )
+            ca_error: ca_error.map(|e| match cafile {
+                Some(path) => format!("{}: {e}", path.display()),
+                None => format!("{SYSTEM_STORE}: {e}"),
             }),
         }
     }
 
-    /// Sends one request, with `headers` and a JSON `body` when given.
+    /// Sends one request, with `headers` and a JSON `body` when given; `User-Agent` is
+    /// `hugeprep/VERSION` unless `headers` name another.
     pub async fn send(
         &self,
         method: Method,
@@ -152,6 +177,7 @@ impl Http {
             message,
         };
         let uri: Uri = url.parse().map_err(|e| bad(format!("{e}")))?;
+        let id = request_id();
         let https = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,
@@ -176,7 +202,14 @@ impl Http {
             .method(method)
             .uri(path)
             .header(axum::http::header::HOST, authority)
-            .header(axum::http::header::ACCEPT, "application/json");
+            .header(axum::http::header::ACCEPT, "application/json")
+            .header("x-openstack-request-id", id.as_str());
+        if !headers
+            .iter()
+            .any(|(k, _)| k == axum::http::header::USER_AGENT)
+        {
+            req = req.header(axum::http::header::USER_AGENT, super::client::USER_AGENT);
+        }
         for (k, v) in headers {
             req = req.header(k, v);
         }
@@ -198,14 +231,14 @@ impl Http {
                 .connect(name, stream)
                 .await
                 .map_err(|e| io(format!("TLS: {e}")))?;
-            finish(TokioIo::new(stream), req).await.map_err(io)
+            finish(TokioIo::new(stream), req, id).await.map_err(io)
         } else {
-            finish(TokioIo::new(stream), req).await.map_err(io)
+            finish(TokioIo::new(stream), req, id).await.map_err(io)
         }
     }
 }
 
-async fn finish<T>(io: T, req: Request<Full<Bytes>>) -> Result<Answer, String>
+async fn finish<T>(io: T, req: Request<Full<Bytes>>, request_id: String) -> Result<Answer, String>
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -233,6 +266,7 @@ where
             status,
             headers,
             body,
+            request_id,
         })
     }
     .await;

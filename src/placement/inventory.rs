@@ -17,6 +17,10 @@
 //! `warm - first - second`: the same warm MiB is never offered twice, and a lease changes
 //! nothing Placement computes (warm falls by what leased rises). Leases made without an
 //! allocation (VMs Nova did not schedule) never raise what is offered: `min(leased, used)`.
+//!
+//! `max_unit` (the most one allocation may take) is the warm memory of the node that has
+//! the most, not the sum: a VM's lease comes from one node, so on a host with 8 GiB warm on
+//! each of two nodes no VM is promised 16 GiB warm.
 
 use std::collections::BTreeMap;
 
@@ -38,6 +42,9 @@ pub struct Figures {
     pub leased: u64,
     /// The warm target.
     pub target: u64,
+    /// The warm bytes of the node that has the most: a lease comes from one node, so this is
+    /// the most one VM can be given warm.
+    pub largest_node_warm: u64,
 }
 
 /// One class's inventory, MiB.
@@ -49,7 +56,8 @@ pub struct Inventory {
     pub reserved: u64,
     /// `min_unit` and `step_size`: one page.
     pub step: u64,
-    /// `max_unit`: the whole total.
+    /// `max_unit`: the largest node's warm memory (at least one page, at most `total`), not
+    /// the sum over the nodes: one VM's memory comes from one node.
     pub max_unit: u64,
 }
 
@@ -79,11 +87,12 @@ pub fn inventory(page_size: PageSize, figures: Figures, used: u64) -> Inventory 
     let leased = (figures.leased / MIB).min(used);
     let offered = warm + leased;
     let total = step.max(figures.target / MIB).max(offered);
+    let largest = figures.largest_node_warm / MIB / step * step;
     Inventory {
         total,
         reserved: total - offered,
         step,
-        max_unit: total,
+        max_unit: largest.clamp(step, total),
     }
 }
 
@@ -119,6 +128,7 @@ mod tests {
             warm: 8 * G,
             leased: 0,
             target: 8 * G,
+            largest_node_warm: 8 * G,
         };
         // Published before any VM: 8 GiB offered.
         let inv = inventory(ps, f, 0);
@@ -132,6 +142,7 @@ mod tests {
         let leased = Figures {
             warm: 4 * G,
             leased: 4 * G,
+            largest_node_warm: 4 * G,
             ..f
         };
         assert_eq!(capacity(inventory(ps, leased, 8192), 8192), 0);
@@ -139,6 +150,7 @@ mod tests {
         let both = Figures {
             warm: 0,
             leased: 8 * G,
+            largest_node_warm: 0,
             ..f
         };
         let inv = inventory(ps, both, 8192);
@@ -154,6 +166,7 @@ mod tests {
             warm: 2 * G,
             leased: 4 * G,
             target: 2 * G,
+            largest_node_warm: 2 * G,
         };
         let inv = inventory(ps, f, 0);
         assert_eq!(capacity(inv, 0), 2048);
@@ -168,10 +181,49 @@ mod tests {
                 warm: 3 * G,
                 leased: 0,
                 target: 4 * G,
+                largest_node_warm: 3 * G,
             },
             0,
         );
         assert_eq!((inv.total, inv.reserved, inv.step), (4096, 1024, 1024));
         assert_eq!(class_name(PageSize::Size1G), "CUSTOM_HUGEPREP_WARM_1G");
+    }
+
+    #[test]
+    fn max_unit_is_the_largest_nodes_warm_memory_not_the_sum() {
+        let ps = PageSize::Size2M;
+        // 8 GiB warm on node 0, 6 GiB on node 1: 14 GiB offered, at most 8 GiB to one VM.
+        let f = Figures {
+            warm: 14 * G,
+            leased: 0,
+            target: 16 * G,
+            largest_node_warm: 8 * G,
+        };
+        let inv = inventory(ps, f, 0);
+        assert_eq!((inv.total, inv.reserved, inv.max_unit), (16384, 2048, 8192));
+        assert_eq!(inv.json()["max_unit"], 8192);
+        // Nothing warm: one page (Placement needs max_unit >= min_unit), all reserved.
+        let inv = inventory(
+            ps,
+            Figures {
+                largest_node_warm: 0,
+                warm: 0,
+                ..f
+            },
+            0,
+        );
+        assert_eq!((inv.max_unit, inv.offered()), (2, 0));
+        // 1 GiB pages: whole pages, never above total.
+        let inv = inventory(
+            PageSize::Size1G,
+            Figures {
+                warm: 3 * G,
+                leased: 0,
+                target: 0,
+                largest_node_warm: 3 * G,
+            },
+            0,
+        );
+        assert_eq!((inv.total, inv.max_unit), (3072, 3072));
     }
 }

@@ -6,8 +6,10 @@
 //! per page size; when the inventory they give differs from what Placement holds, or a
 //! refresh is due, write it. The write carries the provider's generation from the last
 //! exchange, so any change Placement saw meanwhile (a VM's allocation, another writer) makes
-//! it fail with 409: the publisher then re-reads the usage and generation and writes again,
-//! up to [`CONFLICT_RETRIES`] times. Failures back off from 1 s to [`MAX_BACKOFF`], each with
+//! it fail with 409 `placement.concurrent_update`: the publisher then re-reads the usage and
+//! generation and writes again, up to [`CONFLICT_RETRIES`] times. Any other 409 (such as
+//! `placement.inventory.inuse`, allocations on a class the write would remove) is reported,
+//! not retried. Failures back off from 1 s to [`MAX_BACKOFF`], each with
 //! one log line that says what failed and when the next attempt is.
 
 use std::collections::BTreeMap;
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::client::{Client, Usage};
+use super::client::{Client, InventoryWrite, Usage};
 use super::config::PlacementConfig;
 use super::error::PlacementError;
 use super::inventory::{self, class_name, Figures, Inventory};
@@ -85,7 +87,8 @@ pub fn spawn(pool: Arc<Pool>, config: PlacementConfig) -> Publisher {
     Publisher { status, stop }
 }
 
-/// Warm, leased and target bytes per page size, summed over the nodes.
+/// Warm, leased and target bytes per page size, summed over the nodes, and the largest
+/// node's warm bytes.
 pub fn figures(status: &PoolStatus) -> BTreeMap<PageSize, Figures> {
     let mut out: BTreeMap<PageSize, Figures> = BTreeMap::new();
     for k in &status.kinds {
@@ -93,6 +96,7 @@ pub fn figures(status: &PoolStatus) -> BTreeMap<PageSize, Figures> {
         f.warm += k.warm_bytes;
         f.leased += k.leased_bytes;
         f.target += k.target_bytes;
+        f.largest_node_warm = f.largest_node_warm.max(k.warm_bytes);
     }
     out
 }
@@ -184,7 +188,7 @@ impl Session {
                 .put_inventories(&child, usage.generation, &wanted)
                 .await?
             {
-                Ok(Some(generation)) => {
+                InventoryWrite::Written(generation) => {
                     self.usage = Some(Usage {
                         generation,
                         used: usage.used.clone(),
@@ -193,7 +197,7 @@ impl Session {
                     self.published = Some(wanted);
                     return Ok(Some(shown));
                 }
-                Ok(None) => {
+                InventoryWrite::Gone => {
                     // Deleted under us (an operator, `openstack resource provider delete`):
                     // find or make it again at the next turn.
                     self.child = None;
@@ -202,7 +206,7 @@ impl Session {
                         message: "the warm-memory provider is gone (404); making it again".into(),
                     });
                 }
-                Err((url, detail)) => {
+                InventoryWrite::GenerationConflict { url, detail } => {
                     conflicts += 1;
                     status.count(State::Conflict);
                     if conflicts > CONFLICT_RETRIES {
@@ -216,7 +220,7 @@ impl Session {
                     tracing::info!(
                         provider = %child,
                         generation = usage.generation,
-                        "Placement: generation conflict (allocations or inventory changed since the last update): re-reading the usage"
+                        "Placement: generation conflict (placement.concurrent_update: allocations or inventory changed since the last update): re-reading the usage"
                     );
                     self.read_usage(&child).await?;
                 }
@@ -257,6 +261,7 @@ fn published(
                 page_size: ps.name().to_string(),
                 total: inv.total,
                 reserved: inv.reserved,
+                max_unit: inv.max_unit,
             })
         })
         .collect()

@@ -63,6 +63,8 @@ pub struct Published {
     pub total: u64,
     /// Inventory `reserved`, MiB.
     pub reserved: u64,
+    /// Inventory `max_unit`, MiB.
+    pub max_unit: u64,
     /// Placement's usage (allocations) when it was published, MiB.
     pub used: u64,
 }

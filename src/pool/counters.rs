@@ -23,6 +23,7 @@ pub struct Counters {
     kernel_path: [AtomicU64; Unproven::LABELS.len()],
     failed: [AtomicU64; ReleaseFailure::ALL.len()],
     unreturned: AtomicU64,
+    unreturned_bytes: AtomicU64,
 }
 
 /// Where recycling a released file failed, so that it was deleted instead of coming back
@@ -99,6 +100,9 @@ pub struct CounterSnapshot {
     /// someone still held them (measured from the node's free count across the truncate).
     #[serde(default)]
     pub unreturned_pages: u64,
+    /// The same in bytes (pages of every size: `hugeprep_unreturned_bytes_total`).
+    #[serde(default)]
+    pub unreturned_bytes: u64,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -145,8 +149,10 @@ impl Counters {
         self.failed[at].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(super) fn unreturned(&self, pages: u64) {
+    pub(super) fn unreturned(&self, pages: u64, page_bytes: u64) {
         self.unreturned.fetch_add(pages, Ordering::Relaxed);
+        self.unreturned_bytes
+            .fetch_add(pages.saturating_mul(page_bytes), Ordering::Relaxed);
     }
 
     /// Releases that took the kernel's path, by reason ([`Unproven::label`]).
@@ -185,6 +191,7 @@ impl Counters {
                 .sum(),
             failed_releases: self.failed.iter().map(|n| n.load(Ordering::Relaxed)).sum(),
             unreturned_pages: self.unreturned.load(Ordering::Relaxed),
+            unreturned_bytes: self.unreturned_bytes.load(Ordering::Relaxed),
         }
     }
 }

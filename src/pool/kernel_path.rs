@@ -29,7 +29,8 @@ impl Pool {
             match self.truncate_counting(path, rec) {
                 Ok(0) => {}
                 Ok(unreturned) => {
-                    self.counters.unreturned(unreturned);
+                    self.counters
+                        .unreturned(unreturned, rec.page_size.bytes());
                     tracing::warn!(
                         id = rec.id,
                         lease = released.map_or(0, |r| r.lease),

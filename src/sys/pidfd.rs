@@ -2,37 +2,26 @@
 //! process exits and, unlike a pid, never names a different process later.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::process::{Pid, PidfdFlags};
 
 /// Opens a pidfd for `pid`. Fails with `ESRCH` when no such process exists.
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    let raw = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
-    if raw <= 0 {
-        return Err(io::Error::from_raw_os_error(libc::ESRCH));
-    }
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no memory
-    // is passed.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, raw, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    Ok(rustix::process::pidfd_open(pid, PidfdFlags::empty())?)
 }
 
 /// Whether the process behind `pidfd` has exited (its pidfd is readable then).
 pub fn exited(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: std::os::fd::AsRawFd::as_raw_fd(&pidfd),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one pollfd that lives for the call; a zero timeout never blocks.
-    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(rc > 0)
+    let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+    // A zero timeout never blocks.
+    let ready = poll(&mut fds, Some(&Timespec::default()))?;
+    Ok(ready > 0)
 }
 
 /// Waits (in tokio) until the process behind `pidfd` exits.

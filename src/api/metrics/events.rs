@@ -34,15 +34,43 @@ pub struct Events {
     lease_seconds: Family<SourceLabel, Histogram, fn() -> Histogram>,
     leases: Family<SourceLabel, Counter>,
     errors: Family<KindLabel, Counter>,
+    lease_errors: Family<KindLabel, Counter>,
 }
+
+/// The kinds of lease error the host causes rather than the client (`ApiError::kind`): the
+/// lease error rate alert counts these. Their counters exist from the start at 0, so that
+/// the first failure shows in `rate()` and `increase()` (a series that appears at 1 does not).
+pub const HOST_LEASE_ERRORS: [&str; 10] = [
+    "insufficient",
+    "pin",
+    "shutting_down",
+    "internal",
+    "journal",
+    "file",
+    "fault",
+    "reserve",
+    "io",
+    "directory",
+];
 
 /// The process's [`Events`].
 pub fn events() -> &'static Events {
     static EVENTS: OnceLock<Events> = OnceLock::new();
-    EVENTS.get_or_init(|| Events {
-        lease_seconds: Family::new_with_constructor(lease_histogram as fn() -> Histogram),
-        leases: Family::default(),
-        errors: Family::default(),
+    EVENTS.get_or_init(|| {
+        let lease_errors = Family::<KindLabel, Counter>::default();
+        for kind in HOST_LEASE_ERRORS {
+            lease_errors
+                .get_or_create(&KindLabel {
+                    kind: kind.to_string(),
+                })
+                .inc_by(0);
+        }
+        Events {
+            lease_seconds: Family::new_with_constructor(lease_histogram as fn() -> Histogram),
+            leases: Family::default(),
+            errors: Family::default(),
+            lease_errors,
+        }
     })
 }
 
@@ -67,6 +95,16 @@ impl Events {
             .inc();
     }
 
+    /// Counts a lease request answered with an error of `kind`
+    /// (`hugeprep_lease_errors_total{kind}`; also in `hugeprep_errors_total`).
+    pub fn lease_error(&self, kind: &str) {
+        self.lease_errors
+            .get_or_create(&KindLabel {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
     pub(super) fn register(&self, reg: &mut Registry) {
         reg.register(
             "lease_duration_seconds",
@@ -82,6 +120,11 @@ impl Events {
             "errors",
             "Error answers of the API, by kind",
             self.errors.clone(),
+        );
+        reg.register(
+            "lease_errors",
+            "Lease requests (POST /v1/leases) answered with an error, by kind: with hugeprep_leases_total, the lease error rate",
+            self.lease_errors.clone(),
         );
     }
 }

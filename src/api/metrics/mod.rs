@@ -21,7 +21,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-pub use events::{events, Events};
+pub use events::{events, Events, HOST_LEASE_ERRORS};
 
 use super::health::{Health, Reason};
 use crate::placement;
@@ -97,11 +97,12 @@ struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct InventoryLabels {
+struct ClassLabels {
     resource_class: String,
     page_size: String,
-    field: String,
 }
+
+const MIB: u64 = 1 << 20;
 
 pub(crate) fn int(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
@@ -216,26 +217,46 @@ fn register_placement(reg: &mut Registry, p: &placement::Snapshot) {
         "Inventory updates of Placement by result (ok, or why they failed)",
         attempts,
     );
-    let inventory = Family::<InventoryLabels, Gauge>::default();
+    // One gauge per meaning, in bytes (Placement counts the classes in MiB).
+    let total = Family::<ClassLabels, Gauge>::default();
+    let reserved = Family::<ClassLabels, Gauge>::default();
+    let max_unit = Family::<ClassLabels, Gauge>::default();
+    let used = Family::<ClassLabels, Gauge>::default();
     for c in &p.published {
-        for (field, v) in [
-            ("total", c.total),
-            ("reserved", c.reserved),
-            ("used", c.used),
+        let labels = ClassLabels {
+            resource_class: c.class.clone(),
+            page_size: c.page_size.clone(),
+        };
+        for (family, mib) in [
+            (&total, c.total),
+            (&reserved, c.reserved),
+            (&max_unit, c.max_unit),
+            (&used, c.used),
         ] {
-            inventory
-                .get_or_create(&InventoryLabels {
-                    resource_class: c.class.clone(),
-                    page_size: c.page_size.clone(),
-                    field: field.into(),
-                })
-                .set(int(v));
+            family
+                .get_or_create(&labels)
+                .set(int(mib.saturating_mul(MIB)));
         }
     }
     reg.register(
-        "placement_inventory_mebibytes",
-        "The warm-memory inventory last published to Placement, and Placement's usage then, MiB",
-        inventory,
+        "placement_inventory_total_bytes",
+        "The inventory total last published to Placement (warm, leased to allocations, and the rest of the target), bytes",
+        total,
+    );
+    reg.register(
+        "placement_inventory_reserved_bytes",
+        "The inventory reserved last published to Placement (neither warm nor leased to an allocation), bytes",
+        reserved,
+    );
+    reg.register(
+        "placement_inventory_max_unit_bytes",
+        "The inventory max_unit last published to Placement (the most one VM may be given: the largest NUMA node's offer), bytes",
+        max_unit,
+    );
+    reg.register(
+        "placement_used_bytes",
+        "Placement's allocations of the class when the inventory was last published, bytes",
+        used,
     );
     let secs = p
         .last_success

@@ -75,9 +75,17 @@ pub(super) fn register_status(reg: &mut Registry, status: &PoolStatus) {
         backlog
             .get_or_create(&kind)
             .set(int(k.target_bytes.saturating_sub(k.warm_bytes)));
-        free.get_or_create(&kind).set(int(k.kernel_free_pages));
-        total.get_or_create(&kind).set(int(k.kernel_total_pages));
-        reserved.get_or_create(&kind).set(int(k.reserved_pages));
+        // Base units: the kernel's and the daemon's page counts as bytes of their page size
+        // (`hugeprep pool` and `GET /v1/pool` keep the counts).
+        let page = k.page_size.bytes();
+        free.get_or_create(&kind)
+            .set(int(k.kernel_free_pages.saturating_mul(page)));
+        total
+            .get_or_create(&kind)
+            .set(int(k.kernel_total_pages.saturating_mul(page)));
+        reserved
+            .get_or_create(&kind)
+            .set(int(k.reserved_pages.saturating_mul(page)));
     }
     reg.register(
         "pool_bytes",
@@ -100,18 +108,18 @@ pub(super) fn register_status(reg: &mut Registry, status: &PoolStatus) {
         backlog,
     );
     reg.register(
-        "kernel_free_pages",
-        "The kernel's free hugepages by node and page size",
+        "kernel_hugepages_free_bytes",
+        "Bytes of the kernel's free hugepages (free_hugepages times the page size) by node and page size",
         free,
     );
     reg.register(
-        "kernel_pages",
-        "The kernel's hugepages (nr_hugepages) by node and page size",
+        "kernel_hugepages_bytes",
+        "Bytes of the kernel's hugepages (nr_hugepages times the page size) by node and page size",
         total,
     );
     reg.register(
-        "reserved_pages",
-        "Hugepages the daemon added to the kernel's pools, by node and page size",
+        "reserved_hugepages_bytes",
+        "Bytes of hugepages the daemon added to the kernel's pools, by node and page size",
         reserved,
     );
 }
@@ -188,10 +196,10 @@ pub(super) fn register_counters(reg: &mut Registry, pool: &Pool, status: &PoolSt
         proof_seconds,
     );
     let unreturned = Counter::<u64>::default();
-    unreturned.inc_by(c.unreturned_pages);
+    unreturned.inc_by(c.unreturned_bytes);
     reg.register(
-        "unreturned_pages",
-        "Pages of released leases that did not return to the kernel when truncated: another process held them",
+        "unreturned_bytes",
+        "Bytes of released leases' pages that did not return to the kernel when truncated: another process held them",
         unreturned,
     );
 }
