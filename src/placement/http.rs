@@ -13,8 +13,9 @@ use hyper_util::rt::TokioIo;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 
-/// The system's CA bundle on Debian and its derivatives (Fedora's is linked there too by
-/// `ca-certificates`); `cafile` overrides it.
+/// The system's CA bundle on Debian and its derivatives; `cafile` overrides it. Fedora and
+/// RHEL have no file at this path (theirs is `/etc/pki/tls/certs/ca-bundle.crt`): set
+/// `cafile` there.
 pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// Why a request got no answer.

@@ -140,6 +140,43 @@ pub struct Raise {
     /// The pull-in of lazily initialised memory between a first ask that fell short and the
     /// second, if there was one ([`kpool::pull_in`]).
     pub pulled_in: Option<kpool::PullIn>,
+    /// Compactions of the node's memory between asks that fell short
+    /// ([`Reservations::raise_compacting`]).
+    pub compactions: u32,
+}
+
+/// Compacts `node`'s memory: the kernel moves movable pages (page cache, anonymous memory)
+/// together so that free memory forms whole hugepages. The node's own `compact` file
+/// (writable under the packaged unit, which lets the daemon write the per-node pools), else
+/// the whole machine's `/proc/sys/vm/compact_memory`. Returns how long it took.
+pub fn compact_node(node: u32) -> std::io::Result<std::time::Duration> {
+    let started = std::time::Instant::now();
+    let per_node = format!("/sys/devices/system/node/node{node}/compact");
+    match std::fs::write(&per_node, "1") {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write("/proc/sys/vm/compact_memory", "1")
+        }
+        other => other,
+    }?;
+    Ok(started.elapsed())
+}
+
+/// How many compactions a raise for a lease may run, and how long they may take together
+/// ([`Reservations::raise_compacting`]): a VM start waits for them. Measured here (24 GiB,
+/// one node, 4 GiB of page cache): one compaction takes well under a second.
+pub const COMPACT_ROUNDS: u32 = 3;
+/// See [`COMPACT_ROUNDS`].
+pub const COMPACT_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Totals of the raises that compacted memory, since start (`GET /metrics`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionCounts {
+    /// Compactions run because the kernel supplied fewer pages than asked.
+    pub compactions: u64,
+    /// Pages the kernel added after a compaction (the asks a compaction made good).
+    pub pages_after_compaction: u64,
+    /// Raises for a lease still short after every compaction (the lease was refused).
+    pub raises_still_short: u64,
 }
 
 /// Bytes a gigantic-page raise may pull in through the 2M pool when the kernel falls short:
@@ -173,6 +210,8 @@ pub struct Reservations {
     /// Nodes whose memory a raise has pulled in already: memory once initialised stays so,
     /// and a second pull-in would only push the page cache out again.
     pulled_in: Mutex<std::collections::BTreeSet<u32>>,
+    /// Compactions made for raises.
+    compactions: Mutex<CompactionCounts>,
 }
 
 impl Reservations {
@@ -208,6 +247,7 @@ impl Reservations {
             journal,
             added: Mutex::new(added),
             pulled_in: Mutex::default(),
+            compactions: Mutex::default(),
         })
     }
 
@@ -286,7 +326,66 @@ impl Reservations {
             asked: pages,
             added,
             pulled_in,
+            compactions: 0,
         })
+    }
+
+    /// [`Reservations::raise`], then, while the kernel has supplied fewer pages than asked:
+    /// compacts the node's memory and asks for the rest again, up to [`COMPACT_ROUNDS`] times
+    /// and for [`COMPACT_BUDGET`] at most, stopping at a compaction that brought nothing. A
+    /// host hours into its life keeps most of its free memory as page cache in blocks smaller
+    /// than a hugepage: the kernel's raise stops at the first page it cannot make without
+    /// moving others (measured on a Debian libvirt host: 116 of 512 pages, then 13 of 396,
+    /// with 20 GB available), while a compaction moves them.
+    pub fn raise_compacting(
+        &self,
+        node: u32,
+        page_size: PageSize,
+        pages: u64,
+        pull_in: u64,
+    ) -> Result<Raise, ReserveError> {
+        let started = std::time::Instant::now();
+        let mut raise = self.raise(node, page_size, pages, pull_in)?;
+        while raise.added < pages
+            && raise.compactions < COMPACT_ROUNDS
+            && started.elapsed() < COMPACT_BUDGET
+        {
+            let took = match compact_node(node) {
+                Ok(took) => took,
+                Err(err) => {
+                    tracing::warn!(node, %err, "cannot compact the node's memory for a hugepage raise");
+                    break;
+                }
+            };
+            raise.compactions += 1;
+            let got = self.raise_once(node, page_size, pages - raise.added)?;
+            raise.added += got;
+            {
+                let mut c = self.compactions.lock().unwrap_or_else(|e| e.into_inner());
+                c.compactions += 1;
+                c.pages_after_compaction += got;
+            }
+            tracing::info!(
+                node, page_size = %page_size, asked = pages, added = raise.added, after_compaction = got,
+                compact_ms = took.as_millis() as u64,
+                "the kernel gave fewer hugepages than asked: compacted the node's memory and asked again"
+            );
+            if got == 0 {
+                break;
+            }
+        }
+        if raise.added < pages && raise.compactions > 0 {
+            self.compactions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .raises_still_short += 1;
+        }
+        Ok(raise)
+    }
+
+    /// Compactions made for raises since start.
+    pub fn compaction_counts(&self) -> CompactionCounts {
+        *self.compactions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn raise_once(&self, node: u32, page_size: PageSize, pages: u64) -> Result<u64, ReserveError> {
