@@ -149,8 +149,10 @@ impl Pool {
         let (pages, limit) =
             reserve::plan(short, ps, &self.policy().reserve, added_on_node, available);
         let pull_in = reserve::pull_in_bytes(&self.policy().reserve, available);
+        // As for a lease: while the kernel falls short, compact the node's memory and ask
+        // again (bounded), before the target waits out its back-off.
         let raised = if pages > 0 {
-            self.reservations.raise(node, ps, pages, pull_in)
+            self.reservations.raise_compacting(node, ps, pages, pull_in)
         } else {
             Ok(reserve::Raise {
                 asked: 0,
