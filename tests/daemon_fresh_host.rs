@@ -529,3 +529,55 @@ fn first_start_calibrates_on_the_hugepages_it_raised() {
     drop(occupied);
     assert_eq!(node_pools(), before, "{}", env.log());
 }
+
+/// A daemon without an open watch (no CAP_SYS_ADMIN, so no fanotify) proves no release:
+/// every one takes the kernel's path. /health says degraded with that reason, and doctor
+/// warns with a remedy for the packaged service; leases are still served.
+#[test]
+fn a_release_proof_that_falls_back_is_degraded_with_its_reason() {
+    let env = Env::new("proof-fallback", 8 << 20);
+    let d = env.spawn_wrapped(
+        &[
+            "setpriv",
+            "--bounding-set=-sys_admin",
+            "--inh-caps=-sys_admin",
+            "--",
+        ],
+        &[],
+    );
+    let lease = d.lease("fallback-vm", 2 << 20).unwrap();
+    d.release(lease.id).unwrap();
+    let (code, health) = d.raw("GET", "/health", b"");
+    assert_eq!(code, 503, "{health:#}");
+    let reason = health["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["reason"] == "proof_fallback")
+        .unwrap_or_else(|| panic!("{health:#}"));
+    assert!(
+        reason["detail"].as_str().unwrap().contains("no open watch"),
+        "{health:#}"
+    );
+    let out = doctor(&env, &["--json"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let found = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["subject"] == "release proof")
+        .unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(found["severity"], "warning", "{found:#}");
+    assert!(
+        found["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("degraded: no open watch"),
+        "{found:#}"
+    );
+    assert!(
+        found["remedy"].as_str().unwrap().contains("systemctl"),
+        "{found:#}"
+    );
+}
