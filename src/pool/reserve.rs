@@ -472,6 +472,16 @@ mod tests {
     }
 
     #[test]
+    fn node_memory_compacts_through_the_node_file() {
+        // Root, as the daemon: the per-node file the packaged unit leaves writable.
+        compact_node(0).unwrap();
+        assert!(
+            compact_node(u32::MAX).is_ok(),
+            "falls back to compact_memory"
+        );
+    }
+
+    #[test]
     fn a_record_larger_than_the_pool_is_cut_to_it() {
         let dir = std::env::temp_dir().join(format!("hugeprep-ledger-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
