@@ -110,7 +110,10 @@ fn kernel_pool(
                 format_bytes(opts.reserve.margin)
             ),
         )
-        .remedy("free memory on the node, or lower reserve_margin");
+        .remedy(
+            "free memory on the node, or lower reserve_margin in [pool] of \
+             /etc/hugeprep/hugeprep.toml, then systemctl reload hugeprep",
+        );
     }
     if daemon_fills {
         return Finding::ok(

@@ -112,11 +112,12 @@ impl Limit {
             Limit::Disabled => format!(
                 "kernel pool short by {short} {page_size} pages on node {node}; reserve disabled \
                  (raise it: hugeprep pool --set N --node {node} --page-size {page_size}, or set \
-                 reserve = true)"
+                 reserve = true in /etc/hugeprep/hugeprep.toml and systemctl reload hugeprep)"
             ),
             Limit::Cap { limit } => format!(
                 "kernel pool short by {short} {page_size} pages on node {node}; reserve_limit of \
-                 {} reached on the node (raise reserve_limit)",
+                 {} reached on the node (raise reserve_limit in /etc/hugeprep/hugeprep.toml, then \
+                 systemctl reload hugeprep)",
                 format_bytes(*limit)
             ),
             Limit::Memory { available, margin } => format!(
@@ -511,6 +512,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("hugeprep pool --set"), "{text}");
+        assert!(text.contains("systemctl reload hugeprep"), "{text}");
         let text = Limit::Memory {
             available: 1288490189,
             margin: G,
