@@ -28,13 +28,16 @@ pub const DEFAULT_SOCKET: &str = "/run/hugeprep/hugeprep.sock";
 /// A request to the daemon failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The socket could not be reached (is the daemon running?).
-    #[error("cannot connect to {socket}: {source} (is `hugeprep serve` running?)")]
+    /// The socket could not be reached: the daemon is not running, or the caller may not
+    /// connect (not in the socket's group).
+    #[error("cannot connect to {socket}: {source} ({hint})")]
     Connect {
         /// The socket.
         socket: PathBuf,
         /// The kernel's answer.
         source: std::io::Error,
+        /// What to do about it, for this errno and this caller ([`connect_hint`]).
+        hint: String,
     },
     /// The HTTP exchange failed.
     #[error("{method} {path}: {message}")]
@@ -87,6 +90,62 @@ const CONNECT_RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// Whether a failed connect means the daemon is between two lives: the socket is gone
 /// (removed at its stop, not yet bound again), refuses (bound by no one), or its backlog is
 /// full.
+/// What to do when connecting to `socket` failed with `err`, for the caller as it is: a
+/// permission error names the socket's group and whether the caller is in it (a user outside
+/// the group is told how to join it, not to start a daemon that runs); a missing socket or
+/// a refused connection says how to start the packaged daemon.
+pub fn connect_hint(socket: &Path, err: &std::io::Error) -> String {
+    use std::os::unix::fs::MetadataExt;
+    match err.raw_os_error() {
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            let meta = match std::fs::metadata(socket) {
+                Ok(m) => m,
+                Err(_) => {
+                    return format!(
+                        "a directory on the way to {} is not searchable by you: ask the host's \
+                         administrator, or run as root",
+                        socket.display()
+                    )
+                }
+            };
+            let gid = meta.gid();
+            let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+                .ok()
+                .flatten()
+                .map_or_else(|| format!("gid {gid}"), |g| g.name);
+            let member = nix::unistd::getegid().as_raw() == gid
+                || nix::unistd::getgroups().is_ok_and(|gs| gs.iter().any(|g| g.as_raw() == gid));
+            if gid == 0 {
+                "the socket's group is root: only root may connect (the daemon's socket_group, \
+                 or SocketGroup= of hugeprep.socket, gives a group access)"
+                    .to_string()
+            } else if member {
+                format!(
+                    "you are in the socket's group {group}, but the socket's mode (0{:o}) or a \
+                     directory on the way denies you: `hugeprep doctor` checks the path",
+                    meta.mode() & 0o7777
+                )
+            } else {
+                let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+                    .ok()
+                    .flatten()
+                    .map_or_else(|| "USER".to_string(), |u| u.name);
+                format!(
+                    "only root and members of the socket's group {group} may connect, and you \
+                     are not in {group}: `sudo usermod -aG {group} {user}`, then log in again \
+                     (or run `newgrp {group}`)"
+                )
+            }
+        }
+        Some(libc::ENOENT) | Some(libc::ECONNREFUSED) => {
+            "is the daemon running? start it with `systemctl start hugeprep.socket` (or run \
+             `hugeprep serve`); --socket or HUGEPREP_SOCKET for another path"
+                .to_string()
+        }
+        _ => "see `hugeprep doctor` and the daemon's log (journalctl -u hugeprep)".to_string(),
+    }
+}
+
 fn restarting(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -207,6 +266,7 @@ impl Client {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
             .map_err(|source| ClientError::Connect {
+                hint: connect_hint(&self.socket, &source),
                 socket: self.socket.clone(),
                 source,
             })?;

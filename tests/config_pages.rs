@@ -178,3 +178,69 @@ fn manpages_writes_the_pages_and_man_renders_them() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every command's page has EXIT STATUS, FILES (but the generators') and SEE ALSO, and man
+/// renders each without a warning; doctor's names its own statuses 3 and 4.
+#[test]
+fn every_command_page_has_exit_status_files_and_see_also() {
+    let dir = std::env::temp_dir().join(format!("hugeprep-man-sections-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+        .arg("manpages")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut pages = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.ends_with(".1") {
+            continue;
+        }
+        pages += 1;
+        let roff = std::fs::read_to_string(&path).unwrap();
+        assert!(roff.contains(".SH \"EXIT STATUS\""), "{name}");
+        assert!(roff.contains(".SH \"SEE ALSO\""), "{name}");
+        if !name.contains("completions") && !name.contains("manpages") {
+            assert!(roff.contains(".SH FILES"), "{name}");
+        }
+        let exit = roff.find("EXIT STATUS").unwrap();
+        if let Some(version) = roff.find(".SH VERSION") {
+            assert!(exit < version, "{name}: the sections go before VERSION");
+        }
+        let Ok(out) = Command::new("man")
+            .env("MANWIDTH", "100")
+            .args(["--warnings", "-l"])
+            .arg(&path)
+            .output()
+        else {
+            hugeprep::testing::missing_tool("man (Debian package man-db)");
+            continue;
+        };
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stderr).trim().is_empty(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if name == "hugeprep-doctor.1" {
+            // man without a terminal overstrikes bold ("N\x08N"): keep the last of each.
+            let mut shown = String::new();
+            for c in String::from_utf8_lossy(&out.stdout).chars() {
+                if c == '\x08' {
+                    shown.pop();
+                } else {
+                    shown.push(c);
+                }
+            }
+            assert!(shown.contains("EXIT STATUS"), "{shown}");
+            assert!(shown.contains("degraded: warnings"), "{shown}");
+            assert!(shown.contains("blocked:"), "{shown}");
+        }
+    }
+    assert!(pages > 20, "{pages} pages");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -250,3 +250,45 @@ fn a_pid_reused_after_connect_gains_nothing() {
     assert!(status.contains(" 403"), "{status}");
     assert!(!d.pool().kinds.iter().any(|k| k.drained), "the drain ran");
 }
+
+/// The installed command run by a user outside the socket's group is told about the group
+/// and how to join it, not to start a daemon that is running; a member connects.
+#[test]
+fn a_user_outside_the_socket_group_is_told_about_the_group() {
+    let env = Env::new("access-hint", 8 * MIB);
+    let kvm = kvm_gid();
+    let _d = env.spawn(&["--socket-group", "kvm"]);
+    let status_as = |gid: u32| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                &format!("--regid={gid}"),
+                "--clear-groups",
+                "--",
+                env!("CARGO_BIN_EXE_hugeprep"),
+                "status",
+                "--socket",
+            ])
+            .arg(&env.socket)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap()
+    };
+    let out = status_as(65534);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("Permission denied"), "{err}");
+    assert!(
+        err.contains("members of the socket's group kvm may connect, and you are not in kvm"),
+        "{err}"
+    );
+    assert!(err.contains("usermod -aG kvm"), "{err}");
+    assert!(!err.contains("running?"), "{err}");
+
+    let out = status_as(kvm);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -188,6 +188,19 @@ fn nothing_warm_on_a_host_with_no_free_hugepages_serves_the_first_lease_cold() {
     assert!(env
         .log()
         .contains("raised the kernel's hugepage pool for a lease"));
+    // A host served cold is healthy: neither /health nor doctor warns about it.
+    let (code, health) = d.raw("GET", "/health", b"");
+    assert_eq!(code, 200, "{health:#}");
+    let out = doctor(&env, &["--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for f in report["findings"].as_array().unwrap() {
+        if f["check"] == "hugepages" || f["check"] == "daemon" {
+            assert!(f["severity"] == "ok" || f["severity"] == "info", "{f:#}");
+        }
+        if let Some(remedy) = f["remedy"].as_str() {
+            assert!(!remedy.contains("hugeprep serve"), "{f:#}");
+        }
+    }
     // Beyond reserve_limit: refused, naming the limit in the log; no page added for it.
     let out = hugeprep(&env, &["lease", "t2", "64M"]);
     assert!(!out.status.success());
@@ -198,6 +211,31 @@ fn nothing_warm_on_a_host_with_no_free_hugepages_serves_the_first_lease_cold() {
         "{}",
         env.log()
     );
+    // Right after a refused lease: /health is degraded and doctor warns, each saying why,
+    // with a remedy for the packaged service.
+    let (code, health) = d.raw("GET", "/health", b"");
+    assert_eq!(code, 503, "{health:#}");
+    let refused = health["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["reason"] == "lease_refused")
+        .unwrap_or_else(|| panic!("{health:#}"));
+    let detail = refused["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("a lease of 64 MiB of 2M pages on node 0 was refused")
+            && detail.contains("reserve_limit of 32 MiB reached"),
+        "{detail}"
+    );
+    let out = doctor(&env, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("WARN     daemon    leases: a lease of 64 MiB"),
+        "{text}"
+    );
+    assert!(text.contains("systemctl reload hugeprep"), "{text}");
+    assert!(text.contains("degraded: VMs start"), "{text}");
     let status = wait_status(&env, "no raise", |_| true);
     assert_eq!(
         status["pool"]["kinds"][0]["reserved_pages"], 8,
@@ -246,7 +284,7 @@ fn reserve_false_explains_the_shortfall_in_log_status_and_doctor() {
     // Hugepages unavailable, reserve off: doctor says a VM start is blocked, and what to do.
     let out = doctor(&env, &["--config", &config]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert_eq!(out.status.code(), Some(4), "{text}");
     assert!(text.contains("BLOCKING"), "{text}");
     assert!(text.contains("reserve is disabled"), "{text}");
     assert!(
@@ -361,6 +399,27 @@ fn boot_reserve_raises_the_pools_and_drain_gives_them_back() {
     );
     let raised: Vec<u64> = before.iter().map(|p| p + 8).collect();
     assert_eq!(node_pools(), raised, "{out}");
+    // Again, as JSON: the target is covered by the pages added, nothing more is added.
+    let again: serde_json::Value = serde_json::from_str(&stdout(&hugeprep(
+        &env,
+        &[
+            "reserve",
+            "--json",
+            "--config",
+            config,
+            "--state-dir",
+            state,
+        ],
+    )))
+    .unwrap();
+    assert_eq!(again["enabled"], true, "{again:#}");
+    let pool0 = &again["pools"][0];
+    assert_eq!(pool0["node"], 0, "{again:#}");
+    assert_eq!(pool0["page_size"], "2M", "{again:#}");
+    assert_eq!(pool0["target_bytes"], 16 << 20, "{again:#}");
+    assert_eq!(pool0["added"], 0, "{again:#}");
+    assert_eq!(pool0["short"], 0, "{again:#}");
+    assert_eq!(node_pools(), raised, "{again:#}");
 
     let mut d = env.spawn(&["--config", config]);
     wait_status(&env, "16 MiB warm", |s| {
@@ -387,7 +446,7 @@ fn an_unreachable_daemon_is_reported_with_its_cause_once() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
-    assert!(err.contains("is `hugeprep serve` running?"), "{err}");
+    assert!(err.contains("is the daemon running?"), "{err}");
 }
 
 /// The first start on a fresh host times the clearing methods on hugepages: the daemon raises
@@ -469,4 +528,56 @@ fn first_start_calibrates_on_the_hugepages_it_raised() {
     d.stop();
     drop(occupied);
     assert_eq!(node_pools(), before, "{}", env.log());
+}
+
+/// A daemon without an open watch (no CAP_SYS_ADMIN, so no fanotify) proves no release:
+/// every one takes the kernel's path. /health says degraded with that reason, and doctor
+/// warns with a remedy for the packaged service; leases are still served.
+#[test]
+fn a_release_proof_that_falls_back_is_degraded_with_its_reason() {
+    let env = Env::new("proof-fallback", 8 << 20);
+    let d = env.spawn_wrapped(
+        &[
+            "setpriv",
+            "--bounding-set=-sys_admin",
+            "--inh-caps=-sys_admin",
+            "--",
+        ],
+        &[],
+    );
+    let lease = d.lease("fallback-vm", 2 << 20).unwrap();
+    d.release(lease.id).unwrap();
+    let (code, health) = d.raw("GET", "/health", b"");
+    assert_eq!(code, 503, "{health:#}");
+    let reason = health["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["reason"] == "proof_fallback")
+        .unwrap_or_else(|| panic!("{health:#}"));
+    assert!(
+        reason["detail"].as_str().unwrap().contains("no open watch"),
+        "{health:#}"
+    );
+    let out = doctor(&env, &["--json"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let found = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["subject"] == "release proof")
+        .unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(found["severity"], "warning", "{found:#}");
+    assert!(
+        found["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("degraded: no open watch"),
+        "{found:#}"
+    );
+    assert!(
+        found["remedy"].as_str().unwrap().contains("systemctl"),
+        "{found:#}"
+    );
 }

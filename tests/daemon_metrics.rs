@@ -187,6 +187,15 @@ fn metrics_parse_and_count_bytes_leases_scrubs_faults_and_errors() {
         Some(1.0)
     );
     assert_eq!(value(&s, "hugeprep_unreturned_bytes_total", &[]), Some(0.0));
+    // No raise here (the test hands the daemon its pages): the compaction counters are there,
+    // at zero.
+    for name in [
+        "hugeprep_pool_compactions_total",
+        "hugeprep_pool_compaction_added_bytes_total",
+        "hugeprep_pool_raise_short_after_compaction_total",
+    ] {
+        assert_eq!(value(&s, name, &[]), Some(0.0), "{name}");
+    }
     assert!(value(&s, "hugeprep_proof_seconds_total", &[]).unwrap() > 0.0);
     assert!(value(&s, "hugeprep_scrub_seconds_total", &[]).unwrap() > 0.0);
     assert_eq!(

@@ -31,8 +31,12 @@ fn logs_carry_priorities_and_fields_in_the_journal() {
     let _pages = HugepageReservation::ensure_free(PageSize::Size2M, 4)
         .expect("reserving hugepages (run as root)")
         .expect("the kernel cannot supply 4 2 MiB pages");
-    let bin = env!("CARGO_BIN_EXE_hugeprep");
     let c = Container::boot("journald");
+    // The container has its own /tmp (and could have any other directory over the host's):
+    // a checkout under /tmp has no binary there. Copy it in, as the service tests install
+    // their package.
+    let bin = "/usr/local/bin/hugeprep-jt";
+    c.copy_in(std::path::Path::new(env!("CARGO_BIN_EXE_hugeprep")), bin);
     // A Placement nobody listens on: a warning every retry.
     c.write(
         "/etc/hugeprep-jt.toml",

@@ -127,6 +127,19 @@ fn example_hugepage_domains_are_adopted_start_on_leases_and_revert() {
         // Adopting again changes nothing.
         let again = ok(&adopt(&lab, &[name]));
         assert!(again.contains("nothing to change"), "{again}");
+        // The same as JSON: one object per domain.
+        let json: serde_json::Value =
+            serde_json::from_str(&ok(&adopt(&lab, &["--json", name]))).unwrap();
+        assert_eq!(json["action"], "adopt", "{json:#}");
+        assert_eq!(json["domains"][0]["domain"], name, "{json:#}");
+        assert_eq!(json["domains"][0]["ok"], true, "{json:#}");
+        assert!(
+            json["domains"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("nothing to change"),
+            "{json:#}"
+        );
 
         // The adopted domain starts on the hook's leases: QEMU maps them, and the guest
         // sees what is written through hugeprep's link.
@@ -160,6 +173,18 @@ fn example_hugepage_domains_are_adopted_start_on_leases_and_revert() {
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("no original kept"),
             "{out:?}"
+        );
+        // As JSON: the same failure, the error in the domain's object, the same status.
+        let out = adopt(&lab, &["--revert", "--json", name]);
+        assert!(!out.status.success());
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["domains"][0]["ok"], false, "{json:#}");
+        assert!(
+            json["domains"][0]["error"]
+                .as_str()
+                .unwrap()
+                .contains("no original kept"),
+            "{json:#}"
         );
         lab.sandbox.virsh_ok(&["undefine", name]).unwrap();
     }

@@ -6,8 +6,10 @@
 //! well: a warm target it cannot reach (and says why), a clearing method that calibration
 //! found clearly slower than another and that stays in use, the release proof's open watch
 //! stalled (releases wait or take the kernel's path), or a Placement it cannot update
-//! (the scheduler sees stale warm capacity). A target being filled is not a reason: the
-//! pool is doing its job.
+//! (the scheduler sees stale warm capacity), a lease refused for want of memory in the last
+//! 15 minutes, or a release proof that sends every release down the kernel's path. A target
+//! being filled is not a reason: the pool is doing its job; nor are leases served cold (the
+//! packaged defaults keep nothing warm).
 
 use std::time::Duration;
 
@@ -40,15 +42,23 @@ pub enum Reason {
     ProofReaderStalled,
     /// Placement is configured and the last inventory update failed.
     Placement,
+    /// A lease was refused for want of memory (422) in the last 15 minutes
+    /// ([`crate::pool::REFUSAL_RECENT`]): a VM did not start.
+    LeaseRefused,
+    /// Every release takes the kernel's path (no open watch, or the kernel's counts differ
+    /// from the proof's model): safe, but memory is faulted anew instead of scrubbed.
+    ProofFallback,
 }
 
 impl Reason {
     /// Every reason, in label order.
-    pub const ALL: [Reason; 4] = [
+    pub const ALL: [Reason; 6] = [
         Reason::TargetUnmet,
         Reason::CalibrationDisagrees,
         Reason::ProofReaderStalled,
         Reason::Placement,
+        Reason::LeaseRefused,
+        Reason::ProofFallback,
     ];
 
     /// The reason's name (a metric label value and the JSON's `reason`).
@@ -58,6 +68,8 @@ impl Reason {
             Reason::CalibrationDisagrees => "calibration_disagrees",
             Reason::ProofReaderStalled => "proof_reader_stalled",
             Reason::Placement => "placement",
+            Reason::LeaseRefused => "lease_refused",
+            Reason::ProofFallback => "proof_fallback",
         }
     }
 }
@@ -140,6 +152,23 @@ pub fn assess(inputs: Inputs<'_>) -> Health {
             });
         }
     }
+    if let Some(refused) = inputs
+        .pool
+        .last_refused_lease
+        .as_ref()
+        .filter(|r| r.is_recent())
+    {
+        reasons.push(Finding {
+            reason: Reason::LeaseRefused,
+            detail: refused.describe(),
+        });
+    }
+    if let Some(why) = &inputs.pool.proof_fallback {
+        reasons.push(Finding {
+            reason: Reason::ProofFallback,
+            detail: why.clone(),
+        });
+    }
     Health {
         status: if reasons.is_empty() {
             Status::Ready
@@ -171,6 +200,8 @@ mod tests {
             clean_start: true,
             last_scrub: None,
             counters: Default::default(),
+            last_refused_lease: None,
+            proof_fallback: None,
         }
     }
 
@@ -185,7 +216,19 @@ mod tests {
         });
         assert_eq!(h.status, Status::Ready, "{h:?}");
 
-        let short = pool(Some("the kernel added 2 of 4 pages"));
+        let mut short = pool(Some("the kernel added 2 of 4 pages"));
+        short.last_refused_lease = Some(crate::pool::RefusedLease {
+            at_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs(),
+            node: 0,
+            page_size: crate::PageSize::Size2M,
+            size: 8 << 20,
+            available: 2 << 20,
+            reason: Some("the kernel added 1 of the 4 pages asked".into()),
+        });
+        short.proof_fallback = Some("the probe of descriptor 30 wrote 0 bytes".into());
         let mut snap = placement::Status::default().snapshot();
         snap.state = placement::State::Unreachable;
         snap.detail = "connection refused".into();
@@ -202,5 +245,25 @@ mod tests {
             .detail
             .starts_with("node 0 2M: the kernel added"));
         assert!(h.reasons[3].detail.contains("connection refused"));
+        assert!(
+            h.reasons[4].detail.contains("refused 0 s ago")
+                && h.reasons[4].detail.contains("added 1 of the 4"),
+            "{h:?}"
+        );
+        assert!(h.reasons[5].detail.contains("descriptor 30"), "{h:?}");
+
+        // A refusal an hour old is history, not a reason.
+        let mut old = pool(None);
+        old.last_refused_lease = short.last_refused_lease.clone().map(|mut r| {
+            r.at_unix -= 3600;
+            r
+        });
+        let h = assess(Inputs {
+            pool: &old,
+            verdict: Verdict::Overridden,
+            reader_stalled: None,
+            placement: None,
+        });
+        assert_eq!(h.status, Status::Ready, "{h:?}");
     }
 }

@@ -322,10 +322,14 @@ pub fn run(cfg: &PinBenchConfig, log: &dyn Fn(&str)) -> Result<PinBenchReport, P
     let mut skipped = Vec::new();
     for &ps in &cfg.page_sizes {
         for &size in &cfg.sizes {
-            crate::hugetlb::check_size(size, ps).map_err(|e| PinBenchError::Invalid {
-                field: "sizes",
-                reason: e.to_string(),
-            })?;
+            // A size that is no whole number of these pages (256M of 1G pages, where the
+            // default page sizes include 1G) is no case to measure: skipped and listed.
+            if let Err(e) = crate::hugetlb::check_size(size, ps) {
+                let why = format!("{} of {ps} pages: {e}", format_bytes(size));
+                log(&format!("skipped: {why}"));
+                skipped.push(why);
+                continue;
+            }
             // Two leases plus the two files that replace them.
             let pages = 4 * size / ps.bytes();
             // Declared before the mount so that it drops after it, on every return.

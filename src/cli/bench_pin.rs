@@ -36,6 +36,14 @@ pub fn run(args: BenchPinArgs) -> anyhow::Result<()> {
     let page_sizes = if args.page_sizes.is_empty() {
         hugeprep::hugetlb::pool::page_sizes()
     } else {
+        // Page sizes asked for by name: a size that is no whole number of them is a mistake
+        // (with the default page sizes it is skipped and listed).
+        for &ps in &args.page_sizes {
+            for &size in &args.sizes {
+                hugeprep::hugetlb::check_size(size, ps)
+                    .map_err(|e| anyhow::anyhow!("--sizes: {e}"))?;
+            }
+        }
         args.page_sizes.clone()
     };
     let cfg = PinBenchConfig {

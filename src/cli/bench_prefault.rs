@@ -43,13 +43,17 @@ pub fn run(args: BenchPrefaultArgs) -> anyhow::Result<()> {
     let cancel = hugeprep::sys::signals::cancel_on_signals()?;
     // Borrowed pool pages and timings must not be disturbed by tests or other benchmarks.
     let _lock = hugeprep::hugetlb::lock::HugepageLock::acquire()?;
+    let mut skipped = Vec::new();
     let page_sizes = if args.page_size.is_empty() {
-        hugeprep::hugetlb::pool::page_sizes()
+        super::sizes_fit(
+            hugeprep::hugetlb::pool::page_sizes(),
+            &[("size", Some(args.size))],
+            &mut skipped,
+        )
     } else {
         args.page_size.clone()
     };
     let mut runs = Vec::new();
-    let mut skipped = Vec::new();
     for &page_size in &page_sizes {
         let cfg = PrefaultBenchConfig {
             size: args.size,
@@ -73,7 +77,7 @@ pub fn run(args: BenchPrefaultArgs) -> anyhow::Result<()> {
             Err(other) => return Err(anyhow::anyhow!(other)),
         }
     }
-    if page_sizes.len() == 1 {
+    if page_sizes.len() == 1 && skipped.is_empty() {
         if let Some(report) = runs.first() {
             return args.output.emit(report, || report.table());
         }

@@ -73,13 +73,19 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
         format!("{:?}", in_use.decided_by).to_lowercase(),
         in_use.reason
     );
+    let mut skipped = Vec::new();
     let page_sizes = if args.page_size.is_empty() {
-        hugeprep::hugetlb::pool::page_sizes()
+        // The kernel's page sizes, less those the sizes asked for do not fit (`--size 256M`
+        // on a host with a 1G pool): the user asked for no run of those.
+        super::sizes_fit(
+            hugeprep::hugetlb::pool::page_sizes(),
+            &[("size", Some(args.size)), ("lease-size", args.lease_size)],
+            &mut skipped,
+        )
     } else {
         args.page_size.clone()
     };
     let mut runs = Vec::with_capacity(threads.len() * page_sizes.len());
-    let mut skipped = Vec::new();
     for &page_size in &page_sizes {
         for (i, &threads) in threads.iter().enumerate() {
             let cfg = RecycleBenchConfig {

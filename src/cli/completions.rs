@@ -49,8 +49,9 @@ fn write_pages(cmd: &clap::Command, dir: &Path) -> anyhow::Result<()> {
     let name = cmd.get_display_name().unwrap_or(cmd.get_name());
     let mut out = Vec::new();
     clap_mangen::Man::new(cmd.clone()).render(&mut out)?;
+    let page = super::manpage::with_extra_sections(&String::from_utf8_lossy(&out), name);
     let path = dir.join(format!("{name}.1"));
-    std::fs::write(&path, out).with_context(|| format!("write {}", path.display()))?;
+    std::fs::write(&path, page).with_context(|| format!("write {}", path.display()))?;
     for sub in cmd.get_subcommands() {
         if sub.get_name() == "help" {
             continue;

@@ -1,5 +1,6 @@
 //! `hugeprep doctor`: check this host for hugeprep and say what to do about each finding.
-//! Exit status: 0 healthy, 1 warnings (VMs start, degraded), 2 something blocks VM starts.
+//! Exit status: 0 healthy, 3 warnings (VMs start, degraded), 4 something blocks VM starts
+//! (1 and 2 keep their meaning for every command: an error, a usage error).
 
 use std::path::{Path, PathBuf};
 
@@ -11,8 +12,8 @@ use hugeprep::pool::PoolPolicy;
 const DEFAULT_CONFIG: &str = "/etc/hugeprep/hugeprep.toml";
 
 /// Check hugepage pools, mounts, kernel features, limits, CPU, the daemon, QEMU, libvirt and
-/// systemd; print each finding with what to do. Exit status 0: healthy, 1: warnings,
-/// 2: something blocks VM starts.
+/// systemd; print each finding with what to do. Exit status 0: healthy, 3: warnings (VMs
+/// start, degraded), 4: something blocks VM starts; 1: the check itself failed.
 #[derive(Debug, clap::Args)]
 pub struct DoctorArgs {
     /// Print JSON instead of text.
@@ -36,7 +37,7 @@ pub struct DoctorArgs {
     pub no_probe: bool,
 }
 
-/// Runs `hugeprep doctor`; exits 1 or 2 when it found warnings or blocking problems.
+/// Runs `hugeprep doctor`; exits 3 or 4 when it found warnings or blocking problems.
 pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
     let config = match &args.config {
         Some(p) => ConfigFile::load(p)?,

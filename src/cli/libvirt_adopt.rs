@@ -52,6 +52,21 @@ pub struct LibvirtAdoptArgs {
     /// Daemon socket (to check that `memory_backing_dir` is on a mount it serves).
     #[arg(long, env = "HUGEPREP_SOCKET", default_value = hugeprep::client::DEFAULT_SOCKET)]
     pub socket: PathBuf,
+    /// Print JSON: one object per domain with what was done (`message`, the diff with
+    /// `--dry-run`) or why not (`error`); the exit status is the same as without.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One domain's outcome, for `--json`.
+#[derive(Debug, serde::Serialize)]
+struct DomainOutcome<'a> {
+    domain: &'a str,
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
 }
 
 fn virsh(args: &LibvirtAdoptArgs, what: &[&str]) -> anyhow::Result<String> {
@@ -292,8 +307,12 @@ pub fn run(args: LibvirtAdoptArgs) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     // One domain's result line is its progress.
     let n = args.domains.len() as u64;
-    let progress =
-        super::progress::Progress::bar(n < 2, super::progress::Unit::Count("domains"), n);
+    let progress = super::progress::Progress::bar(
+        n < 2 || args.json,
+        super::progress::Unit::Count("domains"),
+        n,
+    );
+    let mut outcomes = Vec::new();
     for domain in &args.domains {
         progress.set_message(domain.clone());
         let done = if args.revert {
@@ -302,6 +321,22 @@ pub fn run(args: LibvirtAdoptArgs) -> anyhow::Result<()> {
             adopt_one(&args, &dir, domain)
         };
         progress.inc(1);
+        if args.json {
+            let (message, error) = match done {
+                Ok(text) => (Some(text), None),
+                Err(err) => {
+                    failed.push(domain.as_str());
+                    (None, Some(super::render_error(&err)))
+                }
+            };
+            outcomes.push(DomainOutcome {
+                domain,
+                ok: error.is_none(),
+                message,
+                error,
+            });
+            continue;
+        }
         match done {
             Ok(text) => progress.suspend(|| {
                 print!(
@@ -323,6 +358,14 @@ pub fn run(args: LibvirtAdoptArgs) -> anyhow::Result<()> {
                 failed.push(domain.as_str());
             }
         }
+    }
+    if args.json {
+        let report = serde_json::json!({
+            "action": if args.revert { "revert" } else { "adopt" },
+            "dry_run": args.dry_run,
+            "domains": outcomes,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
     }
     if failed.is_empty() {
         Ok(())

@@ -17,6 +17,7 @@ mod drain;
 mod lease;
 mod libvirt_adopt;
 mod libvirt_hook;
+mod manpage;
 mod mount;
 mod pool;
 mod prepare;
@@ -240,6 +241,38 @@ pub fn render_error(err: &anyhow::Error) -> String {
     out
 }
 
+/// The default page sizes of a benchmark, less those a size the user gave is not a whole
+/// number of pages of: each left out says so on stderr and in `skipped` (the run's JSON),
+/// instead of failing the run for a page size nobody asked for. `sizes` are the options'
+/// names and values (`None`: not given, its default fits every page size).
+pub fn sizes_fit(
+    page_sizes: Vec<hugeprep::PageSize>,
+    sizes: &[(&str, Option<u64>)],
+    skipped: &mut Vec<String>,
+) -> Vec<hugeprep::PageSize> {
+    page_sizes
+        .into_iter()
+        .filter(|ps| {
+            let misfit = sizes
+                .iter()
+                .find_map(|(name, size)| size.filter(|s| s % ps.bytes() != 0).map(|s| (name, s)));
+            match misfit {
+                None => true,
+                Some((name, size)) => {
+                    let why = format!(
+                        "{ps} pages: --{name} {} is not a whole number of {ps} pages (pass \
+                         --page-size {ps} with a size that is to measure them)",
+                        hugeprep::units::format_bytes(size)
+                    );
+                    eprintln!("skipped {why}");
+                    skipped.push(why);
+                    false
+                }
+            }
+        })
+        .collect()
+}
+
 /// The `--json` and `--json-out FILE` of every benchmark: JSON next to the human table.
 #[derive(Debug, clap::Args)]
 pub struct JsonOutput {
@@ -282,7 +315,7 @@ mod tests {
         let err = anyhow::Error::new(client.blocking(client.pool()).unwrap_err());
         let text = render_error(&err);
         assert_eq!(text.matches("os error 2").count(), 1, "{text}");
-        assert!(text.contains("is `hugeprep serve` running?"), "{text}");
+        assert!(text.contains("is the daemon running?"), "{text}");
 
         // A context above a library error that names its own cause.
         let io = std::io::Error::from_raw_os_error(libc::EACCES);

@@ -26,6 +26,14 @@ pub struct MountArgs {
     /// Unmount DIR instead (it must be a hugetlbfs mount).
     #[arg(long, requires = "dir", conflicts_with_all = ["owner"])]
     pub unmount: bool,
+    /// Print JSON: the list of mounts (`[{"page_size", "path"}]`), the mount made, or the one
+    /// unmounted.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn mount_json(page_size: PageSize, path: &std::path::Path) -> serde_json::Value {
+    serde_json::json!({ "page_size": page_size, "path": path })
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -38,7 +46,16 @@ fn parse_mode(s: &str) -> Result<u32, String> {
 /// Runs `hugeprep mount`.
 pub fn run(args: MountArgs) -> anyhow::Result<()> {
     let Some(dir) = args.dir else {
-        for m in mount::mounts().context("reading /proc/self/mountinfo")? {
+        let mounts = mount::mounts().context("reading /proc/self/mountinfo")?;
+        if args.json {
+            let list: Vec<_> = mounts
+                .iter()
+                .map(|m| mount_json(m.page_size, &m.path))
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&list)?);
+            return Ok(());
+        }
+        for m in mounts {
             println!("{:<4} {}", m.page_size, m.path.display());
         }
         return Ok(());
@@ -54,6 +71,9 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             dir.display()
         );
         mount::unmount(&dir)?;
+        if args.json {
+            println!("{}", serde_json::json!({ "unmounted": dir }));
+        }
         return Ok(());
     }
     let mut options = MountOptions::new(args.page_size);
@@ -69,6 +89,13 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         .create(&dir)
         .with_context(|| format!("creating {}", dir.display()))?;
     let mounted = mount::mount(&dir, &options)?;
-    println!("{} {}", mounted.page_size, mounted.path.display());
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&mount_json(mounted.page_size, &mounted.path))?
+        );
+    } else {
+        println!("{} {}", mounted.page_size, mounted.path.display());
+    }
     Ok(())
 }

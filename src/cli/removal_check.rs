@@ -44,10 +44,14 @@ pub struct RemovalCheckArgs {
     /// Daemon socket (asked for its leases; the journal is read when nothing answers).
     #[arg(long, env = "HUGEPREP_SOCKET", default_value = hugeprep::client::DEFAULT_SOCKET)]
     pub socket: PathBuf,
+    /// Print JSON (`{"blocked": bool, "blockers": [{"what", "remedy"}]}`); the exit status
+    /// is the same as without.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// One thing that blocks removal, and what to do about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Blocker {
     /// What was found.
     pub what: String,
@@ -58,6 +62,17 @@ pub struct Blocker {
 /// Runs `hugeprep removal-check`: prints the blockers and exits 1, or says nothing blocks.
 pub fn run(args: RemovalCheckArgs) -> anyhow::Result<()> {
     let blockers = check(&args);
+    if args.json {
+        let report = serde_json::json!({
+            "blocked": !blockers.is_empty(),
+            "blockers": blockers,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        if blockers.is_empty() {
+            return Ok(());
+        }
+        std::process::exit(1);
+    }
     if blockers.is_empty() {
         println!("hugeprep removal-check: nothing blocks removing hugeprep");
         return Ok(());

@@ -34,6 +34,30 @@ pub struct ReserveArgs {
     /// Exit with status 1 when a pool could not be raised to its target.
     #[arg(long)]
     pub strict: bool,
+    /// Print JSON (`{"enabled", "api_targets", "pools": [{"node", "page_size",
+    /// "target_bytes", "added", "short", "reason", ...}]}`) instead of lines; no progress bar.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One pool's outcome, for `--json`.
+#[derive(Debug, serde::Serialize)]
+struct PoolOutcome {
+    node: u32,
+    page_size: PageSize,
+    target_bytes: u64,
+    /// Pages the pool lacked for the target (beyond its free pages).
+    needed: u64,
+    /// Pages the kernel added.
+    added: u64,
+    /// Pages still missing.
+    short: u64,
+    /// Why, when `short` > 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    /// 2M pages a gigantic-page raise pulled in and gave back, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pulled_in: Option<(u64, u64)>,
 }
 
 /// Runs `hugeprep reserve`.
@@ -50,10 +74,17 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
         None => PoolPolicy::embedded(),
     };
     if !policy.reserve.enabled {
-        println!(
-            "reserve = false in {}: pools left as they are",
-            args.config.display()
-        );
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({ "enabled": false, "api_targets": false, "pools": [] })
+            );
+        } else {
+            println!(
+                "reserve = false in {}: pools left as they are",
+                args.config.display()
+            );
+        }
         return Ok(());
     }
     let state_dir = args
@@ -66,15 +97,25 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
     let topo = Topology::detect()?;
     // Targets set over the API win over the file's in the daemon: reserve for those.
     let page_sizes = kpool::page_sizes().into_iter().collect();
-    if let Some(targets) = stored_targets(&state_dir, &page_sizes, &topo)? {
-        println!(
-            "warm targets set over the API (persisted in {}) apply",
-            state_dir.display()
-        );
+    let api_targets = stored_targets(&state_dir, &page_sizes, &topo)?;
+    let from_api = api_targets.is_some();
+    if let Some(targets) = api_targets {
+        if !args.json {
+            println!(
+                "warm targets set over the API (persisted in {}) apply",
+                state_dir.display()
+            );
+        }
         policy.targets = targets;
     }
+    let say = |line: String| {
+        if !args.json {
+            println!("{line}");
+        }
+    };
+    let mut outcomes = Vec::new();
     let mut short_any = false;
-    let progress = Progress::bar(false, Unit::Count("pages"), 0);
+    let progress = Progress::bar(args.json, Unit::Count("pages"), 0);
     progress.set_message("reading the pools");
     for page_size in kpool::page_sizes() {
         for node in topo.node_ids() {
@@ -109,22 +150,36 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
                 None
             };
             let added = raise.map_or(0, |r| r.added);
-            if let Some(pulled) = raise.and_then(|r| r.pulled_in) {
+            let pulled_in = raise.and_then(|r| r.pulled_in);
+            if let Some(pulled) = pulled_in {
                 progress.suspend(|| {
-                    println!(
+                    say(format!(
                         "node {node} {page_size}: the kernel gave fewer pages than asked; pulled \
                          lazily initialised memory in (the 2M pool took {} pages and gave {} \
                          back) and asked again",
                         pulled.added, pulled.returned
-                    )
+                    ))
                 });
             }
             let short = need.saturating_sub(added);
             let target = format_bytes(want * page_size.bytes());
+            let mut outcome = PoolOutcome {
+                node,
+                page_size,
+                target_bytes: want * page_size.bytes(),
+                needed: need,
+                added,
+                short,
+                reason: None,
+                pulled_in: pulled_in.map(|p| (p.added, p.returned)),
+            };
             if short == 0 {
                 progress.suspend(|| {
-                    println!("node {node} {page_size}: {target} target, added {added} pages")
+                    say(format!(
+                        "node {node} {page_size}: {target} target, added {added} pages"
+                    ))
                 });
+                outcomes.push(outcome);
                 continue;
             }
             short_any = true;
@@ -137,9 +192,22 @@ pub fn run(args: ReserveArgs) -> anyhow::Result<()> {
                 ),
             };
             progress.suspend(|| {
-                println!("node {node} {page_size}: {target} target, short by {short} pages: {why}")
+                say(format!(
+                    "node {node} {page_size}: {target} target, short by {short} pages: {why}"
+                ))
             });
+            outcome.reason = Some(why);
+            outcomes.push(outcome);
         }
+    }
+    drop(progress);
+    if args.json {
+        let report = serde_json::json!({
+            "enabled": true,
+            "api_targets": from_api,
+            "pools": outcomes,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
     }
     anyhow::ensure!(
         !(short_any && args.strict),
@@ -166,6 +234,7 @@ fn raise_in_steps(
         asked: pages,
         added: 0,
         pulled_in: None,
+        compactions: 0,
     };
     while total.added < pages {
         let ask = step.min(pages - total.added);

@@ -18,6 +18,9 @@ pub struct ResumeArgs {
     /// Daemon socket.
     #[arg(long, env = "HUGEPREP_SOCKET", default_value = hugeprep::client::DEFAULT_SOCKET)]
     pub socket: PathBuf,
+    /// Print the daemon's pool afterwards as JSON (as `hugeprep status --json`'s `pool`).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Runs `hugeprep resume`.
@@ -28,6 +31,10 @@ pub fn run(args: ResumeArgs) -> anyhow::Result<()> {
         page_size: args.page_size,
     };
     let pool = client.blocking(client.resume(&req))?;
-    print!("{}", super::pool::render_daemon_table(&pool));
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&pool)?);
+    } else {
+        print!("{}", super::pool::render_daemon_table(&pool));
+    }
     Ok(())
 }

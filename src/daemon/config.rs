@@ -2,7 +2,7 @@
 //!
 //! ```toml
 //! socket = "/run/hugeprep/hugeprep.sock"
-//! socket_group = "kvm"
+//! socket_group = "kvm"                # no default: without it, the daemon's group (root)
 //! state_dir = "/var/lib/hugeprep"
 //! run_dir = "/run/hugeprep"
 //! mounts = ["/dev/hugepages"]

@@ -63,18 +63,19 @@ pub fn daemon(opts: &DoctorOptions) -> DaemonView {
             Severity::Warning,
             format!("running version {version}, this command is {mine}"),
         )
-        .remedy("restart the daemon after an upgrade")
+        .remedy("restart the daemon after an upgrade: systemctl restart hugeprep")
     }];
     findings.push(socket_group(&opts.socket));
     let pool = client.blocking(client.pool());
     let cpu = client.blocking(client.cpu());
-    if let Err(e) = &pool {
-        findings.push(Finding::new(
+    match &pool {
+        Ok(p) => findings.extend(pool_health(p)),
+        Err(e) => findings.push(Finding::new(
             "daemon",
             subject,
             Severity::Warning,
             format!("GET /v1/pool: {e}"),
-        ));
+        )),
     }
     DaemonView {
         reachable: true,
@@ -82,6 +83,55 @@ pub fn daemon(opts: &DoctorOptions) -> DaemonView {
         cpu: cpu.ok(),
         findings,
     }
+}
+
+/// What the daemon's pool says of the leases and releases it served: a lease refused for
+/// want of memory in the last 15 minutes (a VM did not start), and a release proof that
+/// sends every release down the kernel's path. Leases served cold are no finding: the
+/// packaged defaults keep nothing warm and serve every lease so.
+pub fn pool_health(pool: &PoolStatus) -> Vec<Finding> {
+    let mut out = Vec::new();
+    match &pool.last_refused_lease {
+        Some(r) if r.is_recent() => out.push(
+            Finding::new("daemon", "leases", Severity::Warning, r.describe()).remedy(format!(
+                "free memory on node {} (or lower reserve_margin / raise reserve_limit in [pool] \
+                 of /etc/hugeprep/hugeprep.toml), or keep memory warm so starts do not depend on \
+                 the kernel: add [[pool.target]] page_size = \"{}\" warm = \"...\" to \
+                 /etc/hugeprep/hugeprep.toml, then systemctl reload hugeprep",
+                r.node, r.page_size
+            )),
+        ),
+        Some(r) => out.push(Finding::new(
+            "daemon",
+            "leases",
+            Severity::Info,
+            format!(
+                "none refused in the last 15 minutes (the last: {})",
+                r.describe()
+            ),
+        )),
+        None => out.push(Finding::ok(
+            "daemon",
+            "leases",
+            "none refused since the daemon started",
+        )),
+    }
+    if let Some(why) = &pool.proof_fallback {
+        out.push(
+            Finding::new(
+                "daemon",
+                "release proof",
+                Severity::Warning,
+                format!("degraded: {why}"),
+            )
+            .remedy(
+                "report it with `uname -r` and the journal (journalctl -u hugeprep -p err); to \
+                 prove by walking /proc instead: systemctl edit hugeprep, add [Service] \
+                 Environment=HUGEPREP_REACH=walk, then systemctl restart hugeprep",
+            ),
+        );
+    }
+    out
 }
 
 /// Whether a member of the socket's group, not root and not its owner, can connect: search

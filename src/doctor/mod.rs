@@ -8,8 +8,10 @@
 //! lock.
 //!
 //! The exit status ([`Report::exit_code`]): 0 when nothing is wrong (findings are `ok` or
-//! `info`), 1 when something is degraded but VMs still start (`warning`), 2 when something
-//! blocks VM starts (`blocking`).
+//! `info`), 3 when something is degraded but VMs still start (`warning`), 4 when something
+//! blocks VM starts (`blocking`). 1 stays the status of an error that kept the doctor from
+//! checking (every command's), 2 that of a usage error (clap's), so a script tells a finding
+//! from a failure.
 
 mod host;
 mod kernel;
@@ -103,13 +105,19 @@ pub struct Report {
     pub findings: Vec<Finding>,
 }
 
+/// `doctor`'s exit status when warnings are the worst it found (VMs start, degraded).
+pub const EXIT_WARNINGS: u8 = 3;
+/// `doctor`'s exit status when something blocks VM starts.
+pub const EXIT_BLOCKED: u8 = 4;
+
 impl Report {
-    /// 0: nothing wrong; 1: warnings only; 2: something blocks VM starts.
+    /// 0: nothing wrong; [`EXIT_WARNINGS`] (3): warnings only; [`EXIT_BLOCKED`] (4): something
+    /// blocks VM starts. Neither collides with 1 (the command failed) or 2 (usage error).
     pub fn exit_code(&self) -> u8 {
         match self.status {
             Severity::Ok | Severity::Info => 0,
-            Severity::Warning => 1,
-            Severity::Blocking => 2,
+            Severity::Warning => EXIT_WARNINGS,
+            Severity::Blocking => EXIT_BLOCKED,
         }
     }
 }
@@ -253,9 +261,9 @@ mod tests {
         };
         assert_eq!(r.exit_code(), 0);
         r.status = Severity::Warning;
-        assert_eq!(r.exit_code(), 1);
+        assert_eq!(r.exit_code(), 3);
         r.status = Severity::Blocking;
-        assert_eq!(r.exit_code(), 2);
+        assert_eq!(r.exit_code(), 4);
         assert!(render(&r).contains("blocked"));
     }
 }

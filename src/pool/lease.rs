@@ -226,12 +226,13 @@ impl Pool {
                     st = self.lock();
                 }
                 Choice::Refuse { available } => {
+                    self.note_refused(v.node, v.page_size, v.size, available);
                     break Err(PoolError::Insufficient {
                         size: v.size,
                         page_size: v.page_size,
                         node: v.node,
                         available,
-                    })
+                    });
                 }
                 Choice::Wait { for_faults } => {
                     if for_faults && !waiting {

@@ -74,6 +74,7 @@ pub use idempotency::{Idempotency, MAX_IDEMPOTENCY_KEY};
 pub use record::{file_key, FileRecord, FileState, LeaseInfo, LeaseRecord, LeaseSource};
 pub use recover::RecoveryReport;
 pub use request::{check_name, LeaseRequest, ValidRequest, MAX_NAME};
+pub use shortfall::{RefusedLease, REFUSAL_RECENT};
 pub use status::{KindStatus, PoolStatus};
 pub use targets::{TargetsError, TargetsReport, TargetsSource};
 
@@ -187,6 +188,8 @@ pub struct Pool {
     /// Held while a pool is raised and while a drain gives pages back, so that a raise
     /// decided before a drain never lands after it.
     reserve_gate: Mutex<()>,
+    /// Leases refused for want of memory: the last one and why ([`shortfall`]).
+    refusals: shortfall::Refusals,
     /// Bytes faulted since start.
     counters: counters::Counters,
     /// The kernel's free pages, read from counters kept open.
@@ -304,6 +307,7 @@ impl Pool {
             },
             reservations,
             reserve_gate: Mutex::new(()),
+            refusals: shortfall::Refusals::default(),
             counters: counters::Counters::default(),
             supply,
             pins: Mutex::new(BTreeMap::new()),
@@ -470,6 +474,17 @@ impl Pool {
     /// How released leases are proven (see [`reach::Method`]).
     pub fn proof_method(&self) -> reach::Method {
         self.reach.method()
+    }
+
+    /// Why every release takes the kernel's path, when one thing makes them all do so (see
+    /// [`reach::Reach::fallback`]).
+    pub fn proof_fallback(&self) -> Option<String> {
+        self.reach.fallback()
+    }
+
+    /// Compactions of node memory made for raises of the kernel's pools, since start.
+    pub fn compaction_counts(&self) -> reserve::CompactionCounts {
+        self.reservations.compaction_counts()
     }
 
     /// How long the open watch's reader has been stalled, if it is (see

@@ -2,12 +2,94 @@
 //! limits, recorded in the ledger of [`super::reserve`]) or say why, once, in the log, the
 //! status and the metrics.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
 
 use super::{kernel, reserve, Pool, PoolMount, State};
 use crate::page_size::PageSize;
 use crate::units::format_bytes;
+
+/// The last lease the pool refused for want of memory (a 422 `size` error): `GET /v1/pool`
+/// shows it, `/health` and `hugeprep doctor` warn while it is recent ([`REFUSAL_RECENT`]).
+/// No name or owner: the pool's status is every client's to read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedLease {
+    /// When, in seconds since the Unix epoch.
+    pub at_unix: u64,
+    /// Node.
+    pub node: u32,
+    /// Page size.
+    pub page_size: PageSize,
+    /// Bytes asked for.
+    pub size: u64,
+    /// Bytes the node could supply.
+    pub available: u64,
+    /// Why the kernel's pool could not be raised for it, when a raise was tried or ruled out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl RefusedLease {
+    /// Seconds since it was refused (0 for a clock set back).
+    pub fn age_s(&self) -> u64 {
+        unix_now().saturating_sub(self.at_unix)
+    }
+
+    /// Whether it was refused within [`REFUSAL_RECENT`].
+    pub fn is_recent(&self) -> bool {
+        self.age_s() < REFUSAL_RECENT.as_secs()
+    }
+
+    /// One line: what was refused, when, and why.
+    pub fn describe(&self) -> String {
+        format!(
+            "a lease of {} of {} pages on node {} was refused {} s ago ({} could be supplied){}",
+            format_bytes(self.size),
+            self.page_size,
+            self.node,
+            self.age_s(),
+            format_bytes(self.available),
+            self.reason
+                .as_deref()
+                .map_or_else(String::new, |r| format!(": {r}"))
+        )
+    }
+}
+
+/// How long a refused lease counts as recent for `/health` and `doctor`.
+pub const REFUSAL_RECENT: Duration = Duration::from_secs(15 * 60);
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Refused leases: the last one, and why the last raise for a lease of each kind fell short.
+#[derive(Debug, Default)]
+pub(super) struct Refusals {
+    last: Mutex<Option<RefusedLease>>,
+    why: Mutex<BTreeMap<(u32, PageSize), String>>,
+}
+
+impl Refusals {
+    fn set_why(&self, node: u32, ps: PageSize, why: Option<String>) {
+        let mut map = self.why.lock().unwrap_or_else(|e| e.into_inner());
+        match why {
+            Some(w) => map.insert((node, ps), w),
+            None => map.remove(&(node, ps)),
+        };
+    }
+
+    /// The last refused lease.
+    pub(super) fn last(&self) -> Option<RefusedLease> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
 
 /// How long the worker waits before raising a kernel pool again after the kernel or a limit
 /// gave fewer pages than the target needs (each try may compact memory).
@@ -67,13 +149,16 @@ impl Pool {
         let (pages, limit) =
             reserve::plan(short, ps, &self.policy().reserve, added_on_node, available);
         let pull_in = reserve::pull_in_bytes(&self.policy().reserve, available);
+        // As for a lease: while the kernel falls short, compact the node's memory and ask
+        // again (bounded), before the target waits out its back-off.
         let raised = if pages > 0 {
-            self.reservations.raise(node, ps, pages, pull_in)
+            self.reservations.raise_compacting(node, ps, pages, pull_in)
         } else {
             Ok(reserve::Raise {
                 asked: 0,
                 added: 0,
                 pulled_in: None,
+                compactions: 0,
             })
         };
         let mut st = self.lock();
@@ -130,12 +215,23 @@ impl Pool {
     ) -> u64 {
         let policy = self.policy();
         let pages = short.div_ceil(ps.bytes());
-        if !policy.reserve.enabled || pages == 0 {
+        if pages == 0 {
+            return 0;
+        }
+        if !policy.reserve.enabled {
+            let why = reserve::Limit::Disabled.explain(node, ps, pages);
+            self.refusals.set_why(node, ps, Some(why));
             return 0;
         }
         // A mount's size limit that leaves less than the lease lacks: more kernel pages
         // would not be usable.
-        if kernel::mount_free_pages(mount).is_some_and(|free| free < pages) {
+        if let Some(free) = kernel::mount_free_pages(mount).filter(|free| *free < pages) {
+            let why = format!(
+                "mount {} is full: its size limit leaves {} free (remount it larger)",
+                mount.display(),
+                format_bytes(free * ps.bytes())
+            );
+            self.refusals.set_why(node, ps, Some(why));
             return 0;
         }
         let _gate = self.reserve_gate.lock().unwrap_or_else(|e| e.into_inner());
@@ -150,16 +246,27 @@ impl Pool {
             if let Some(l) = limit {
                 let reason = l.explain(node, ps, pages - asked);
                 tracing::warn!(node, page_size = %ps, "a lease cannot be served: {reason}");
+                self.refusals.set_why(node, ps, Some(reason));
             }
             return 0;
         }
         // As the reserve job: gigantic pages the kernel falls short of pull memory in once.
+        // Then, while the kernel falls short, compact the node's memory and ask again, within
+        // a bounded time, before the lease is refused.
         let pull_in = reserve::pull_in_bytes(&policy.reserve, available);
-        let added = match self.reservations.raise(node, ps, asked, pull_in) {
-            Ok(r) => r.added,
+        let (added, compactions) = match self
+            .reservations
+            .raise_compacting(node, ps, asked, pull_in)
+        {
+            Ok(r) => (r.added, r.compactions),
             Err(err) => {
                 tracing::warn!(node, page_size = %ps, %err, "raising the kernel's hugepage pool for a lease failed");
-                0
+                self.refusals.set_why(
+                    node,
+                    ps,
+                    Some(format!("raising the kernel's pool failed: {err}")),
+                );
+                return 0;
             }
         };
         if added > 0 {
@@ -172,13 +279,37 @@ impl Pool {
         if added < pages {
             // Those it added stay recorded (`drain --release-pools` gives them back), as
             // for a target.
-            tracing::warn!(
-                node, page_size = %ps,
-                "a lease cannot be served: kernel pool short by {} {ps} pages on node {node}; the kernel added {added} of the {asked} pages asked (memory short or fragmented)",
+            let why = format!(
+                "kernel pool short by {} {ps} pages on node {node}; the kernel added {added} of \
+                 the {asked} pages asked after {compactions} compaction(s) of the node's memory \
+                 (memory short or fragmented)",
                 pages - added
             );
+            tracing::warn!(node, page_size = %ps, "a lease cannot be served: {why}");
+            self.refusals.set_why(node, ps, Some(why));
+        } else {
+            self.refusals.set_why(node, ps, None);
         }
         added
+    }
+
+    /// A lease of `size` bytes was refused: only `available` could be supplied. Remembered
+    /// with why the last raise for its kind fell short, for `/health` and `doctor`.
+    pub(super) fn note_refused(&self, node: u32, ps: PageSize, size: u64, available: u64) {
+        let reason = self
+            .refusals
+            .why
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(node, ps));
+        *self.refusals.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(RefusedLease {
+            at_unix: unix_now(),
+            node,
+            page_size: ps,
+            size,
+            available,
+            reason,
+        });
     }
 
     /// Records why a kind's target is not met (`None`: it is met) and says so in the log once,

@@ -66,6 +66,13 @@ pub struct PoolStatus {
     /// back).
     #[serde(default)]
     pub counters: super::CounterSnapshot,
+    /// The last lease refused for want of memory, if any since start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_refused_lease: Option<super::RefusedLease>,
+    /// Why every release takes the kernel's path, when one thing makes them all do so (no
+    /// open watch, or the kernel's counts do not match the proof's model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof_fallback: Option<String>,
 }
 
 impl Pool {
@@ -117,6 +124,8 @@ impl Pool {
             clean_start: self.clean_start,
             last_scrub: st.last_scrub.clone(),
             counters: self.counters.snapshot(),
+            last_refused_lease: self.refusals.last(),
+            proof_fallback: self.proof_fallback(),
         }
     }
 }

@@ -195,6 +195,28 @@ pub(super) fn register_counters(reg: &mut Registry, pool: &Pool, status: &PoolSt
         "Seconds spent proving released leases out of reach",
         proof_seconds,
     );
+    let compaction = pool.compaction_counts();
+    for (name, help, n) in [
+        (
+            "pool_compactions",
+            "Compactions of a node's memory the daemon ran because the kernel supplied fewer hugepages than a raise of its pool asked",
+            compaction.compactions,
+        ),
+        (
+            "pool_compaction_added_bytes",
+            "Bytes of hugepages the kernel added after such a compaction (asks a compaction made good)",
+            compaction.bytes_after_compaction,
+        ),
+        (
+            "pool_raise_short_after_compaction",
+            "Raises for a lease still short after every compaction: the lease was refused",
+            compaction.raises_still_short,
+        ),
+    ] {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(n);
+        reg.register(name, help, counter);
+    }
     let unreturned = Counter::<u64>::default();
     unreturned.inc_by(c.unreturned_bytes);
     reg.register(

@@ -189,6 +189,7 @@ impl Reach {
             Err(err) => {
                 tracing::error!(%err, "the kernel's counts of a quiet pool file do not match the release proof's model: every release takes the kernel's path");
                 *model = Model::Differs;
+                *self.model_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
             }
         }
     }

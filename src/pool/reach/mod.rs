@@ -310,6 +310,8 @@ pub struct Reach {
     probe: Option<Probe>,
     /// Whether the kernel's counts of a quiet file match the proof's model.
     model: Mutex<kernel::Model>,
+    /// Why the model check failed, when it did ([`kernel::Model::Differs`]).
+    model_error: Mutex<Option<String>>,
     hierarchies: cgroup::Hierarchies,
     watched: Mutex<Watched>,
     /// Milliseconds after `born` at which the reader thread last finished a turn.
@@ -360,6 +362,7 @@ impl Reach {
             watch,
             probe,
             model: Mutex::new(kernel::Model::Unchecked),
+            model_error: Mutex::new(None),
             hierarchies,
             watched: Mutex::new(Watched::default()),
             beat_ms: AtomicU64::new(0),
@@ -382,6 +385,7 @@ impl Reach {
                     watch: None,
                     probe: None,
                     model: Mutex::new(kernel::Model::Unchecked),
+                    model_error: Mutex::new(None),
                     hierarchies: reach.hierarchies.clone(),
                     watched: Mutex::new(Watched::default()),
                     beat_ms: AtomicU64::new(0),
@@ -398,6 +402,37 @@ impl Reach {
             (Some(_), Some(_)) => Method::KernelCounts,
             (Some(_), None) => Method::ProcWalk,
         }
+    }
+
+    /// Why every release takes the kernel's path, when one thing makes them all do so: no
+    /// open watch (the proof cannot see who opened a file), or the kernel's counts of a quiet
+    /// pool file do not match the proof's model. `None` while releases can be proven (each
+    /// release that is not, for its own reason, is counted in the metrics instead).
+    pub fn fallback(&self) -> Option<String> {
+        if self.watch.is_none() {
+            return Some(
+                "no open watch (fanotify needs CAP_SYS_ADMIN and a kernel with \
+                 CONFIG_FANOTIFY_ACCESS_PERMISSIONS): every release takes the kernel's path \
+                 (safe; the memory is faulted anew instead of scrubbed in place)"
+                    .into(),
+            );
+        }
+        let model = *self.model.lock().unwrap_or_else(|e| e.into_inner());
+        (model == kernel::Model::Differs).then(|| {
+            let why = self
+                .model_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_default();
+            format!(
+                "the kernel's counts of a quiet pool file do not match the release proof's \
+                 model ({why}): every release takes the kernel's path (safe; the memory is \
+                 faulted anew instead of scrubbed in place). Report it with the kernel \
+                 version; HUGEPREP_REACH=walk in the unit's environment proves by walking /proc \
+                 instead"
+            )
+        })
     }
 
     /// The reader thread finished a turn.
