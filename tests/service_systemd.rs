@@ -269,10 +269,12 @@ fn package_under_real_systemd() {
     c.ok(&["test", "!", "-e", "/etc/hugeprep"]);
     c.ok(&["test", "!", "-e", "/var/lib/hugeprep"]);
     let left = c.sh(
-        "ls /etc/systemd/system/*/hugeprep* /etc/systemd/system/hugeprep* \
+        "ls -d /etc/systemd/system/*/hugeprep*.service /etc/systemd/system/*/hugeprep*.socket \
+         /etc/systemd/system/*/hugeprep*.timer \
          /var/lib/systemd/deb-systemd-helper-enabled/*hugeprep* \
          /var/lib/systemd/deb-systemd-helper-enabled/*/*hugeprep* \
-         /var/lib/systemd/deb-systemd-helper-masked/*hugeprep* 2>/dev/null",
+         /var/lib/systemd/deb-systemd-helper-masked/*hugeprep* 2>/dev/null; \
+         find /etc/systemd/system -maxdepth 1 -name 'hugeprep*' -lname /dev/null",
     );
     assert!(
         left.stdout.trim().is_empty(),
