@@ -1,7 +1,11 @@
-//! The packages: the .deb passes lintian with no errors; the RPM spec (packaging/rpm) parses
-//! (`rpmspec --parse`), passes rpmlint with no errors, builds (`rpmbuild -bb` in place) and
-//! installs the same files, modes and conffiles as the .deb. rpm on Debian has no
-//! systemd-rpm-macros: tests/packaging/macros.systemd stands in for them. The mandatory access
+//! The packages: the .deb passes lintian with no errors and no licence tag, and ships the
+//! DEP-5 copyright; the RPM (packaging/rpm) builds offline as build systems build it
+//! (`scripts/package-rpm`: source and vendored-crate tarballs, then `rpmbuild -ba` under
+//! `unshare -n`, no network at all), parses (`rpmspec --parse`), passes rpmlint with no
+//! errors and no licence tag, keeps the binary's symbols in its debuginfo package, ships the
+//! licence texts with `%license` and installs the same files, modes and conffiles as the
+//! .deb. rpm on Debian has no systemd-rpm-macros: tests/packaging/macros.systemd stands in
+//! for them. The mandatory access
 //! control snippets the packages ship (packaging/mac) parse with the tools that work without
 //! the LSM: the AppArmor rules inside a profile that includes the distribution's
 //! `abstractions/libvirt-qemu` (`apparmor_parser --skip-kernel-load`), the SELinux module
@@ -57,6 +61,19 @@ fn errors(report: &str) -> Vec<&str> {
     report.lines().filter(|l| l.contains(" E: ")).collect()
 }
 
+/// The lines of a linter's output about the licence or copyright, whatever their level:
+/// lintian's `copyright-*` and `*-license*` tags, rpmlint's `*license*` ones.
+fn licence_tags(report: &str) -> Vec<&str> {
+    report
+        .lines()
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            (l.contains(" e: ") || l.contains(" w: ") || l.contains(" i: ") || l.contains(" p: "))
+                && (l.contains("license") || l.contains("licence") || l.contains("copyright"))
+        })
+        .collect()
+}
+
 #[test]
 fn deb_passes_lintian_without_errors() {
     if !have("lintian", "lintian") {
@@ -74,19 +91,55 @@ fn deb_passes_lintian_without_errors() {
     eprintln!("lintian {}:\n{report}", deb.display());
     let errs = errors(&report);
     assert!(errs.is_empty(), "lintian errors:\n{}", errs.join("\n"));
+    let tags = licence_tags(&report);
+    assert!(
+        tags.is_empty(),
+        "lintian licence tags:\n{}",
+        tags.join("\n")
+    );
+    // The DEP-5 copyright is the one installed, with both licences' texts.
+    let copyright = run(Command::new("sh").arg("-c").arg(format!(
+        "dpkg-deb --fsys-tarfile {} | tar -xOf - ./usr/share/doc/hugeprep/copyright",
+        deb.display()
+    )));
+    assert_eq!(
+        copyright,
+        std::fs::read_to_string(root().join("packaging/debian/copyright")).unwrap()
+    );
+    assert!(copyright
+        .starts_with("Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/"));
+    assert!(copyright.contains("License: Apache-2.0 or BSD-3-Clause"));
+    assert!(copyright.contains("Redistribution and use in source and binary forms"));
 }
 
-/// cargo-deb takes the units of `hugeprep-reserve` from the maintainer-scripts directory (it
-/// would pick up `hugeprep.socket` from `service/` as `hugeprep-reserve.socket`): the copy
-/// there must stay the unit in `service/`.
+/// The licence texts of the source are the two licences Cargo.toml names.
 #[test]
-fn deb_reserve_unit_is_the_one_in_service() {
+fn licence_texts_are_present() {
+    let read =
+        |p: &str| std::fs::read_to_string(root().join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    assert!(read("Cargo.toml").contains("license = \"Apache-2.0 OR BSD-3-Clause\""));
+    assert!(read("LICENSE-APACHE")
+        .contains("Apache License\n                           Version 2.0, January 2004"));
+    assert!(read("LICENSE-BSD-3-Clause").contains("Neither the name of the copyright holder"));
+}
+
+/// cargo-deb takes the units of `hugeprep-reserve` and of the reconcile timer from the
+/// maintainer-scripts directory (it would pick up `hugeprep.socket` from `service/` as
+/// `hugeprep-reserve.socket`): what is there must stay the units in `service/`.
+#[test]
+fn deb_reserve_and_reconcile_units_are_the_ones_in_service() {
     let read = |p: &str| std::fs::read_to_string(root().join(p)).unwrap();
-    assert_eq!(
-        read("packaging/debian/hugeprep-reserve.service"),
-        read("service/hugeprep-reserve.service"),
-        "copy service/hugeprep-reserve.service to packaging/debian/"
-    );
+    for unit in [
+        "hugeprep-reserve.service",
+        "hugeprep-libvirt-reconcile.service",
+        "hugeprep-libvirt-reconcile.timer",
+    ] {
+        assert_eq!(
+            read(&format!("packaging/debian/{unit}")),
+            read(&format!("service/{unit}")),
+            "link service/{unit} from packaging/debian/"
+        );
+    }
 }
 
 /// Runs `cmd`; its status and both outputs.
@@ -247,53 +300,123 @@ fn have_file(what: &str, path: &str, package: &str) -> bool {
 }
 
 #[test]
-fn rpm_spec_parses_lints_and_installs_the_files_of_the_deb() {
-    if !have("rpmspec", "rpm") || !have("rpmbuild", "rpm") || !have("rpmlint", "rpmlint") {
+fn rpm_builds_offline_lints_and_installs_the_files_of_the_deb() {
+    if !have("rpmspec", "rpm")
+        || !have("rpmbuild", "rpm")
+        || !have("rpmlint", "rpmlint")
+        || !have("unshare", "util-linux")
+        || !have("find-debuginfo", "debugedit")
+    {
         return;
     }
     let spec = root().join("packaging/rpm/hugeprep.spec");
     let macros = root().join("tests/packaging/macros.systemd");
+    let script = root().join("scripts/package-rpm");
+    // Kept between runs (target/ is the checkout's): the sources are made anew each time,
+    // the cargo target directory lets a second run compile hugeprep only.
+    let out = root().join("target/rpm");
+    let cargo_target = root().join("target/rpm-cargo");
+
+    // The sources: the tree and every crate (this step may use the network or the cache).
+    run(Command::new(&script).arg("sources").arg(&out));
+    let version = "0.1.0";
+    for tarball in [
+        format!("hugeprep-{version}.tar.gz"),
+        format!("hugeprep-{version}-vendor.tar.gz"),
+    ] {
+        assert!(out.join(&tarball).is_file(), "no {tarball}");
+    }
+
     // Parses, with every macro expanded (an unknown one would stay as `%name` in a scriptlet).
     let parsed = run(Command::new("rpmspec")
         .arg("--parse")
         .arg("--load")
         .arg(&macros)
+        .arg("--define")
+        .arg(format!("_sourcedir {}", out.display()))
         .arg(&spec));
-    for left in ["%systemd", "%tmpfiles", "%{_unitdir}", "%{_tmpfilesdir}"] {
+    for left in [
+        "%systemd",
+        "%tmpfiles",
+        "%sysusers",
+        "%{_unitdir}",
+        "%{_tmpfilesdir}",
+    ] {
         assert!(!parsed.contains(left), "{left} not expanded:\n{parsed}");
     }
+    assert!(parsed.contains("groupadd -r kvm"), "{parsed}");
 
-    // Builds from this checkout.
-    let top = std::env::temp_dir().join(format!("hugeprep-rpm-{}", std::process::id()));
-    let _cleanup = RemoveOnDrop(top.clone());
-    run(Command::new("rpmbuild")
-        .current_dir(root())
-        .args(["-bb", "--build-in-place", "--nodeps", "--quiet"])
+    // The build, with no network at all: a network namespace of its own holds only a
+    // loopback that is down.
+    let (offline, text) = try_run(Command::new("unshare").args(["-n", "--", "sh", "-c"]).arg(
+        "! getent ahosts index.crates.io >/dev/null 2>&1 && ! ip -o link show up 2>/dev/null | grep -q .",
+    ));
+    assert!(offline, "unshare -n left a network: {text}");
+    let rpm = run(Command::new("unshare")
+        .args(["-n", "--"])
+        .arg(&script)
+        .arg("build")
+        .arg(&out)
+        .arg("--nodeps")
         .arg("--load")
         .arg(&macros)
         .arg("--define")
-        .arg(format!("_topdir {}", top.display()))
-        .arg(&spec));
-    let rpm = std::fs::read_dir(top.join("RPMS/x86_64"))
+        .arg(format!("cargo_target_dir {}", cargo_target.display())));
+    let rpm = PathBuf::from(rpm.trim());
+    let debuginfo = std::fs::read_dir(rpm.parent().unwrap())
         .unwrap()
-        .next()
-        .expect("rpmbuild wrote no package")
-        .unwrap()
-        .path();
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("hugeprep-debuginfo-"))
+        })
+        .expect("rpmbuild wrote no debuginfo package");
 
-    // Lints (the spec and the package): no errors. The rpmlintrc filters what the distribution
-    // decides (signing, Packager, Group).
-    let out = Command::new("rpmlint")
+    // The symbols are in the debuginfo package, not lost: the binary's .debug file.
+    let debug_files = run(Command::new("rpm").arg("-qlp").arg(&debuginfo));
+    assert!(
+        debug_files
+            .lines()
+            .any(|l| l.starts_with("/usr/lib/debug/usr/bin/hugeprep") && l.ends_with(".debug")),
+        "{debug_files}"
+    );
+    // The licence texts, with %license.
+    let licences = run(Command::new("rpm")
+        .args(["-qp", "--licensefiles"])
+        .arg(&rpm));
+    for name in ["LICENSE-APACHE", "LICENSE-BSD-3-Clause"] {
+        assert!(
+            licences
+                .lines()
+                .any(|l| l.starts_with("/usr/share/licenses/hugeprep")
+                    && l.ends_with(&format!("/{name}"))),
+            "{licences}"
+        );
+    }
+
+    // Lints (the spec and both packages): no errors, no licence tag. The rpmlintrc filters
+    // what the distribution decides (signing, Packager, Group); tests/packaging/rpmlint.toml
+    // gives Debian's rpmlint the licence list Fedora's has.
+    let out_lint = Command::new("rpmlint")
+        .arg("-c")
+        .arg(root().join("tests/packaging/rpmlint.toml"))
         .arg("-r")
         .arg(root().join("packaging/rpm/hugeprep.rpmlintrc"))
         .arg(&spec)
         .arg(&rpm)
+        .arg(&debuginfo)
         .output()
         .unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
+    let report = String::from_utf8_lossy(&out_lint.stdout);
     eprintln!("rpmlint:\n{report}");
     let errs = errors(&report);
     assert!(errs.is_empty(), "rpmlint errors:\n{}", errs.join("\n"));
+    let tags = licence_tags(&report);
+    assert!(
+        tags.is_empty(),
+        "rpmlint licence tags:\n{}",
+        tags.join("\n")
+    );
 
     // The same files with the same modes as the .deb, and the same conffiles.
     let Some(deb) = deb() else {
@@ -312,7 +435,9 @@ fn rpm_spec_parses_lints_and_installs_the_files_of_the_deb() {
     let (deb_set, deb_docs) = files(deb_files);
     assert!(
         deb_set.contains("-rwxr-xr-x /usr/bin/hugeprep")
-            && deb_set.contains("-rw-r--r-- /usr/lib/systemd/system/hugeprep.service"),
+            && deb_set.contains("-rw-r--r-- /usr/lib/systemd/system/hugeprep.service")
+            && deb_set
+                .contains("-rw-r--r-- /usr/lib/systemd/system/hugeprep-libvirt-reconcile.timer"),
         "{deb_set:?}"
     );
     assert_eq!(
@@ -337,12 +462,16 @@ fn rpm_spec_parses_lints_and_installs_the_files_of_the_deb() {
 
 /// Splits `MODE PATH` lines into the installed files (directories and rpm's build-id links
 /// left out; zsh's directory is the distribution's) and the documentation's file names
-/// (Debian adds its copyright and changelog; rpm names the directory with the version).
+/// (Debian adds its copyright and changelog; rpm names the directory with the version and
+/// puts the licence texts in /usr/share/licenses, checked on their own).
 fn files(lines: impl Iterator<Item = String>) -> (BTreeSet<String>, BTreeSet<String>) {
     let mut installed = BTreeSet::new();
     let mut docs = BTreeSet::new();
     for line in lines {
-        if line.starts_with('d') || line.contains("/.build-id/") {
+        if line.starts_with('d')
+            || line.contains("/.build-id/")
+            || line.contains(" /usr/share/licenses/")
+        {
             continue;
         }
         if let Some(rest) = line.split_once(" /usr/share/doc/").map(|(_, r)| r) {

@@ -214,14 +214,20 @@ fn first_install_unprivileged_clients_1g_removal_and_reinstall() {
 
     // Removed: units stopped, the 1G mount gone, the pages the daemon added given back; the
     // hook left in libvirt's directory does nothing (exit 0, nothing on stdout).
-    c.ok(&["dpkg", "-r", "hugeprep"]);
+    // The daemon runs (the reinstall restarted it): prerm drains it before the stop.
+    assert_eq!(c.prop("hugeprep.service", "ActiveState"), "active");
+    let removal = c.run(&["dpkg", "-r", "hugeprep"]);
+    assert!(removal.ok, "{}{}", removal.stdout, removal.stderr);
     c.ok(&["test", "!", "-e", "/usr/bin/hugeprep"]);
     assert_eq!(c.prop("hugeprep.socket", "ActiveState"), "inactive");
     assert!(!c.run(&["mountpoint", "-q", "/dev/hugepages1G"]).ok);
     assert_eq!(
         pools(),
         before,
-        "the pages the daemon added were not given back"
+        "the pages the daemon added were not given back:\n{}{}\n{}",
+        removal.stdout,
+        removal.stderr,
+        c.journal("hugeprep")
     );
     let hook = c.sh("echo '<domain/>' | /etc/libvirt/hooks/qemu.d/hugeprep vm1 prepare begin -");
     assert!(

@@ -69,9 +69,15 @@ fn package_under_real_systemd() {
         "hugeprep.service",
         "hugeprep.socket",
         "hugeprep-reserve.service",
+        "hugeprep-libvirt-reconcile.timer",
     ] {
         assert_eq!(c.prop(unit, "UnitFileState"), "enabled", "{unit}");
     }
+    assert_eq!(
+        c.prop("hugeprep-libvirt-reconcile.timer", "ActiveState"),
+        "active",
+        "postinst starts the reconcile timer"
+    );
     assert_eq!(
         c.prop("hugeprep.socket", "ActiveState"),
         "active",
@@ -199,26 +205,85 @@ fn package_under_real_systemd() {
         sec.stdout.lines().last().unwrap_or("")
     );
 
-    // Removal refuses while a lease lives, even with the daemon stopped (its journal says so).
-    c.ok(&["systemctl", "stop", "hugeprep.socket", "hugeprep.service"]);
+    // The reconcile service, hardened, in this systemd: it runs while the daemon runs, and
+    // skips its run (starting nothing) while the daemon is stopped.
+    c.ok(&["systemctl", "reset-failed", "hugeprep.service"]);
+    c.ok(&["systemctl", "start", "hugeprep.service"]);
+    c.ok(&["systemctl", "start", "hugeprep-libvirt-reconcile.service"]);
+    assert_eq!(
+        c.prop("hugeprep-libvirt-reconcile.service", "Result"),
+        "success",
+        "{}",
+        c.journal("hugeprep-libvirt-reconcile")
+    );
+    assert!(c.ok(&["hugeprep", "status"]).contains("vm-one"));
+
+    // Removal refuses while a lease lives, even with the daemon stopped (its journal says
+    // so), and neither the check nor the drain starts the stopped daemon through its socket.
+    c.ok(&["systemctl", "stop", "hugeprep.service"]);
+    assert_eq!(c.prop("hugeprep.socket", "ActiveState"), "active");
+    c.ok(&["systemctl", "start", "hugeprep-libvirt-reconcile.service"]);
+    assert_eq!(c.prop("hugeprep.service", "ActiveState"), "inactive");
     let r = c.run(&["dpkg", "-r", "hugeprep"]);
     assert!(!r.ok && r.stderr.contains("vm-one"), "{}", r.stderr);
-    c.ok(&["systemctl", "start", "hugeprep.socket"]);
+    assert_eq!(
+        c.prop("hugeprep.service", "ActiveState"),
+        "inactive",
+        "the refused removal started the daemon"
+    );
+    // The refusal leaves the package installed and, once dpkg has let go of its lock,
+    // selected for installation again (not `ri`).
+    c.wait_for(
+        "test \"$(dpkg-query -W -f '${db:Status-Abbrev}' hugeprep)\" = 'ii '",
+        Duration::from_secs(10),
+        "the refused removal's selection set back to install",
+    );
     c.ok(&["hugeprep", "release", "vm-one"]);
 
-    // dpkg -r leaves the conffiles; dpkg -P leaves nothing.
-    c.ok(&["systemctl", "stop", "hugeprep.socket", "hugeprep.service"]);
-    c.ok(&["dpkg", "-r", "hugeprep"]);
+    // dpkg -r with the daemon running: it drains, stops the units and the timer, and
+    // removes the empty run directory; the conffiles stay. dpkg -P leaves nothing: no
+    // file, no enablement link or mask, no state of deb-systemd-helper.
+    assert_eq!(c.prop("hugeprep.service", "ActiveState"), "active");
+    let r = c.run(&["dpkg", "-r", "hugeprep"]);
+    assert!(r.ok, "{}\n{}", r.stdout, r.stderr);
+    let j = c.journal("hugeprep");
+    assert!(j.contains("drain"), "no drain before the removal:\n{j}");
+    for unit in [
+        "hugeprep.service",
+        "hugeprep.socket",
+        "hugeprep-libvirt-reconcile.timer",
+    ] {
+        assert_eq!(c.prop(unit, "ActiveState"), "inactive", "{unit}");
+    }
+    c.ok(&["test", "!", "-e", "/run/hugeprep"]);
     c.ok(&["test", "-e", CONFIG]);
     c.ok(&["test", "!", "-e", "/usr/bin/hugeprep"]);
     c.ok(&["test", "!", "-e", "/lib/systemd/system/hugeprep.service"]);
+    c.ok(&[
+        "test",
+        "!",
+        "-e",
+        "/lib/systemd/system/hugeprep-libvirt-reconcile.timer",
+    ]);
     c.ok(&["dpkg", "-P", "hugeprep"]);
     c.ok(&["test", "!", "-e", "/etc/hugeprep"]);
     c.ok(&["test", "!", "-e", "/var/lib/hugeprep"]);
-    let left = c.sh("ls /etc/systemd/system/*/hugeprep* 2>/dev/null");
+    let left = c.sh(
+        "ls -d /etc/systemd/system/*/hugeprep*.service /etc/systemd/system/*/hugeprep*.socket \
+         /etc/systemd/system/*/hugeprep*.timer \
+         /var/lib/systemd/deb-systemd-helper-enabled/*hugeprep* \
+         /var/lib/systemd/deb-systemd-helper-enabled/*/*hugeprep* \
+         /var/lib/systemd/deb-systemd-helper-masked/*hugeprep* 2>/dev/null; \
+         find /etc/systemd/system -maxdepth 1 -name 'hugeprep*' -lname /dev/null",
+    );
     assert!(
         left.stdout.trim().is_empty(),
-        "unit links left: {}",
+        "unit links, masks or state left: {}",
         left.stdout
+    );
+    c.ok(&["systemctl", "daemon-reload"]);
+    assert_eq!(
+        c.prop("hugeprep-libvirt-reconcile.timer", "LoadState"),
+        "not-found"
     );
 }

@@ -67,3 +67,71 @@ fn shipped_config_file_is_accepted_by_serve() {
         hugeprep::daemon::config::ConfigFile::load(&path).unwrap_or_else(|e| panic!("{e}"));
     config.pool.expect("[pool] section").validate().unwrap();
 }
+
+/// The exposure `systemd-analyze security --offline=true` may give each shipped service unit
+/// at most (issue 36: the daemon 3.5, the reconcile service 4.5; the reserve service no worse
+/// than it was). Sockets, timers and mounts run no process: the tool scores services only.
+const SCORE_LIMITS: [(&str, f64); 3] = [
+    ("hugeprep.service", 3.5),
+    ("hugeprep-libvirt-reconcile.service", 4.5),
+    ("hugeprep-reserve.service", 3.5),
+];
+
+#[test]
+fn service_units_score_within_their_limits_and_as_documented() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        hugeprep::testing::missing_tool(
+            "systemd-analyze is not installed (scripts/test installs it)",
+        );
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let docs = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
+    let dir = std::env::temp_dir().join(format!("hugeprep-scores-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut report = Vec::new();
+    for (name, limit) in SCORE_LIMITS {
+        let unit = std::fs::read_to_string(root.join("service").join(name)).unwrap();
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            unit.replace("/usr/bin/hugeprep", env!("CARGO_BIN_EXE_hugeprep")),
+        )
+        .unwrap();
+        let out = Command::new("systemd-analyze")
+            .args(["security", "--offline=true", "--no-pager"])
+            .arg(&path)
+            .output()
+            .expect("systemd-analyze runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let prefix = format!("Overall exposure level for {name}: ");
+        let score: f64 = text
+            .lines()
+            .find_map(|l| l.split_once(&prefix).map(|(_, rest)| rest))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no score for {name}:\n{text}\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            });
+        eprintln!("{name}: {score:.1}");
+        assert!(
+            score <= limit,
+            "{name} scores {score:.1}, above its limit {limit}:\n{text}"
+        );
+        let row = format!("| `{name}` | {score:.1} |");
+        assert!(
+            docs.contains(&row),
+            "docs/operations.md (\"Hardening\") does not say {row}"
+        );
+        report.push(row);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    eprintln!("{}", report.join("\n"));
+}

@@ -6,7 +6,9 @@
 //! yet: format 0, read as format 1), and releasing it after the guest stops scrubs it: the
 //! next lease of those pages reads zeros, and the pool and the kernel's pages add up exactly.
 //! A state directory of a format newer than the build is refused at start with a clear error
-//! in the journal, leases kept, and read again by a build that knows it.
+//! in the journal, leases kept, and read again by a build that knows it. Through the upgrade,
+//! and through a reinstall that restarts the new daemon, a client calls the API every 50 ms
+//! and no call fails: postinst restarts the service under its listening socket.
 
 #[path = "systemd_util/mod.rs"]
 mod systemd_util;
@@ -35,6 +37,36 @@ fn old_package() -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Starts a client inside that calls `GET /v1/version` every 50 ms (curl: the same client
+/// before, during and after the upgrade) and logs each call's outcome.
+fn start_poller(c: &Container) {
+    c.ok(&["rm", "-f", "/tmp/poll.log", "/tmp/poll.stop"]);
+    let r = c.sh("setsid sh -c 'while [ ! -e /tmp/poll.stop ]; do \
+           if out=$(curl -sS -f --max-time 30 --unix-socket /run/hugeprep/hugeprep.sock \
+                 http://localhost/v1/version 2>&1 >/dev/null); then echo ok; \
+           else echo \"failed $(date +%T.%N): $out\"; fi; \
+           sleep 0.05; done; echo end' </dev/null >/tmp/poll.log 2>&1 &");
+    assert!(r.ok, "{}", r.stderr);
+}
+
+/// Stops the poller; the number of calls that worked and the failures' lines.
+fn stop_poller(c: &Container) -> (usize, Vec<String>) {
+    c.ok(&["touch", "/tmp/poll.stop"]);
+    c.wait_for(
+        "grep -q '^end$' /tmp/poll.log",
+        Duration::from_secs(40),
+        "the poller ends",
+    );
+    let log = c.ok(&["cat", "/tmp/poll.log"]);
+    let ok = log.lines().filter(|l| *l == "ok").count();
+    let failed = log
+        .lines()
+        .filter(|l| l.starts_with("failed"))
+        .map(str::to_string)
+        .collect();
+    (ok, failed)
 }
 
 fn json(text: &str) -> serde_json::Value {
@@ -151,9 +183,22 @@ fn upgrade_from_an_earlier_build_with_a_guest_running() {
     let marker = "guest-memory-A!";
     assert!(poke(&c, &path, marker).ok);
 
-    // The upgrade: the new files, the daemon restarted under the running guest.
+    // The upgrade: the new files, the daemon restarted under the running guest, and a
+    // client calling all along.
     let before = c.prop("hugeprep.service", "MainPID");
+    start_poller(&c);
+    std::thread::sleep(Duration::from_millis(500));
     c.upgrade(&deb);
+    std::thread::sleep(Duration::from_millis(500));
+    let (ok, failed) = stop_poller(&c);
+    eprintln!("upgrade: {ok} calls answered, {} failed", failed.len());
+    assert!(
+        failed.is_empty(),
+        "calls failed during the upgrade ({ok} answered):\n{}\n{}",
+        failed.join("\n"),
+        c.journal("hugeprep")
+    );
+    assert!(ok >= 10, "only {ok} calls during the upgrade");
     let version = c.ok(&["dpkg-query", "-W", "-f", "${Version}", "hugeprep"]);
     assert_eq!(version, "0.1.0-1");
     assert_ne!(
@@ -176,6 +221,28 @@ fn upgrade_from_an_earlier_build_with_a_guest_running() {
     assert!(maps(&c, &pid, &path), "the guest no longer maps its lease");
     let read = poke(&c, &path, "");
     assert_eq!(read.stdout, hex(marker), "the guest's memory changed");
+
+    // A reinstall of the same package restarts the new daemon (postinst's try-restart): no
+    // call fails either, though this daemon answers 503 to connections it cannot serve at
+    // stop when the socket is its own; systemd's socket keeps them queued for the next one.
+    let before = c.prop("hugeprep.service", "MainPID");
+    start_poller(&c);
+    std::thread::sleep(Duration::from_millis(500));
+    c.upgrade(&deb);
+    std::thread::sleep(Duration::from_millis(500));
+    let (ok, failed) = stop_poller(&c);
+    eprintln!("reinstall: {ok} calls answered, {} failed", failed.len());
+    assert!(
+        failed.is_empty(),
+        "calls failed during the reinstall ({ok} answered):\n{}",
+        failed.join("\n")
+    );
+    assert_ne!(
+        c.prop("hugeprep.service", "MainPID"),
+        before,
+        "not restarted"
+    );
+    assert_eq!(leases(&c).len(), 1);
 
     // A format this build does not know: refused at start, with the reason, nothing lost.
     c.ok(&["sh", "-c", "echo 2 >/var/lib/hugeprep/format"]);

@@ -392,9 +392,13 @@ fn unavailable_response(why: &str) -> Vec<u8> {
 }
 
 /// Serves the unix socket until `stop`, each connection through the gate; then waits for
-/// the connections to finish.
+/// the connections to finish. A connection that arrives meanwhile is answered 503 with
+/// `Retry-After`, unless the socket is systemd's (`activated`): then it stays queued on the
+/// socket, which systemd keeps listening, and the next daemon (a restart, an upgrade)
+/// serves it, so a client that does not retry sees no failure.
 pub async fn serve_unix(
     listener: UnixListener,
+    activated: bool,
     app: Router,
     limits: Limits,
     gate: Arc<Gate<u32>>,
@@ -436,6 +440,11 @@ pub async fn serve_unix(
         });
     }
     drop(done_tx);
+    if activated {
+        // systemd holds the listening socket too: what queues now is the next daemon's.
+        let _ = done_rx.recv().await;
+        return Ok(());
+    }
     // Until the connections in flight are done the socket stays bound: a client that comes
     // now is told to retry (the daemon is stopping, most often for a restart) instead of
     // waiting in the backlog for a close.

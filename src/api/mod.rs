@@ -49,9 +49,11 @@ use std::future::Future;
 
 /// Serves the API on the unix socket `listener` and, when given, the TLS listener `tls`,
 /// every request checked against `access`, every connection within `limits`, until
-/// `shutdown` completes; then waits for requests in flight.
+/// `shutdown` completes; then waits for requests in flight. `activated`: systemd passed
+/// `listener` and keeps it listening across a restart (see [`limits::serve_unix`]).
 pub async fn serve(
     listener: tokio::net::UnixListener,
+    activated: bool,
     tls: Option<tls::TlsListener>,
     state: ApiState,
     access: std::sync::Arc<access::Access>,
@@ -81,7 +83,14 @@ pub async fn serve(
         limits.unix_per_uid,
         limits.unix_root_reserve,
     );
-    let unix = limits::serve_unix(listener, app.clone(), limits, gate, stop_rx.clone());
+    let unix = limits::serve_unix(
+        listener,
+        activated,
+        app.clone(),
+        limits,
+        gate,
+        stop_rx.clone(),
+    );
     match tls {
         None => unix.await,
         Some(tls) => {

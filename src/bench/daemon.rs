@@ -104,9 +104,17 @@ impl BenchDaemon {
             None,
         ));
         let limits = api::limits::Limits::for_process();
-        let server = runtime.spawn(api::serve(listener, None, state, access, limits, async {
-            let _ = stopped.await;
-        }));
+        let server = runtime.spawn(api::serve(
+            listener,
+            false,
+            None,
+            state,
+            access,
+            limits,
+            async {
+                let _ = stopped.await;
+            },
+        ));
         Ok(BenchDaemon {
             pool,
             worker: Some(worker),

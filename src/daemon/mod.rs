@@ -296,7 +296,16 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
     };
     let activated = api_socket.activated;
     let limits = api::limits::Limits::for_process();
-    let served = api::serve(api_socket.listener, tls, state, access, limits, shutdown).await;
+    let served = api::serve(
+        api_socket.listener,
+        activated,
+        tls,
+        state,
+        access,
+        limits,
+        shutdown,
+    )
+    .await;
     let _ = monitor_stop.send(true);
     if let Some(p) = placement {
         p.stop();
