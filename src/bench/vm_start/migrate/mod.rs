@@ -361,8 +361,11 @@ fn wait_migrated(src: &mut QemuVm) -> Result<serde_json::Value> {
     let deadline = Instant::now() + LIMIT;
     loop {
         let info = src.execute("query-migrate")?;
+        // QEMU 7.2 says `completed` a moment before it has filled in the times (a run
+        // here read total-time 0 once): ask again until they are there.
+        let timed = info.get("total-time").and_then(|t| t.as_u64()).unwrap_or(0) > 0;
         match info.get("status").and_then(|s| s.as_str()) {
-            Some("completed") => return Ok(info),
+            Some("completed") if timed || Instant::now() > deadline => return Ok(info),
             Some("failed") | Some("cancelled") => {
                 return Err(VmStartBenchError::Invalid {
                     field: "migrate",
