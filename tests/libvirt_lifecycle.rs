@@ -11,7 +11,9 @@ mod libvirt_util;
 use std::time::Duration;
 
 use daemon_util::{map_lease, MIB};
-use libvirt_util::{domain_xml, hook_running, inode, tools_present, wait_until, Lab};
+use libvirt_util::{
+    domain_xml, files_holding, hook_running, inode, tools_present, wait_until, Lab,
+};
 
 const PATTERN: &[u8] = b"hugeprep-lifecycle-pattern";
 const AT: usize = 8 << 20;
@@ -26,8 +28,10 @@ fn read_at(lease: &hugeprep::pool::LeaseInfo, offset: usize, len: usize) -> Vec<
     r.as_slice()[offset..offset + len].to_vec()
 }
 
-/// The domain's one lease, mapped by its QEMU (pc.ram).
+/// The domain's one lease, mapped by its QEMU (pc.ram), which runs as the package's user
+/// (the lab's qemu.conf is the package's) and owns the lease.
 fn mapped_lease(lab: &Lab, uuid: &str) -> hugeprep::pool::LeaseInfo {
+    lab.assert_qemu_owns(uuid, lab.qemu_uid);
     let leases = lab.leases_of(uuid);
     assert_eq!(leases.len(), 1, "{leases:?}");
     assert_eq!(
@@ -36,6 +40,17 @@ fn mapped_lease(lab: &Lab, uuid: &str) -> hugeprep::pool::LeaseInfo {
         "QEMU maps other files than the lease"
     );
     leases.into_iter().next().unwrap_or_else(|| unreachable!())
+}
+
+/// 0 bytes of the guest's pattern in any file of the daemon but `lease`.
+fn assert_pattern_only_in(lab: &Lab, lease: &hugeprep::pool::LeaseInfo) {
+    let holding = files_holding(&[lab.env.pool_dir(), lab.env.lease_dir()], PATTERN);
+    // The lease's own names (the daemon's pool file and its link) share its inode.
+    let mine = inode(&lease.path);
+    assert!(
+        holding.iter().all(|p| inode(p) == mine),
+        "the guest's pattern is in {holding:?}"
+    );
 }
 
 fn virsh(lab: &Lab, args: &[&str]) -> String {
@@ -98,6 +113,7 @@ fn save_restore_and_managedsave_carry_the_memory_into_new_leases() {
     );
     assert_eq!(read_at(&after, AT, PATTERN.len()), PATTERN);
     assert_eq!(lab.guest_bytes(&uuid, AT as u64, PATTERN.len()), PATTERN);
+    assert_pattern_only_in(&lab, &after);
     lab.destroy(&uuid);
     std::fs::remove_file(&image).unwrap();
     lab.assert_clean();
@@ -118,6 +134,7 @@ fn save_restore_and_managedsave_carry_the_memory_into_new_leases() {
     assert_ne!(after.id, before.id);
     assert_eq!(read_at(&after, AT, PATTERN.len()), PATTERN);
     assert_eq!(lab.guest_bytes(&uuid, AT as u64, PATTERN.len()), PATTERN);
+    assert_pattern_only_in(&lab, &after);
     lab.destroy(&uuid);
     virsh(&lab, &["undefine", "--managed-save", &uuid]);
     lab.assert_clean();
@@ -248,5 +265,87 @@ fn destroy_during_another_start_hook_and_libvirtd_restart_mid_start() {
     // Leases of a start libvirt forgot are released by reconciliation (a timer in
     // production; stale_after_s = 0 here).
     lab.reconcile();
+    lab.assert_clean();
+}
+
+/// `virsh attach-device --live` of a DIMM runs no hook: `hugeprep libvirt-attach` leases it
+/// beforehand and links it where libvirt points QEMU's backend (the device's user alias in
+/// the per-domain directory); QEMU, unprivileged, maps the lease and the guest sees its bytes
+/// at the DIMM's address; `release end` gives it back with the domain's other lease.
+#[test]
+fn attach_device_of_a_dimm_maps_a_lease_placed_beforehand() {
+    if !tools_present() {
+        return;
+    }
+    let mut lab = Lab::new("libvirt-attach", 256 * MIB, 64 * MIB);
+    let uuid = lab.uuid();
+    let extra = "<maxMemory slots='2' unit='MiB'>256</maxMemory><features><acpi/></features>";
+    lab.start(&domain_xml("attached", &uuid, 1, true, extra));
+    let attach = |alias: &str, size: &str| {
+        let live = virsh(&lab, &["dumpxml", &uuid]);
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hugeprep"))
+            .args(["libvirt-attach", alias, size, "--config"])
+            .arg(&lab.config_path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), live.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    // Bad input: refused with the field named, nothing taken.
+    for (alias, size, says) in [
+        ("dimm0", "32M", "user alias"),
+        ("ua-a/b", "32M", "user alias"),
+        ("ua-hp0", "3M", "whole number"),
+    ] {
+        let out = attach(alias, size);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{alias}: {err}"
+        );
+    }
+    assert_eq!(lab.leases_of(&uuid).len(), 1);
+
+    let out = attach("ua-hp0", "32M");
+    assert!(out.status.success(), "{out:?}");
+    let device = String::from_utf8(out.stdout).unwrap();
+    assert!(device.contains("<alias name='ua-hp0'/>"), "{device}");
+    let again = attach("ua-hp0", "32M");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already"),
+        "{again:?}"
+    );
+    let dimm = lab
+        .leases_of(&uuid)
+        .into_iter()
+        .find(|l| l.name.ends_with("-ua-hp0"))
+        .unwrap();
+    write_at(&dimm, MIB as usize, PATTERN);
+    let file = lab.env.dir.join("dimm.xml");
+    std::fs::write(&file, &device).unwrap();
+    virsh(
+        &lab,
+        &["attach-device", &uuid, file.to_str().unwrap(), "--live"],
+    );
+    let maps = lab.qemu_backing_maps(&uuid);
+    assert!(
+        maps.contains(&("ua-hp0".to_string(), inode(&dimm.path))),
+        "QEMU does not map the DIMM's lease: {maps:?}"
+    );
+    assert_eq!(lab.qemu_ids(&uuid).0, lab.qemu_uid);
+    // Hot-plugged DIMMs start at 4 GiB of guest-physical space.
+    assert_eq!(
+        lab.guest_bytes(&uuid, (4u64 << 30) + MIB, PATTERN.len()),
+        PATTERN
+    );
+    lab.destroy(&uuid);
+    assert!(wait_until(
+        "the domain's leases released",
+        Duration::from_secs(20),
+        || lab.leases_of(&uuid).is_empty()
+    ));
     lab.assert_clean();
 }

@@ -16,8 +16,9 @@ use hugeprep::PageSize;
 #[derive(Debug, clap::Args)]
 pub struct BenchVmStartArgs {
     /// Guest memory sizes, comma-separated (a size needing more hugepages than the machine
-    /// can spare is skipped and listed).
-    #[arg(long, value_delimiter = ',', value_parser = parse_bytes, default_value = "1G,4G,8G")]
+    /// can spare is skipped and listed). Default: 1G,4G,8G; with --migrate or --hotplug,
+    /// 4 GiB on 2M pages and 8 GiB on 1G pages.
+    #[arg(long, value_delimiter = ',', value_parser = parse_bytes)]
     pub sizes: Vec<u64>,
     /// Page sizes, comma-separated: every case runs on each, side by side in the same
     /// repetitions (a page size the machine cannot supply for a size is skipped and listed).
@@ -60,6 +61,16 @@ pub struct BenchVmStartArgs {
     /// held-back runs).
     #[arg(long, requires = "concurrent")]
     pub storm_refill: bool,
+    /// Incoming live migration instead of starts: a running source QEMU migrates over a unix
+    /// socket into a destination started `-incoming defer` on a warm lease, with
+    /// `prealloc=on`, and with no preallocation (the floor), side by side.
+    #[arg(long, conflicts_with = "concurrent")]
+    pub migrate: bool,
+    /// Memory hot-plug instead of starts: plug a warm lease into a paused QEMU as a pc-dimm
+    /// (what `hugeprep hotplug-args` prints), beside a pc-dimm with `prealloc=on`, one
+    /// without preallocation (the floor) and a lease as a virtio-mem-pci.
+    #[arg(long, conflicts_with_all = ["concurrent", "migrate"])]
+    pub hotplug: bool,
     /// Write a chart (seconds to ready against memory size) to FILE as SVG.
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
@@ -80,8 +91,13 @@ pub fn run(args: BenchVmStartArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| hugeprep::sys::affinity::allowed_cpus().len().max(1));
     // Borrowed pool pages and timings must not be disturbed by tests or other benchmarks.
     let _lock = hugeprep::hugetlb::lock::HugepageLock::acquire()?;
+    let sizes = if args.sizes.is_empty() {
+        vec![1 << 30, 4 << 30, 8 << 30]
+    } else {
+        args.sizes.clone()
+    };
     let cfg = VmStartBenchConfig {
-        sizes: args.sizes.clone(),
+        sizes,
         page_sizes: if args.page_size.is_empty() {
             hugeprep::hugetlb::pool::page_sizes()
         } else {
@@ -110,6 +126,18 @@ pub fn run(args: BenchVmStartArgs) -> anyhow::Result<()> {
     if !args.concurrent.is_empty() {
         let size = args.sizes.first().copied().unwrap_or(1 << 30);
         let report = vm_start::storm::run(&cfg, &args.concurrent, size, args.storm_refill, &log)?;
+        drop(progress);
+        return args.output.emit(&report, || report.table());
+    }
+    if args.hotplug {
+        let pairs = vm_start::migrate::default_pairs(&args.sizes, &cfg.page_sizes);
+        let report = vm_start::hotplug::run(&cfg, &pairs, &log)?;
+        drop(progress);
+        return args.output.emit(&report, || report.table());
+    }
+    if args.migrate {
+        let pairs = vm_start::migrate::default_pairs(&args.sizes, &cfg.page_sizes);
+        let report = vm_start::migrate::run(&cfg, &pairs, &log)?;
         drop(progress);
         return args.output.emit(&report, || report.table());
     }

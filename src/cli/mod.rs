@@ -14,8 +14,10 @@ mod completions;
 mod cpu;
 mod doctor;
 mod drain;
+mod hotplug_args;
 mod lease;
 mod libvirt_adopt;
+mod libvirt_attach;
 mod libvirt_hook;
 mod manpage;
 mod mount;
@@ -73,6 +75,8 @@ pub enum Command {
     QemuArgs(qemu_args::QemuArgsArgs),
     /// libvirt's QEMU hook: gives file-backed domains their memory from the pool.
     LibvirtHook(libvirt_hook::LibvirtHookArgs),
+    /// Lease a DIMM for `virsh attach-device` into a running domain the hook serves.
+    LibvirtAttach(libvirt_attach::LibvirtAttachArgs),
     /// Rewrite `<hugepages>` domains into file-backed shared memory the hook serves.
     LibvirtAdopt(libvirt_adopt::LibvirtAdoptArgs),
     /// Ask the daemon to delete its warm files and give memory back to the kernel.
@@ -83,6 +87,8 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// cloud-hypervisor memory arguments (or vm.create JSON) for leases.
     ChArgs(ch_args::ChArgsArgs),
+    /// Lease memory for a running QEMU and print the QMP commands that hot-plug it.
+    HotplugArgs(hotplug_args::HotplugArgsArgs),
     /// Raise the per-node hugepage pools to the configured warm targets (boot-time service).
     Reserve(reserve::ReserveArgs),
     /// Show, set or clear the daemon's warm targets (persisted; they win over the config file).
@@ -205,6 +211,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Mount(args) => mount::run(args),
         Command::QemuArgs(args) => qemu_args::run(args),
         Command::ChArgs(args) => ch_args::run(args),
+        Command::HotplugArgs(args) => hotplug_args::run(args),
+        Command::LibvirtAttach(args) => libvirt_attach::run(args),
         Command::Cpu(args) => cpu::run(args),
         Command::LibvirtHook(args) => libvirt_hook::run(args),
         Command::LibvirtAdopt(args) => libvirt_adopt::run(args),

@@ -11,6 +11,7 @@ pub mod kvm_guest;
 pub mod libvirt;
 pub mod pvh_guest;
 pub mod qemu;
+pub mod qemu_hotplug;
 #[cfg(feature = "vm-memory")]
 pub mod vm_memory;
 

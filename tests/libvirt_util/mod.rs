@@ -383,6 +383,35 @@ pub fn file_is_zero(path: &Path) -> bool {
     }
 }
 
+/// Every regular file under `dirs` whose bytes hold `needle`.
+pub fn files_holding(dirs: &[PathBuf], needle: &[u8]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for dir in dirs {
+        for name in Env::names(dir) {
+            let path = dir.join(&name);
+            if !path.is_file() {
+                continue;
+            }
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap();
+            let len = f.metadata().unwrap().len() as usize;
+            if len == 0 {
+                continue;
+            }
+            let r =
+                hugeprep::sys::mmap::MmapRegion::shared_file(std::os::fd::AsFd::as_fd(&f), 0, len)
+                    .unwrap();
+            if r.as_slice().windows(needle.len()).any(|w| w == needle) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
 /// The inode of a path.
 pub fn inode(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().ino()

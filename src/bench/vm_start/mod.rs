@@ -30,7 +30,9 @@
 
 mod cloud_hypervisor;
 mod holdback;
+pub mod hotplug;
 mod libvirt;
+pub mod migrate;
 mod qemu;
 mod report;
 pub mod storm;

@@ -194,6 +194,95 @@ impl Hook {
         }
     }
 
+    /// Leases `size` bytes for a memory device that `virsh attach-device --live` will add
+    /// to the running domain `d` (its live XML, `virsh dumpxml`) with the user alias
+    /// `alias` (`ua-...`), and links it where libvirt will point QEMU's backend for it:
+    /// `<memory_backing_dir>/libvirt/qemu/<id>-<name>/<alias>`. No hook runs for
+    /// `attach-device`, so this runs before it, out of band. The lease is named like the
+    /// hook's (`libvirt-<uuid>-<alias>`): `release end` gives it back with the domain's
+    /// others. Returns the link.
+    pub fn attach(&self, d: &Domain, alias: &str, size: u64, node: Option<u32>) -> Result<PathBuf> {
+        let bad = |message: String| HookError::Xml {
+            field: "alias".into(),
+            message,
+        };
+        if !alias.starts_with("ua-")
+            || alias.len() > 40
+            || !alias[3..]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
+            || alias.len() == 3
+        {
+            return Err(bad(format!(
+                "{alias:?}: a libvirt user alias is `ua-` and then 1 to 37 letters, digits, `-` or `_`"
+            )));
+        }
+        if let Err(why) = plan::opts_in(d) {
+            return Err(HookError::Plan(format!(
+                "domain {} does not take its memory from hugeprep ({why:?}): its memory devices cannot either",
+                d.name
+            )));
+        }
+        let id = d.id.ok_or_else(|| HookError::Xml {
+            field: "domain id".into(),
+            message: "missing: give the running domain's XML (virsh dumpxml)".into(),
+        })?;
+        let mbd = &self.config.memory_backing_dir;
+        let page_size = crate::hugetlb::hugetlbfs_page_size(mbd)
+            .map_err(|source| HookError::Io {
+                op: "statfs",
+                path: mbd.clone(),
+                source,
+            })?
+            .ok_or_else(|| {
+                HookError::Plan(format!(
+                    "memory_backing_dir {} is not on a hugetlbfs mount",
+                    mbd.display()
+                ))
+            })?;
+        if size == 0 || size % page_size.bytes() != 0 {
+            return Err(HookError::Plan(format!(
+                "size: {size} is not a whole number of {page_size} pages"
+            )));
+        }
+        let name = plan::lease_name(&d.uuid, alias);
+        let existing = self.leases(d)?;
+        if existing.iter().any(|l| l.name == name) {
+            return Err(bad(format!(
+                "{alias:?}: domain {} has a lease {name} already",
+                d.name
+            )));
+        }
+        let qemu = self.qemu_user(d)?;
+        let short = plan::short_name(id, &d.name, self.utf8_locale());
+        let dir = plan::domain_dir(mbd, &short);
+        if !dir.is_dir() {
+            return Err(HookError::Plan(format!(
+                "{}: no such directory: is domain {} running (id {id}) with memory_backing_dir {}?",
+                dir.display(),
+                d.name,
+                mbd.display()
+            )));
+        }
+        let one = Plan {
+            page_size,
+            backends: vec![plan::Backend {
+                alias: alias.to_string(),
+                cell: None,
+                size,
+                node,
+            }],
+        };
+        let mut taken = Taken::default();
+        match self.take(d, &one, &qemu, &dir, &mut taken) {
+            Ok(()) => Ok(dir.join(alias)),
+            Err(e) => {
+                self.undo(taken);
+                Err(e)
+            }
+        }
+    }
+
     fn take(
         &self,
         d: &Domain,
