@@ -171,6 +171,8 @@ mod tests {
             clean_start: true,
             last_scrub: None,
             counters: Default::default(),
+            held_aside_files: 0,
+            held_aside_bytes: 0,
         }
     }
 

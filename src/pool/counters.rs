@@ -23,6 +23,7 @@ pub struct Counters {
     kernel_path: [AtomicU64; Unproven::LABELS.len()],
     failed: [AtomicU64; ReleaseFailure::ALL.len()],
     unreturned: AtomicU64,
+    held_aside: AtomicU64,
 }
 
 /// Where recycling a released file failed, so that it was deleted instead of coming back
@@ -99,6 +100,10 @@ pub struct CounterSnapshot {
     /// someone still held them (measured from the node's free count across the truncate).
     #[serde(default)]
     pub unreturned_pages: u64,
+    /// Proofs that found a released file still held, which then waited aside (see
+    /// `pool::aside`).
+    #[serde(default)]
+    pub held_aside: u64,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -145,6 +150,11 @@ impl Counters {
         self.failed[at].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A proof found a released file held: it waits aside.
+    pub(super) fn held_aside(&self) {
+        self.held_aside.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(super) fn unreturned(&self, pages: u64) {
         self.unreturned.fetch_add(pages, Ordering::Relaxed);
     }
@@ -185,6 +195,7 @@ impl Counters {
                 .sum(),
             failed_releases: self.failed.iter().map(|n| n.load(Ordering::Relaxed)).sum(),
             unreturned_pages: self.unreturned.load(Ordering::Relaxed),
+            held_aside: self.held_aside.load(Ordering::Relaxed),
         }
     }
 }

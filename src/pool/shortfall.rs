@@ -13,6 +13,16 @@ use crate::units::format_bytes;
 /// gave fewer pages than the target needs (each try may compact memory).
 const RESERVE_BACKOFF: Duration = Duration::from_secs(30);
 
+/// What a raise for a lease did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Raised {
+    /// Pages added.
+    pub(super) added: u64,
+    /// `reserve_limit` refused it: (the limit, bytes hugeprep added to the node, bytes the
+    /// lease lacked).
+    pub(super) capped: Option<(u64, u64, u64)>,
+}
+
 impl Pool {
     /// A kind's target lacks `deficit` bytes and the kernel cannot supply the next file of
     /// `size`: the pages to raise the node's pool by, or else `None` with the reason logged
@@ -127,20 +137,20 @@ impl Pool {
         ps: PageSize,
         mount: &std::path::Path,
         short: u64,
-    ) -> u64 {
+    ) -> Raised {
         let policy = self.policy();
         let pages = short.div_ceil(ps.bytes());
         if !policy.reserve.enabled || pages == 0 {
-            return 0;
+            return Raised::default();
         }
         // A mount's size limit that leaves less than the lease lacks: more kernel pages
         // would not be usable.
         if kernel::mount_free_pages(mount).is_some_and(|free| free < pages) {
-            return 0;
+            return Raised::default();
         }
         let _gate = self.reserve_gate.lock().unwrap_or_else(|e| e.into_inner());
         if self.shutdown.load(Ordering::SeqCst) || self.lock().drained.contains(&(node, ps)) {
-            return 0;
+            return Raised::default();
         }
         let available = crate::topology::node_available_bytes(node).unwrap_or(0);
         let added_on_node = self.reservations.added_bytes_on(node);
@@ -151,7 +161,11 @@ impl Pool {
                 let reason = l.explain(node, ps, pages - asked);
                 tracing::warn!(node, page_size = %ps, "a lease cannot be served: {reason}");
             }
-            return 0;
+            let capped = match limit {
+                Some(reserve::Limit::Cap { limit }) => Some((limit, added_on_node, short)),
+                _ => None,
+            };
+            return Raised { added: 0, capped };
         }
         // As the reserve job: gigantic pages the kernel falls short of pull memory in once.
         let pull_in = reserve::pull_in_bytes(&policy.reserve, available);
@@ -178,7 +192,10 @@ impl Pool {
                 pages - added
             );
         }
-        added
+        Raised {
+            added,
+            capped: None,
+        }
     }
 
     /// Records why a kind's target is not met (`None`: it is met) and says so in the log once,

@@ -38,6 +38,12 @@ pub(super) struct State {
     /// decision subtracts what it does not show yet (concurrent cold leases would otherwise
     /// promise the same free pages twice).
     pub(super) faulting: BTreeMap<u64, Promise>,
+    /// Released files still held by someone, waiting aside for another proof (see `aside`).
+    pub(super) aside: super::aside::AsideQueue,
+    /// Leases being taken by a tenant, by file id, until journaled (see `tenant`).
+    pub(super) taking: BTreeMap<u64, super::tenant::Taking>,
+    /// Files whose lease holds a long-term pin (mirrors the pins, for the tenants' counts).
+    pub(super) pinned: BTreeSet<u64>,
 }
 
 /// Free pages promised to the fault of one file.

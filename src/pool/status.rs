@@ -66,6 +66,13 @@ pub struct PoolStatus {
     /// back).
     #[serde(default)]
     pub counters: super::CounterSnapshot,
+    /// Released files still held by someone, waiting aside for another proof (see
+    /// `docs/pool.md`, "Held releases").
+    #[serde(default)]
+    pub held_aside_files: usize,
+    /// Their bytes.
+    #[serde(default)]
+    pub held_aside_bytes: u64,
 }
 
 impl Pool {
@@ -117,6 +124,8 @@ impl Pool {
             clean_start: self.clean_start,
             last_scrub: st.last_scrub.clone(),
             counters: self.counters.snapshot(),
+            held_aside_files: st.aside.totals().0,
+            held_aside_bytes: st.aside.totals().1,
         }
     }
 }
