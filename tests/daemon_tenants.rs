@@ -73,10 +73,10 @@ fn lease_as(uid: u32, env: &Env, body: &str) -> (u16, serde_json::Value) {
     curl_as(uid, env, "POST", "/v1/leases", body)
 }
 
-/// A config file with `pool` as its `[pool]` table's body.
-fn config(env: &Env, pool: &str) -> String {
+/// A config file of `text`.
+fn config(env: &Env, text: &str) -> String {
     let path = env.dir.join("config.toml");
-    std::fs::write(&path, format!("[pool]\n{pool}")).unwrap();
+    std::fs::write(&path, text).unwrap();
     path.to_string_lossy().into_owned()
 }
 
@@ -102,7 +102,7 @@ fn over_a_limit_is_429_naming_it_changes_nothing_and_holds_across_a_restart() {
     let env = Env::new("tenants-limits", 32 * MIB);
     let cfg = config(
         &env,
-        "[limits.role.lease]\nleases = 2\nleased_bytes = { \"2M\" = \"8M\" }\ndescriptors = 1\n",
+        "[pool.limits.role.lease]\nleases = 2\nleased_bytes = { \"2M\" = \"8M\" }\ndescriptors = 1\n",
     );
     let mut d = env.spawn(&["--socket-group", "kvm", "--config", &cfg]);
     for name in ["a1", "a2"] {
@@ -282,8 +282,8 @@ fn held_releases_wait_aside_within_the_lessees_held_bytes() {
     let env = Env::new("tenants-held", 32 * MIB);
     let cfg = config(
         &env,
-        "shape = \"fixed\"\n[[target]]\npage_size = \"2M\"\nwarm = \"12M\"\nsizes = [\"2M\"]\n\
-         [limits.role.lease]\nheld_bytes = \"4M\"\n",
+        "[pool]\nshape = \"fixed\"\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"12M\"\n\
+         sizes = [\"2M\"]\n[pool.limits.role.lease]\nheld_bytes = \"4M\"\n",
     );
     // A long lessee grace holds refills back after the leases below (none misses), so every
     // released file is kept and proven, none given back for being above target.
@@ -358,8 +358,15 @@ fn held_releases_wait_aside_within_the_lessees_held_bytes() {
 #[test]
 fn the_owner_policy_matches_the_hooks_numeric_owner() {
     let env = Env::new("tenants-owner", 16 * MIB);
-    let cfg = config(&env, "[recycle_owners]\nnobody = \"kernel\"\n");
-    let d = env.spawn(&["--config", &cfg]);
+    // A warm target, and refills held back after a lease, so the released file is kept and
+    // its recycling decided by the rule (not given back for being above target).
+    let cfg = config(
+        &env,
+        "[pool]\nshape = \"fixed\"\n[[pool.target]]\npage_size = \"2M\"\nwarm = \"4M\"\n\
+         sizes = [\"2M\"]\n[pool.recycle_owners]\nnobody = \"kernel\"\n",
+    );
+    let d = env.spawn(&["--config", &cfg, "--lessee-grace-ms", "60000"]);
+    d.settle(4 * MIB);
     // As the libvirt hook sends it: the owner by number.
     let lease = d
         .lease_req(&hugeprep::pool::LeaseRequest {
@@ -375,7 +382,7 @@ fn the_owner_policy_matches_the_hooks_numeric_owner() {
         assert!(Instant::now() < deadline, "{:?}", d.pool());
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(env.log().contains("reason=trust"), "{}", env.log());
+    assert!(env.log().contains("reason=\"trust\""), "{}", env.log());
     // By name, the same rule.
     let lease = d
         .lease_req(&hugeprep::pool::LeaseRequest {

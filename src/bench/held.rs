@@ -3,14 +3,14 @@
 //! and behind N releases whose files a process of another uid (65534) keeps open, side by
 //! side in one run, interleaved round by round, after a warm-up round of each.
 //!
-//! The in-process daemon keeps one honest file and N small ones warm (fixed shape, so every
-//! released file is kept and proven, none given back for being above target). A round: the
-//! honest lessee takes its file; for the held case N small leases are taken too, handed to
-//! uid 65534, opened by one `sleep` each running as that uid, and released just before the
-//! honest release. The time runs from the honest release's answer until the pool's warm
-//! bytes show the honest file back. Refills wait for the lessee grace meanwhile (no lease
-//! misses), so nothing but that scrub can make the warm bytes grow. Then the holders exit,
-//! and the held files are proven on their next turn and come back warm before the next round.
+//! The in-process daemon keeps exactly one honest file and N small ones warm (flavors, so
+//! every released file is a size the pool misses: kept and proven, none given back for being
+//! above target). A round: the honest lessee takes its file; for the held case N small
+//! leases are taken too, handed to uid 65534, opened by one `sleep` each running as that
+//! uid, and released just before the honest release. The time runs from the honest
+//! release's answer until the honest file is warm again. Refills wait for the lessee grace
+//! meanwhile (no lease misses). Then the holders exit, and the held files are proven on
+//! their next turn and come back warm before the next round.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -23,6 +23,7 @@ use super::recycle::{RecycleBenchConfig, RecycleBenchError};
 use crate::bench::Summary;
 use crate::client::Client;
 use crate::page_size::PageSize;
+use crate::policy::pool::Flavor;
 use crate::pool::{LeaseRequest, PoolPolicy};
 
 /// The uid (and gid) that holds the released files open: `nobody` on Debian.
@@ -137,6 +138,27 @@ fn until_warm(
     Ok(t.elapsed())
 }
 
+/// Waits until pool file `file` is warm again, polling every 200 µs; the time taken.
+fn until_file_warm(
+    daemon: &BenchDaemon,
+    file: Option<u64>,
+    timeout: Duration,
+) -> Result<Duration, RecycleBenchError> {
+    let t = Instant::now();
+    let file =
+        file.ok_or_else(|| proof_error(std::io::Error::other("the honest lease has no file")))?;
+    while !daemon.pool().file_is_warm(file) {
+        if t.elapsed() > timeout {
+            return Err(proof_error(std::io::Error::other(format!(
+                "the honest file did not come back warm within {} s",
+                timeout.as_secs()
+            ))));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(t.elapsed())
+}
+
 /// One round: the honest release back to warm, behind `held` held releases; ms.
 fn round(
     daemon: &BenchDaemon,
@@ -183,13 +205,9 @@ fn round(
         for (l, _) in &held_leases {
             client.release(l.id).await?;
         }
+        let file = daemon.pool().file_of_lease(honest.id);
         client.release(honest.id).await?;
-        let took = until_warm(
-            daemon,
-            ps,
-            target - held as u64 * held_size,
-            Duration::from_secs(120),
-        )?;
+        let took = until_file_warm(daemon, file, Duration::from_secs(120))?;
         Ok::<_, RecycleBenchError>((took.as_secs_f64() * 1e3, holders))
     })?;
     for (mut child, _) in holders {
@@ -213,8 +231,21 @@ pub fn time_held(
             std::env::temp_dir().join(format!("hugeprep-bench-held-{}-{held}", std::process::id()));
         let target = cfg.lease_size + held as u64 * held_size;
         let mut policy = PoolPolicy::embedded();
-        policy.shape = crate::policy::pool::Shape::Fixed;
-        policy.set_warm(cfg.page_size, target, vec![cfg.lease_size, held_size]);
+        // Exactly one honest file and `held` small ones, each kept when released (a size
+        // the shape misses) and so proven.
+        policy.set_warm(cfg.page_size, target, vec![cfg.lease_size]);
+        if let Some(t) = policy.targets.last_mut() {
+            t.flavors = vec![
+                Flavor {
+                    size: cfg.lease_size,
+                    count: 1,
+                },
+                Flavor {
+                    size: held_size,
+                    count: held as u32,
+                },
+            ];
+        }
         policy.scrub_bandwidth = None;
         policy.threads = cfg.threads;
         let daemon = BenchDaemon::start(&base, mount, policy, cfg.plan)?;

@@ -128,4 +128,21 @@ impl Pool {
             held_aside_bytes: st.aside.totals().1,
         }
     }
+
+    /// The pool file of the live lease `lease_id` (a benchmark follows it back to warm).
+    pub fn file_of_lease(&self, lease_id: u64) -> Option<u64> {
+        let st = self.lock();
+        let found = st.core.files().find_map(|e| match &e.rec().state {
+            FileState::Leased(l) if l.id == lease_id => Some(e.rec().id),
+            _ => None,
+        });
+        found
+    }
+
+    /// Whether pool file `id` is warm and idle.
+    pub fn file_is_warm(&self, id: u64) -> bool {
+        let st = self.lock();
+        let warm = st.core.get(id).is_some_and(|e| e.is_idle(&FileState::Warm));
+        warm
+    }
 }
