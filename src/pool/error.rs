@@ -48,7 +48,7 @@ pub enum PoolError {
     },
     /// The lease would take its principal over one of its limits (`[pool.limits]`), or the
     /// host over `reserve_limit`.
-    #[error("{limit}: {principal} holds {in_use} and asks for {asked} more; the limit is {max}")]
+    #[error("{limit}: {in_use} in use, {asked} more asked for by {principal}; the limit is {max}")]
     OverLimit {
         /// The principal that asked.
         principal: String,

@@ -128,6 +128,7 @@ impl Pool {
         let principal = released.and_then(|r| r.principal.as_deref());
         let limit = self.held_limit(principal);
         let mut st = self.lock();
+        st.prune_aside();
         let verdict = st.aside.held(id, principal, size, limit, Instant::now());
         match verdict {
             Verdict::Wait(due) => {

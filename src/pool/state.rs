@@ -120,6 +120,16 @@ impl State {
         self.faulting.remove(&id);
     }
 
+    /// Forgets the files aside that are no longer released and waiting (scrubbed, given
+    /// up for room, drained): what the tenants' `held_bytes` count must not include.
+    pub(super) fn prune_aside(&mut self) {
+        let core = &self.core;
+        self.aside.retain(|id| {
+            core.get(id)
+                .is_some_and(|e| matches!(e.rec().state, FileState::Dirty | FileState::Scrubbing))
+        });
+    }
+
     pub(super) fn of_kind(&self, node: u32, ps: PageSize) -> impl Iterator<Item = &Entry> {
         self.core.of_kind(node, ps)
     }

@@ -135,11 +135,7 @@ impl Pool {
         // releases first, then files held aside whose next proof is due (see `aside`): an
         // honest release never waits behind a tenant's held files.
         let now = Instant::now();
-        let core = &st.core;
-        st.aside.retain(|id| {
-            core.get(id)
-                .is_some_and(|e| matches!(e.rec().state, FileState::Dirty | FileState::Scrubbing))
-        });
+        st.prune_aside();
         let dirty = st
             .core
             .files()
