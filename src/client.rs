@@ -307,6 +307,7 @@ impl Client {
             let body = serde_json::from_slice::<ErrorBody>(&bytes).unwrap_or(ErrorBody {
                 error: String::from_utf8_lossy(&bytes).into_owned(),
                 field: None,
+                limit: None,
             });
             return Err(ClientError::Api { status, body });
         }

@@ -35,12 +35,15 @@ fn documented(groups: &[Group]) -> BTreeMap<String, BTreeSet<String>> {
         out.entry(table.clone())
             .or_default()
             .extend(g.names().map(str::to_string));
-        // A table documents its own name in its parent.
-        if !table.is_empty() {
-            let (parent, name) = table.rsplit_once('.').unwrap_or(("", &table));
+        // A table documents its own name in its parent, and so on up (`[pool.limits.role.lease]`
+        // documents `limits` in `[pool]`).
+        let mut t = table.as_str();
+        while !t.is_empty() {
+            let (parent, name) = t.rsplit_once('.').unwrap_or(("", t));
             out.entry(parent.to_string())
                 .or_default()
-                .insert(name.to_string());
+                .insert(name.trim_matches('"').to_string());
+            t = parent;
         }
     }
     out
@@ -86,6 +89,11 @@ fn every_key_the_parsers_accept_is_in_the_pages() {
     check(
         "pool.target",
         accepted::<ConfigFile>("[[pool.target]]\npage_size = \"2M\"\n"),
+        &doc,
+    );
+    check(
+        "pool.limits.role.lease",
+        accepted::<ConfigFile>("[pool.limits.role.lease]\n"),
         &doc,
     );
     check("access", accepted::<ConfigFile>("[access]\n"), &doc);

@@ -201,11 +201,15 @@ fn nothing_warm_on_a_host_with_no_free_hugepages_serves_the_first_lease_cold() {
             assert!(!remedy.contains("hugeprep serve"), "{f:#}");
         }
     }
-    // Beyond reserve_limit: refused, naming the limit in the log; no page added for it.
+    // Beyond reserve_limit: refused as over a limit (429), naming it, what hugeprep added to
+    // the node and the principal, and in the log; no page added for it.
     let out = hugeprep(&env, &["lease", "t2", "64M"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("at most 0 available"), "{err}");
+    assert!(
+        err.contains("reserve_limit (node 0): 16777216 in use") && err.contains("uid:0"),
+        "{err}"
+    );
     assert!(
         env.log().contains("reserve_limit of 32 MiB reached"),
         "{}",

@@ -60,6 +60,7 @@ fn busy(message: String) -> Response {
         axum::Json(ErrorBody {
             error: message,
             field: None,
+            limit: None,
         }),
     )
         .into_response()

@@ -14,6 +14,24 @@ pub struct ErrorBody {
     /// The request field at fault, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// The limit a `429` answer is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<Box<LimitBody>>,
+}
+
+/// The limit a request would have crossed (`429 Too Many Requests`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitBody {
+    /// The limit's name: `leased_bytes.2M`, `leases`, `descriptors`, `reserve_limit (node N)`.
+    pub name: String,
+    /// The limit.
+    pub limit: u64,
+    /// What the principal holds now (for `reserve_limit`: what hugeprep added to the node).
+    pub in_use: u64,
+    /// What the request asked for on top.
+    pub asked: u64,
+    /// The principal that asked.
+    pub principal: String,
 }
 
 /// An API request failed.
@@ -72,6 +90,7 @@ impl ApiError {
                 PoolError::Reserve(_) => "reserve",
                 PoolError::Io { .. } => "io",
                 PoolError::Dir(_) => "directory",
+                PoolError::OverLimit { .. } => "over_limit",
             },
         }
     }
@@ -100,6 +119,7 @@ pub fn status_of(err: &ApiError) -> StatusCode {
             // The host cannot pin this lease (memlock limit, memory, no io_uring).
             PoolError::Pin(_) => StatusCode::UNPROCESSABLE_ENTITY,
             PoolError::KeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            PoolError::OverLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
             PoolError::Journal(_)
             | PoolError::File(_)
             | PoolError::Fault(_)
@@ -127,9 +147,26 @@ impl ApiError {
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
         }
+        let limit = match &self {
+            ApiError::Pool(PoolError::OverLimit {
+                principal,
+                limit,
+                max,
+                in_use,
+                asked,
+            }) => Some(Box::new(LimitBody {
+                name: limit.clone(),
+                limit: *max,
+                in_use: *in_use,
+                asked: *asked,
+                principal: principal.clone(),
+            })),
+            _ => None,
+        };
         let body = ErrorBody {
             error: self.to_string(),
             field: self.field_name(),
+            limit,
         };
         if status == StatusCode::SERVICE_UNAVAILABLE {
             // Shutting down: a restart follows, so the client is told when to come back.

@@ -202,6 +202,8 @@ mod tests {
             counters: Default::default(),
             last_refused_lease: None,
             proof_fallback: None,
+            held_aside_files: 0,
+            held_aside_bytes: 0,
         }
     }
 

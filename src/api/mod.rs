@@ -41,7 +41,7 @@ pub mod tls;
 
 pub use body::{decode_json, parse_lease_body, parse_lease_request, LEASE_FIELDS};
 pub use control::{parse_targets_body, ByteCount, FlavorBody, TargetBody, TargetsBody};
-pub use error::{status_of, ApiError, ErrorBody, ErrorKind};
+pub use error::{status_of, ApiError, ErrorBody, ErrorKind, LimitBody};
 pub use routes::{router, ResumeRequest, VersionReport};
 pub use state::{ApiState, CpuReport};
 

@@ -59,7 +59,11 @@ impl std::fmt::Display for Peer {
 fn refuse(status: StatusCode, peer: &Peer, request: &str, error: String) -> Response {
     // The token itself is never logged: only the peer, the request and the reason.
     tracing::warn!(%peer, %request, status = status.as_u16(), reason = %error, "request refused");
-    let body = axum::Json(ErrorBody { error, field: None });
+    let body = axum::Json(ErrorBody {
+        error,
+        field: None,
+        limit: None,
+    });
     if status == StatusCode::UNAUTHORIZED {
         (status, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response()
     } else {

@@ -89,10 +89,15 @@ async fn make_lease(
     req.recycle = pool
         .policy()
         .recycle_for_role(&caller.role.to_string(), req.recycle);
-    let principal = caller.principal.clone();
+    let role = caller.role.to_string();
+    let tenant = crate::pool::Tenant {
+        principal: caller.principal.clone(),
+        admin: caller.role == super::access::Role::Admin,
+        limits: pool.policy().tenants.limits_for(&role, &caller.principal),
+    };
     let (info, replayed) = blocking(move || match key {
-        Some(key) => Ok(pool.lease_idempotent_as(&req, &key, Some(&principal))?),
-        None => Ok((pool.lease_as(&req, Some(&principal))?, false)),
+        Some(key) => Ok(pool.lease_idempotent_as(&req, &key, Some(&tenant))?),
+        None => Ok((pool.lease_as(&req, Some(&tenant))?, false)),
     })
     .await?;
     if replayed && !super::owner::may_touch(&caller, &info) {

@@ -8,6 +8,7 @@ pub mod clear_goals;
 pub mod clear_report;
 pub mod daemon;
 pub mod flood;
+pub mod held;
 pub mod hog;
 pub mod host;
 pub mod pin;

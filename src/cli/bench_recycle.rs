@@ -48,6 +48,11 @@ pub struct BenchRecycleArgs {
     /// (e.g. 400,800), quiet first, by each method of proof.
     #[arg(long, value_delimiter = ',')]
     pub flood: Vec<usize>,
+    /// Only time an honest release back to warm, quiet against behind these many releases
+    /// whose files a process of uid 65534 keeps open (e.g. 10,100), side by side, --reps
+    /// rounds of each after a warm-up round; the other parts do not run.
+    #[arg(long, value_delimiter = ',')]
+    pub held: Vec<usize>,
     /// `--json`, `--json-out FILE`.
     #[command(flatten)]
     pub output: super::JsonOutput,
@@ -85,6 +90,9 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
     } else {
         args.page_size.clone()
     };
+    if !args.held.is_empty() {
+        return run_held(&args, &page_sizes, &threads, resolution.plan);
+    }
     let mut runs = Vec::with_capacity(threads.len() * page_sizes.len());
     for &page_size in &page_sizes {
         for (i, &threads) in threads.iter().enumerate() {
@@ -140,4 +148,55 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
                     .collect::<String>()
         },
     )
+}
+
+/// `--held`: the honest release quiet and behind held releases, per page size, at the first
+/// thread count; `{"held": [{"page_size", "runs": [...]}]}` in JSON.
+fn run_held(
+    args: &BenchRecycleArgs,
+    page_sizes: &[PageSize],
+    threads: &[usize],
+    plan: hugeprep::clear::ClearPlan,
+) -> anyhow::Result<()> {
+    use hugeprep::bench::held::{self, HeldTiming};
+    let mut out = Vec::new();
+    for &page_size in page_sizes {
+        let cfg = RecycleBenchConfig {
+            size: page_size.bytes(),
+            page_size,
+            threads: threads.first().copied().unwrap_or(1),
+            reps: args.reps,
+            leases: 0,
+            lease_size: args
+                .lease_size
+                .unwrap_or_else(|| (64 << 20).max(page_size.bytes())),
+            plan,
+            methods: Vec::new(),
+            state_dir: args.state_dir.clone(),
+            hog: false,
+            client_nice: None,
+            host_processes: 0,
+            flood: Vec::new(),
+        };
+        match held::run(&cfg, &args.held, &|line| eprintln!("{line}")) {
+            Ok(runs) => out.push((page_size, runs)),
+            Err(e @ recycle::RecycleBenchError::KernelPool(_)) if page_sizes.len() > 1 => {
+                eprintln!("skipped {page_size} pages: {e}");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let json: Vec<serde_json::Value> = out
+        .iter()
+        .map(|(ps, runs)| serde_json::json!({ "page_size": ps, "goal_ratio": held::HELD_GOAL, "runs": runs }))
+        .collect();
+    args.output.emit(&serde_json::json!({ "held": json }), || {
+        out.iter()
+            .map(|(ps, runs)| {
+                format!("{ps} pages\n")
+                    + &HeldTiming::table_head()
+                    + &runs.iter().map(HeldTiming::table_row).collect::<String>()
+            })
+            .collect::<String>()
+    })
 }

@@ -18,6 +18,7 @@ pub mod pool;
 mod recycle;
 mod resolution;
 mod schema;
+pub mod tenants;
 mod validate;
 
 pub use clearing::{

@@ -146,6 +146,9 @@ pub struct PoolPolicySpec {
     /// Per API role of the client that makes the lease (`lease`, `admin`).
     #[serde(default)]
     pub recycle_roles: std::collections::BTreeMap<String, Recycle>,
+    /// The most one principal may hold, per role and per principal (`[pool.limits]`).
+    #[serde(default)]
+    pub limits: super::tenants::TenantsSpec,
 }
 
 /// The longest lessee grace a policy may ask for, ms.
@@ -231,10 +234,15 @@ pub struct PoolPolicy {
     pub lessee_grace: std::time::Duration,
     /// How released memory comes back, unless the owner or the lease says otherwise.
     pub recycle: Recycle,
-    /// Per lease owner (user name).
+    /// Per lease owner (user name or uid) as written.
     pub recycle_owners: std::collections::BTreeMap<String, Recycle>,
+    /// `recycle_owners` resolved to uids at load: what a lease's uid is matched against.
+    pub recycle_owner_uids: std::collections::BTreeMap<u32, Recycle>,
     /// Per API role of the client that makes the lease.
     pub recycle_roles: std::collections::BTreeMap<String, Recycle>,
+    /// The most one principal may hold (`[pool.limits]`, resolved).
+    #[serde(skip)]
+    pub tenants: super::tenants::Tenants,
 }
 
 fn field_bytes(field: String, text: &str) -> Result<u64, PoolPolicyError> {
@@ -263,8 +271,9 @@ impl PoolPolicySpec {
         for (i, t) in self.targets.iter().enumerate() {
             targets.push(t.validate(&format!("target[{i}]"))?);
         }
-        super::recycle::check_names(self.recycle_roles.keys(), self.recycle_owners.keys())
-            .map_err(|(field, message)| PoolPolicyError::Field { field, message })?;
+        let recycle_owner_uids =
+            super::recycle::resolve_names(self.recycle_roles.keys(), self.recycle_owners.iter())
+                .map_err(|(field, message)| PoolPolicyError::Field { field, message })?;
         let limit = match &self.reserve_limit {
             Some(text) => Some(field_bytes("reserve_limit".into(), text)?),
             None => None,
@@ -296,7 +305,9 @@ impl PoolPolicySpec {
             },
             recycle: self.recycle,
             recycle_owners: self.recycle_owners.clone(),
+            recycle_owner_uids,
             recycle_roles: self.recycle_roles.clone(),
+            tenants: self.limits.validate()?,
         })
     }
 }
@@ -415,7 +426,9 @@ impl PoolPolicy {
             lessee_grace: std::time::Duration::from_millis(default_grace()),
             recycle: Recycle::default(),
             recycle_owners: Default::default(),
+            recycle_owner_uids: Default::default(),
             recycle_roles: Default::default(),
+            tenants: Default::default(),
         })
     }
 
@@ -487,11 +500,11 @@ mod tests {
         .unwrap();
         assert_eq!(p.recycle_for(None, None), Recycle::Proven);
         assert_eq!(
-            p.recycle_for(Some("nobody"), Some(Recycle::Proven)),
+            p.recycle_for(Some(65534), Some(Recycle::Proven)),
             Recycle::Kernel
         );
         assert_eq!(
-            p.recycle_for(Some("qemu"), Some(Recycle::Kernel)),
+            p.recycle_for(Some(1), Some(Recycle::Kernel)),
             Recycle::Kernel
         );
         assert_eq!(

@@ -3,6 +3,8 @@
 //! from the policy, the lease's owner, the API role that asks, and the lease; the strictest
 //! wins.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::pool::PoolPolicy;
@@ -23,6 +25,15 @@ pub enum Recycle {
 }
 
 impl Recycle {
+    /// The stricter of the two (`kernel` wins).
+    pub fn max_strict(self, other: Recycle) -> Recycle {
+        if self == Recycle::Kernel || other == Recycle::Kernel {
+            Recycle::Kernel
+        } else {
+            Recycle::Proven
+        }
+    }
+
     /// The name used in TOML, JSON and logs.
     pub fn name(self) -> &'static str {
         match self {
@@ -35,13 +46,16 @@ impl Recycle {
 /// The API roles `[pool.recycle_roles]` may name (`crate::api::access::Role`).
 pub const ROLES: [&str; 3] = ["read", "lease", "admin"];
 
-/// Checks the names of `recycle_roles` and `recycle_owners`: a role outside [`ROLES`], or an
-/// owner that is empty or names no user on this host, would silently leave `kernel` off for
-/// the tenants it was written for. The error names the key, the value and what is known.
-pub fn check_names<'a>(
+/// Checks the names of `recycle_roles` and resolves the keys of `recycle_owners` to uids:
+/// a role outside [`ROLES`], or an owner that is empty or names no user on this host, would
+/// silently leave `kernel` off for the tenants it was written for. An owner is a user name
+/// or a uid (as the libvirt hook sends it); the lease's uid is what the rule is matched
+/// against, whichever way the request named its owner. The error names the key, the value
+/// and what is known.
+pub fn resolve_names<'a>(
     roles: impl IntoIterator<Item = &'a String>,
-    owners: impl IntoIterator<Item = &'a String>,
-) -> Result<(), (String, String)> {
+    owners: impl IntoIterator<Item = (&'a String, &'a Recycle)>,
+) -> Result<BTreeMap<u32, Recycle>, (String, String)> {
     for role in roles {
         if !ROLES.contains(&role.as_str()) {
             return Err((
@@ -53,32 +67,37 @@ pub fn check_names<'a>(
             ));
         }
     }
-    for owner in owners {
+    let mut by_uid = BTreeMap::new();
+    for (owner, rule) in owners {
+        let key = || format!("recycle_owners.{owner:?}");
         if owner.trim().is_empty() {
             return Err((
-                format!("recycle_owners.{owner:?}"),
+                key(),
                 "an empty owner names nobody: give a user name of this host".into(),
             ));
         }
-        match nix::unistd::User::from_name(owner) {
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                return Err((
-                    format!("recycle_owners.{owner:?}"),
-                    format!(
-                        "{owner:?} names no user on this host (owners are user names, as in `getent passwd`)"
-                    ),
-                ))
-            }
-            Err(e) => {
-                return Err((
-                    format!("recycle_owners.{owner:?}"),
-                    format!("cannot look up user {owner:?}: {e}"),
-                ))
-            }
+        let uid = match owner.parse::<u32>() {
+            Ok(uid) => uid,
+            Err(_) => match nix::unistd::User::from_name(owner) {
+                Ok(Some(u)) => u.uid.as_raw(),
+                Ok(None) => {
+                    return Err((
+                        key(),
+                        format!(
+                            "{owner:?} names no user on this host (owners are user names, as in `getent passwd`, or uids)"
+                        ),
+                    ))
+                }
+                Err(e) => return Err((key(), format!("cannot look up user {owner:?}: {e}"))),
+            },
+        };
+        // A name and its uid both listed: the strictest rule wins.
+        let e = by_uid.entry(uid).or_insert(*rule);
+        if *rule == Recycle::Kernel {
+            *e = Recycle::Kernel;
         }
     }
-    Ok(())
+    Ok(by_uid)
 }
 
 impl PoolPolicy {
@@ -91,14 +110,47 @@ impl PoolPolicy {
         }
     }
 
-    /// How a lease's memory comes back: the lease's own choice, else its owner's, else the
-    /// policy's. `kernel` anywhere wins: a lease cannot ask for less than its owner's rule.
-    pub fn recycle_for(&self, owner: Option<&str>, lease: Option<Recycle>) -> Recycle {
-        let by_owner = owner.and_then(|o| self.recycle_owners.get(o)).copied();
+    /// How a lease's memory comes back: the lease's own choice, else its owner's (by the
+    /// lease's uid, resolved at load), else the policy's. `kernel` anywhere wins: a lease
+    /// cannot ask for less than its owner's rule.
+    pub fn recycle_for(&self, owner_uid: Option<u32>, lease: Option<Recycle>) -> Recycle {
+        let by_owner = owner_uid
+            .and_then(|uid| self.recycle_owner_uids.get(&uid))
+            .copied();
         [lease, by_owner, Some(self.recycle)]
             .into_iter()
             .flatten()
             .max_by_key(|r| *r == Recycle::Kernel)
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hook names its owner by uid, a client by name: both match a rule written by name.
+    #[test]
+    fn an_owner_rule_matches_the_uid_whichever_way_it_was_named() {
+        let root = "root".to_string();
+        let zero = "0".to_string();
+        let owners = [(&root, &Recycle::Kernel)];
+        let uids = resolve_names([], owners).unwrap();
+        assert_eq!(uids.get(&0), Some(&Recycle::Kernel));
+        let mut policy = PoolPolicy::embedded();
+        policy.recycle_owner_uids = uids;
+        assert_eq!(policy.recycle_for(Some(0), None), Recycle::Kernel);
+        assert_eq!(
+            policy.recycle_for(Some(0), Some(Recycle::Proven)),
+            Recycle::Kernel
+        );
+        assert_eq!(policy.recycle_for(Some(65534), None), Recycle::Proven);
+        // A rule written by uid.
+        let by_number = resolve_names([], [(&zero, &Recycle::Kernel)]).unwrap();
+        assert_eq!(by_number.get(&0), Some(&Recycle::Kernel));
+        // The strictest of a name and its uid.
+        let both =
+            resolve_names([], [(&root, &Recycle::Proven), (&zero, &Recycle::Kernel)]).unwrap();
+        assert_eq!(both.get(&0), Some(&Recycle::Kernel));
     }
 }

@@ -24,6 +24,7 @@ pub struct Counters {
     failed: [AtomicU64; ReleaseFailure::ALL.len()],
     unreturned: AtomicU64,
     unreturned_bytes: AtomicU64,
+    held_aside: AtomicU64,
 }
 
 /// Where recycling a released file failed, so that it was deleted instead of coming back
@@ -103,6 +104,10 @@ pub struct CounterSnapshot {
     /// The same in bytes (pages of every size: `hugeprep_unreturned_bytes_total`).
     #[serde(default)]
     pub unreturned_bytes: u64,
+    /// Proofs that found a released file still held, which then waited aside (see
+    /// `pool::aside`).
+    #[serde(default)]
+    pub held_aside: u64,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -149,6 +154,11 @@ impl Counters {
         self.failed[at].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A proof found a released file held: it waits aside.
+    pub(super) fn held_aside(&self) {
+        self.held_aside.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(super) fn unreturned(&self, pages: u64, page_bytes: u64) {
         self.unreturned.fetch_add(pages, Ordering::Relaxed);
         self.unreturned_bytes
@@ -192,6 +202,7 @@ impl Counters {
             failed_releases: self.failed.iter().map(|n| n.load(Ordering::Relaxed)).sum(),
             unreturned_pages: self.unreturned.load(Ordering::Relaxed),
             unreturned_bytes: self.unreturned_bytes.load(Ordering::Relaxed),
+            held_aside: self.held_aside.load(Ordering::Relaxed),
         }
     }
 }

@@ -46,6 +46,21 @@ pub enum PoolError {
         /// What the key was used for.
         message: String,
     },
+    /// The lease would take its principal over one of its limits (`[pool.limits]`), or the
+    /// host over `reserve_limit`.
+    #[error("{limit}: {in_use} in use, {asked} more asked for by {principal}; the limit is {max}")]
+    OverLimit {
+        /// The principal that asked.
+        principal: String,
+        /// The limit's name (`leased_bytes.2M`, `leases`, `descriptors`, `reserve_limit`).
+        limit: String,
+        /// The limit.
+        max: u64,
+        /// What the principal (for `reserve_limit`: the node) holds now.
+        in_use: u64,
+        /// What the request asked for on top.
+        asked: u64,
+    },
     /// No lease with this id.
     #[error("no lease with id {id}")]
     NotFound {

@@ -3,6 +3,10 @@
 //! restarts: the key is journaled with the lease); the same key with a different request is
 //! refused naming `idempotency_key`. A retry that arrives while the first request is still
 //! running waits for it and gets its answer.
+//!
+//! Keys belong to the principal that sent them: the same key from another principal is
+//! another key (its own lease, or its own conflict), so no principal can learn, block or
+//! answer for another's.
 
 use std::time::Instant;
 
@@ -55,11 +59,16 @@ fn conflict(key: &str, why: &str) -> PoolError {
 }
 
 impl Pool {
-    /// The live lease made with `key`, with the request it answered.
-    fn lease_of_key(&self, st: &State, key: &str) -> Option<(LeaseInfo, LeaseRequest)> {
+    /// The live lease `principal` made with `key`, with the request it answered.
+    fn lease_of_key(
+        &self,
+        st: &State,
+        key: &str,
+        principal: Option<&str>,
+    ) -> Option<(LeaseInfo, LeaseRequest)> {
         st.core.files().find_map(|e| match &e.rec().state {
             FileState::Leased(l) => match &l.idempotency {
-                Some(tag) if tag.key == key => {
+                Some(tag) if tag.key == key && l.principal.as_deref() == principal => {
                     Some((LeaseInfo::of(e.rec(), l), tag.request.clone()))
                 }
                 _ => None,
@@ -74,15 +83,18 @@ impl Pool {
         self.lease_idempotent_as(req, key, None)
     }
 
-    /// [`Pool::lease_idempotent`] on behalf of `principal` (journaled as the lease's owner; a
-    /// replay returns the lease whoever made it: the API checks that the caller may see it).
+    /// [`Pool::lease_idempotent`] on behalf of `tenant` (journaled as the lease's owner; its
+    /// keys are its own: a replay finds only a lease it made).
     pub fn lease_idempotent_as(
         &self,
         req: &LeaseRequest,
         key: &str,
-        principal: Option<&str>,
+        tenant: Option<&Tenant>,
     ) -> Result<(LeaseInfo, bool)> {
         check_key(key)?;
+        let principal = tenant.map(|t| t.principal.as_str());
+        // Keys in flight, by principal and key (a newline is in no key).
+        let scoped = format!("{}\n{key}", principal.unwrap_or(""));
         let deadline = Instant::now() + LEASE_WAIT;
         {
             let mut st = self.lock();
@@ -90,7 +102,7 @@ impl Pool {
                 if self.shutdown.load(Ordering::SeqCst) {
                     return Err(PoolError::ShuttingDown);
                 }
-                if let Some((info, first)) = self.lease_of_key(&st, key) {
+                if let Some((info, first)) = self.lease_of_key(&st, key, principal) {
                     if first != *req {
                         return Err(conflict(
                             key,
@@ -102,7 +114,7 @@ impl Pool {
                     self.mark_pinned(&mut one);
                     return Ok((one.remove(0), true));
                 }
-                match st.keyed.get(key) {
+                match st.keyed.get(&scoped) {
                     Some(running) if running.request != *req => {
                         return Err(conflict(key, "another request still running"));
                     }
@@ -112,7 +124,7 @@ impl Pool {
                     Some(_) => return Err(conflict(key, "a request that is still running")),
                     None => {
                         st.keyed.insert(
-                            key.to_string(),
+                            scoped.clone(),
                             Idempotency {
                                 key: key.to_string(),
                                 request: req.clone(),
@@ -123,10 +135,10 @@ impl Pool {
                 }
             }
         }
-        let tag = self.lock().keyed.get(key).cloned();
-        let result = self.lease_tagged(req, tag.as_ref(), principal);
+        let tag = self.lock().keyed.get(&scoped).cloned();
+        let result = self.lease_tagged(req, tag.as_ref(), tenant);
         let mut st = self.lock();
-        st.keyed.remove(key);
+        st.keyed.remove(&scoped);
         self.changed.notify_all();
         result.map(|info| (info, false))
     }

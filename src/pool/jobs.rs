@@ -3,11 +3,12 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use super::aside::Verdict;
 use super::core::{Action, Released};
 use super::counters::ReleaseFailure;
-use super::reach::{Proof, Unproven};
+use super::reach::Unproven;
 use super::worker::REFILL_BACKOFF;
 use super::{fault, holes, FileRecord, Pool};
 use crate::background::Yield;
@@ -16,8 +17,16 @@ use crate::policy::pool::Recycle;
 use crate::scrub::{ScrubError, ScrubOptions, ScrubReport};
 use crate::units::format_bytes;
 
-/// How long a release's proof waits for a lessee that has just exited to be torn down.
-const TEARDOWN_WAIT: Duration = Duration::from_secs(2);
+/// What one proof of a released file found.
+enum Proved {
+    /// Out of everyone else's reach: recycled in place.
+    Yes,
+    /// Still held (open, mapped, in an io_uring, or a lessee's teardown not done): it may
+    /// wait aside and be proven again (see `aside`).
+    Held(Unproven),
+    /// Never provable: the kernel's path at once.
+    No(Unproven),
+}
 
 impl Pool {
     /// The record and last lease of file `id`.
@@ -63,37 +72,16 @@ impl Pool {
         }
     }
 
-    /// [`Reach::prove`](super::reach::Reach::prove), given a moment for the teardown of a
-    /// lessee that has just exited: its mappings and files are released, and its io_uring
-    /// rings torn down, after its pidfd says it exited (from a kernel worker, or after a
-    /// `/proc` reader lets go of its memory). Only those two answers wait; every other one
-    /// is final at once.
-    fn prove_settled(&self, id: u64, file: &std::fs::File) -> Result<Proof, Unproven> {
-        let deadline = Instant::now() + TEARDOWN_WAIT;
-        loop {
-            match self.reach.prove(id, file) {
-                Err(
-                    Unproven::OpenElsewhere
-                    | Unproven::IoUring { .. }
-                    | Unproven::Referenced { .. }
-                    | Unproven::PagesHeld { .. },
-                ) if Instant::now() < deadline && !self.shutdown.load(Ordering::SeqCst) => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                other => return other,
-            }
-        }
-    }
-
     /// Whether the released file may be recycled in place: proven out of everyone else's
     /// reach (see `reach`). A file whose history is not known, or whose lease asked for the
-    /// kernel's path, is not; the reason is logged and counted.
-    fn proven(&self, id: u64, released: Option<&Released>, file: &BackingFile) -> bool {
+    /// kernel's path, is not. One proof, no waiting: a file still held (open, mapped, in an
+    /// io_uring, or its lessee's teardown not done) waits aside (see `aside`).
+    fn proof(&self, id: u64, released: Option<&Released>, file: &BackingFile) -> Proved {
         let proof = match released {
             None => Err(Unproven::NotWatched),
             Some(r) if r.recycle == Recycle::Kernel => Err(Unproven::Trust),
             Some(r) if !r.watched => Err(Unproven::NotWatched),
-            Some(_) => self.prove_settled(id, file.file()),
+            Some(_) => self.reach.prove(id, file.file()),
         };
         match proof {
             Ok(p) => {
@@ -104,32 +92,83 @@ impl Pool {
                     took_us = p.took.as_micros() as u64,
                     "released file proven out of reach"
                 );
+                Proved::Yes
+            }
+            Err(
+                reason @ (Unproven::OpenElsewhere
+                | Unproven::IoUring { .. }
+                | Unproven::Referenced { .. }
+                | Unproven::PagesHeld { .. }),
+            ) if !self.shutdown.load(Ordering::SeqCst) => Proved::Held(reason),
+            Err(reason) => Proved::No(reason),
+        }
+    }
+
+    /// A released file takes the kernel's path for `reason`: logged and counted.
+    fn unproven(&self, id: u64, released: Option<&Released>, reason: &Unproven) {
+        let name = released.map_or("", |r| r.name.as_str());
+        let lease = released.map_or(0, |r| r.lease);
+        tracing::warn!(
+            id, lease, name, reason = reason.label(), detail = %reason,
+            "released memory takes the kernel's path: truncated and deleted, the refill faults new pages"
+        );
+        self.counters.kernel_path(reason);
+    }
+
+    /// A proof found the released file still held: it waits aside at `size` (its size on
+    /// the mount) and is proven again later, unless its bound has passed or its lessee has
+    /// its limit of held bytes aside already (then `false`: the kernel's path).
+    fn set_aside(
+        &self,
+        id: u64,
+        released: Option<&Released>,
+        size: u64,
+        reason: &Unproven,
+    ) -> bool {
+        let principal = released.and_then(|r| r.principal.as_deref());
+        let limit = self.held_limit(principal);
+        let mut st = self.lock();
+        st.prune_aside();
+        let verdict = st.aside.held(id, principal, size, limit, Instant::now());
+        match verdict {
+            Verdict::Wait(due) => {
+                if let Err(err) = st.core.held_aside(id, size) {
+                    tracing::error!(%err, "pool core refused to set a held file aside");
+                    st.aside.remove(id);
+                    return false;
+                }
+                self.counters.held_aside();
+                tracing::debug!(
+                    id,
+                    principal,
+                    reason = reason.label(),
+                    retry_ms = due.saturating_duration_since(Instant::now()).as_millis() as u64,
+                    "released file still held: waits aside"
+                );
                 true
             }
-            Err(reason) => {
-                let name = released.map_or("", |r| r.name.as_str());
-                let lease = released.map_or(0, |r| r.lease);
+            Verdict::BoundPassed => false,
+            Verdict::OverLimit { held, limit } => {
                 tracing::warn!(
-                    id, lease, name, reason = reason.label(), detail = %reason,
-                    "released memory takes the kernel's path: truncated and deleted, the refill faults new pages"
+                    id,
+                    principal,
+                    held,
+                    limit,
+                    "released file still held and its lessee holds its limit of released bytes: the kernel's path at once"
                 );
-                self.counters.kernel_path(&reason);
                 false
             }
         }
     }
 
-    /// Scrubs a released file back to warm: journaled scrubbing first (`journal`), proven out
-    /// of reach, cut to its size in demand, holes refilled, scrubbed and verified, journaled
-    /// warm; on any failure it takes the kernel's path. `pressing`: the shape lacks a file,
-    /// which this one restores, and a lease of its size would otherwise be served grown or
-    /// cold: the scrub runs at normal priority without the bandwidth cap (a few ms; at idle
-    /// priority a busy host starved it), as for a lease that waits.
+    /// Scrubs a released file back to warm: proven out of reach, journaled scrubbing
+    /// (`journal`), cut to its size in demand, holes refilled, scrubbed and verified,
+    /// journaled warm; a file still held waits aside (see `aside`); on any other failure it
+    /// takes the kernel's path. `pressing`: the shape lacks a file, which this one restores,
+    /// and a lease of its size would otherwise be served grown or cold: the scrub runs at
+    /// normal priority without the bandwidth cap (a few ms; at idle priority a busy host
+    /// starved it), as for a lease that waits.
     pub(super) fn scrub_job(&self, id: u64, journal: &Action, pressing: bool) {
-        if let Err(err) = self.perform(journal) {
-            tracing::error!(%err, "cannot journal a scrub: deleting the file instead");
-            return self.give_up_unlocked(id);
-        }
         let Some((rec, released)) = self.record(id) else {
             return;
         };
@@ -150,11 +189,30 @@ impl Pool {
             Err(err) => {
                 tracing::error!(%err, "cannot open a released file: deleting it");
                 self.counters.release_failed(ReleaseFailure::Open);
+                self.lock().aside.remove(id);
                 return self.give_up_unlocked(id);
             }
         };
-        // Recycled in place only when nobody else can reach these pages (see `reach`).
-        if !self.proven(id, released.as_ref(), &file) {
+        // Recycled in place only when nobody else can reach these pages (see `reach`). The
+        // proof changes nothing: the journal says dirty until it passes.
+        let reason = match self.proof(id, released.as_ref(), &file) {
+            Proved::Yes => None,
+            Proved::Held(reason) => {
+                if self.set_aside(id, released.as_ref(), file.size(), &reason) {
+                    return;
+                }
+                Some(reason)
+            }
+            Proved::No(reason) => Some(reason),
+        };
+        self.lock().aside.remove(id);
+        if let Some(reason) = reason {
+            self.unproven(id, released.as_ref(), &reason);
+            drop(file);
+            return self.give_up_unlocked(id);
+        }
+        if let Err(err) = self.perform(journal) {
+            tracing::error!(%err, "cannot journal a scrub: deleting the file instead");
             drop(file);
             return self.give_up_unlocked(id);
         }

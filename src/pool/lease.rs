@@ -5,12 +5,13 @@
 use super::core::choice::{choose, Choice, LeaseView};
 use super::fault::FaultError;
 use super::placement::{self, NodeSupply};
+use super::tenant::{check_reserved_name, scope_dir};
 use super::*;
 use crate::prefault::PrefaultError;
 use crate::sys::priority::{OutOfRealtime, RT_WORK_BYTES};
 
 /// A driver's failure as the request's error.
-fn action_error(err: super::driver::ActionError) -> PoolError {
+pub(super) fn action_error(err: super::driver::ActionError) -> PoolError {
     match err {
         super::driver::ActionError::Journal(e) => PoolError::Journal(e),
         super::driver::ActionError::Mount(e) => e,
@@ -62,7 +63,9 @@ impl Pool {
                 Some((pid, start))
             }
         };
-        let recycle = self.policy().recycle_for(req.owner.as_deref(), req.recycle);
+        // The owner's rule by its uid, however the request named it (the libvirt hook sends
+        // a number, a client may send a name).
+        let recycle = self.policy().recycle_for(owner.map(|o| o.uid), req.recycle);
         Ok(ValidRequest {
             name: req.name.clone(),
             size: req.size,
@@ -73,6 +76,7 @@ impl Pool {
             pin: req.pin,
             recycle,
             principal: None,
+            tenant: None,
         })
     }
 
@@ -118,9 +122,10 @@ impl Pool {
         self.lease_tagged(req, None, None)
     }
 
-    /// [`Pool::lease`] on behalf of `principal`, which is journaled as the lease's owner.
-    pub fn lease_as(&self, req: &LeaseRequest, principal: Option<&str>) -> Result<LeaseInfo> {
-        self.lease_tagged(req, None, principal)
+    /// [`Pool::lease`] on behalf of `tenant`, whose principal is journaled as the lease's
+    /// owner and whose limits it must fit (see `tenant`).
+    pub fn lease_as(&self, req: &LeaseRequest, tenant: Option<&Tenant>) -> Result<LeaseInfo> {
+        self.lease_tagged(req, None, tenant)
     }
 
     /// [`Pool::lease`], journaling `tag` (an idempotency key) with the lease.
@@ -128,13 +133,32 @@ impl Pool {
         &self,
         req: &LeaseRequest,
         tag: Option<&Idempotency>,
-        principal: Option<&str>,
+        tenant: Option<&Tenant>,
     ) -> Result<LeaseInfo> {
         let started = Instant::now();
         // The lease, and the VMM start that follows it, go first (see `gate`).
         let _taking = self.gate.taking();
         let mut v = self.validate(req)?;
-        v.principal = principal.map(str::to_owned);
+        if let Some(t) = tenant {
+            check_reserved_name(&v.name, t)?;
+            self.note_tenant(t);
+            // A lease that names no owner is its unix principal's: the owner rule applies.
+            if v.owner.is_none() {
+                let uid = t
+                    .principal
+                    .strip_prefix("uid:")
+                    .and_then(|u| u.parse().ok());
+                v.recycle = v.recycle.max_strict(self.policy().recycle_for(uid, None));
+            }
+        }
+        v.principal = tenant.map(|t| t.principal.clone());
+        v.tenant = tenant.cloned();
+        // A tenant's names are its own: kept under a directory of its principal (see
+        // `tenant::scope_dir`), so nobody else can learn, block or answer for them.
+        let scope = tenant.filter(|t| !t.admin).map(|t| scope_dir(&t.principal));
+        if let Some(dir) = &scope {
+            v.name = format!("{dir}/{}", v.name);
+        }
         let mount = self.mount(v.page_size)?;
         let lease_path = mount.lease_dir.join(&v.name);
         let mut attempts = 0;
@@ -201,14 +225,19 @@ impl Pool {
         let mut waiting = false;
         // The kernel's pool is raised for this lease at most once (see `raise_for_lease`).
         let mut raised = false;
+        let mut capped = None;
         let result = loop {
             if self.shutdown.load(Ordering::SeqCst) {
                 break Err(PoolError::ShuttingDown);
             }
             if st.core.name_in_use(&v.name) {
                 break Err(PoolError::DuplicateName {
-                    name: v.name.clone(),
+                    name: super::record::display_name(&v.name).to_string(),
                 });
+            }
+            // Checked again at every turn: the same lock hold claims the file below.
+            if let Err(e) = self.check_limits(&st, v) {
+                break Err(e);
             }
             let view = self.view(&st, v, &mount.root, deadline);
             match choose(&view) {
@@ -217,13 +246,29 @@ impl Pool {
                 Choice::Refuse { .. } if !raised => {
                     raised = true;
                     drop(st);
-                    self.raise_for_lease(
-                        v.node,
-                        v.page_size,
-                        &mount.root,
-                        v.size.saturating_sub(view.avail),
-                    );
+                    capped = self
+                        .raise_for_lease(
+                            v.node,
+                            v.page_size,
+                            &mount.root,
+                            v.size.saturating_sub(view.avail),
+                        )
+                        .capped;
                     st = self.lock();
+                }
+                // `reserve_limit` kept the kernel's pool from growing for it: a limit, as
+                // for a tenant's (429).
+                Choice::Refuse { available } if capped.is_some() => {
+                    // The host's own limit kept a VM from starting: /health and doctor say so.
+                    self.note_refused(v.node, v.page_size, v.size, available);
+                    let (max, in_use, asked) = capped.unwrap_or_default();
+                    break Err(PoolError::OverLimit {
+                        principal: v.principal.clone().unwrap_or_else(|| "the daemon".into()),
+                        limit: format!("reserve_limit (node {})", v.node),
+                        max,
+                        in_use,
+                        asked,
+                    });
                 }
                 Choice::Refuse { available } => {
                     self.note_refused(v.node, v.page_size, v.size, available);
@@ -313,6 +358,7 @@ impl Pool {
         if need > 0 {
             st.start_faulting(claimed.0, v.node, v.page_size, need);
         }
+        self.start_taking(st, v, claimed.0);
         st.note_demand(v.node, v.page_size, v.size);
         st.missed |= source != LeaseSource::WarmExact;
         Ok(claimed)
@@ -393,6 +439,15 @@ impl Pool {
                 Some(false),
             ));
         }
+        if let Some((dir, _)) = v.name.split_once('/') {
+            // A tenant's directory (see `tenant::scope_dir`): others may pass through it to the
+            // paths they were given, not list it.
+            let uid = nix::unistd::geteuid().as_raw();
+            mount
+                .lease_dir_handle()
+                .own_subdir(dir, 0o711, uid)
+                .map_err(|e| (e.into(), Some(false)))?;
+        }
         file.link(lease_path).map_err(|e| (e.into(), Some(false)))?;
         Ok(true)
     }
@@ -456,6 +511,8 @@ impl Pool {
         if let Err(err) = st.core.leased(id, rec) {
             tracing::error!(%err, "pool core refused a lease's commit");
         }
+        // Counted by its journaled record from here.
+        st.taking.remove(&id);
         st.lessee_grace = self.lessee_grace_until();
         self.gate.leased(id);
         self.changed.notify_all();
@@ -475,6 +532,7 @@ impl Pool {
         }
         let size = fs::metadata(&path).map(|m| m.len());
         let mut st = self.lock();
+        st.taking.remove(&id);
         if source == LeaseSource::Cold {
             match st.core.abort_cold(id) {
                 Ok(undo) => self.perform_all(&undo, "a cold lease"),
@@ -491,6 +549,7 @@ impl Pool {
                 recycle: v.recycle,
                 // Watched from `prepare` on, before anyone but the daemon could open it.
                 watched: true,
+                principal: v.principal.clone(),
             };
             match st.core.abort_warm(id, size, released) {
                 Ok(journal) => {
@@ -502,73 +561,6 @@ impl Pool {
             }
         }
         self.changed.notify_all();
-    }
-
-    /// Releases a lease: the file is journaled dirty, the lease path removed, the file taken
-    /// back from its owner, and the worker scrubs it (or deletes it above target).
-    pub fn release(&self, lease_id: u64) -> Result<LeaseInfo> {
-        let (id, info, mount, dirty) = {
-            let mut st = self.lock();
-            // Busy from here: a second release of the same lease finds nothing.
-            let Some((id, dirty)) = st.core.begin_release(lease_id) else {
-                return Err(PoolError::NotFound { id: lease_id });
-            };
-            let Some(e) = st.core.get(id) else {
-                return Err(PoolError::NotFound { id: lease_id });
-            };
-            let FileState::Leased(lease) = &e.rec().state else {
-                return Err(PoolError::NotFound { id: lease_id });
-            };
-            let info = LeaseInfo::of(e.rec(), lease);
-            let mount = self.mount(dirty.page_size)?.clone();
-            (id, info, mount, dirty)
-        };
-        // The write runs outside the lock (see `commit`).
-        let written = self.perform(&core::Action::Journal(dirty));
-        {
-            let mut st = self.lock();
-            let outcome = match written {
-                Ok(()) => st.core.release_journaled(id).map(|()| None),
-                Err(err) => st.core.release_failed(id).map(|()| Some(err)),
-            };
-            match outcome {
-                Ok(None) => {}
-                Ok(Some(err)) => return Err(action_error(err)),
-                Err(_) => return Err(PoolError::NotFound { id: lease_id }),
-            }
-        }
-        let path = mount.file_path(id);
-        if let Ok(m) = fs::metadata(&path) {
-            unlink_if_same(&info.path, m.dev(), m.ino());
-        }
-        self.take_back(&path);
-        // Before the scrub can start: the file leaves the lease unpinned.
-        self.unpin(id);
-        self.gate.forget(id);
-        let mut st = self.lock();
-        if let Err(err) = st.core.release_done(id) {
-            tracing::error!(%err, "pool core refused a release's end");
-        }
-        st.lessee_grace = self.lessee_grace_until();
-        self.changed.notify_all();
-        tracing::info!(lease = lease_id, name = %info.name, "released");
-        Ok(info)
-    }
-
-    /// Gives the file back to the daemon's user, mode 0600, so that its last owner cannot
-    /// open it again.
-    pub(super) fn take_back(&self, path: &Path) {
-        let o = self.daemon_owner;
-        // The pool directory (0700, the daemon's) keeps the file from anyone else by name
-        // either way, and the release proof does not depend on it; but a file its lessee
-        // still owns is worth a warning.
-        if let Err(err) = std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid))
-            .and_then(|()| fs::set_permissions(path, fs::Permissions::from_mode(0o600)))
-        {
-            if err.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(file = %path.display(), %err, "cannot take a released file back from its owner");
-            }
-        }
     }
 }
 

@@ -17,6 +17,7 @@
 //! (and a clean shutdown waits for requests in flight), so the file is scrubbed, never
 //! handed out unproven. See `docs/pool.md`.
 
+mod aside;
 pub mod capacity;
 pub mod core;
 mod counters;
@@ -37,6 +38,7 @@ pub mod placement;
 pub mod reach;
 mod record;
 mod recover;
+mod release;
 mod request;
 pub mod reserve;
 pub mod shape;
@@ -44,6 +46,7 @@ mod shortfall;
 mod state;
 mod status;
 pub mod targets;
+pub mod tenant;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -77,6 +80,7 @@ pub use request::{check_name, LeaseRequest, ValidRequest, MAX_NAME};
 pub use shortfall::{RefusedLease, REFUSAL_RECENT};
 pub use status::{KindStatus, PoolStatus};
 pub use targets::{TargetsError, TargetsReport, TargetsSource};
+pub use tenant::{Tenant, Usage};
 
 /// How long a lease waits for dirty memory to be scrubbed before giving up.
 const LEASE_WAIT: Duration = Duration::from_secs(120);
@@ -202,6 +206,8 @@ pub struct Pool {
     api_targets: targets::ApiTargets,
     /// Who opened leased files, and the proofs that released ones are out of reach.
     reach: Arc<reach::Reach>,
+    /// The limits of each principal that asked for a lease since the start (see `tenant`).
+    tenant_limits: Mutex<BTreeMap<String, crate::policy::tenants::Limits>>,
 }
 
 /// The hugeprep directories of each mount, by the page size the mount serves.
@@ -314,6 +320,7 @@ impl Pool {
             grace_ms: std::sync::atomic::AtomicU64::new(grace_ms),
             api_targets,
             reach,
+            tenant_limits: Mutex::new(BTreeMap::new()),
         }))
     }
 

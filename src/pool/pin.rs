@@ -33,6 +33,7 @@ impl Pool {
         match pin {
             Some(pin) => {
                 self.lock_pins().insert(id, pin);
+                self.lock().pinned.insert(id);
                 true
             }
             None => false,
@@ -42,6 +43,7 @@ impl Pool {
     /// Drops the pin of file `id`, if any.
     pub(super) fn unpin(&self, id: u64) {
         let pin = self.lock_pins().remove(&id);
+        self.lock().pinned.remove(&id);
         if let Some(pin) = pin {
             let took = pin.unpin();
             tracing::debug!(id, unpin_ms = took.as_secs_f64() * 1e3, "unpinned");

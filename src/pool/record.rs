@@ -160,12 +160,18 @@ pub struct LeaseInfo {
     pub principal: Option<String>,
 }
 
+/// The name a client gave: a tenant's lease is journaled as `.<scope>/<name>` (see
+/// `pool::lease::scope_dir`), an admin's as the name itself.
+pub fn display_name(journaled: &str) -> &str {
+    journaled.rsplit('/').next().unwrap_or(journaled)
+}
+
 impl LeaseInfo {
     /// The API view of a leased file.
     pub fn of(rec: &FileRecord, lease: &LeaseRecord) -> LeaseInfo {
         LeaseInfo {
             id: lease.id,
-            name: lease.name.clone(),
+            name: display_name(&lease.name).to_string(),
             path: lease.path.clone(),
             size: rec.size,
             node: rec.node,

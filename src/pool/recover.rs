@@ -73,10 +73,23 @@ fn facts(journal: &Journal, mounts: &BTreeMap<PageSize, PoolMount>, clean: bool)
         let paths = facts.lease_paths.entry(ps).or_default();
         for entry in dir.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
+            let meta = fs::symlink_metadata(entry.path()).ok();
+            // A tenant's directory (`.uid-N`, `.p-...`; see `lease::scope_dir`): its lease
+            // paths are facts under `<dir>/<name>`, the directory itself stays.
+            if name.starts_with('.') && meta.as_ref().is_some_and(|m| m.is_dir()) {
+                let inner = fs::read_dir(entry.path()).map_err(io("readdir", &mount.lease_dir))?;
+                for e in inner.flatten() {
+                    let scoped = format!("{name}/{}", e.file_name().to_string_lossy());
+                    let inode = fs::symlink_metadata(e.path())
+                        .ok()
+                        .map(|m| (m.dev(), m.ino()));
+                    let path = mount.lease_dir.join(&scoped);
+                    paths.insert(scoped, LeasePathFact { path, inode });
+                }
+                continue;
+            }
             let path = mount.lease_dir.join(&name);
-            let inode = fs::symlink_metadata(entry.path())
-                .ok()
-                .map(|m| (m.dev(), m.ino()));
+            let inode = meta.map(|m| (m.dev(), m.ino()));
             paths.insert(name, LeasePathFact { path, inode });
         }
     }

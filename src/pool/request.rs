@@ -97,6 +97,8 @@ pub struct ValidRequest {
     pub recycle: crate::policy::pool::Recycle,
     /// The principal making the lease (journaled with it).
     pub principal: Option<String>,
+    /// The principal and its limits, when a client asks (none: the daemon's own callers).
+    pub tenant: Option<crate::pool::tenant::Tenant>,
 }
 
 #[cfg(test)]

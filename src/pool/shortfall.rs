@@ -95,6 +95,16 @@ impl Refusals {
 /// gave fewer pages than the target needs (each try may compact memory).
 const RESERVE_BACKOFF: Duration = Duration::from_secs(30);
 
+/// What a raise for a lease did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Raised {
+    /// Pages added.
+    pub(super) added: u64,
+    /// `reserve_limit` refused it: (the limit, bytes hugeprep added to the node, bytes the
+    /// lease lacked).
+    pub(super) capped: Option<(u64, u64, u64)>,
+}
+
 impl Pool {
     /// A kind's target lacks `deficit` bytes and the kernel cannot supply the next file of
     /// `size`: the pages to raise the node's pool by, or else `None` with the reason logged
@@ -212,16 +222,16 @@ impl Pool {
         ps: PageSize,
         mount: &std::path::Path,
         short: u64,
-    ) -> u64 {
+    ) -> Raised {
         let policy = self.policy();
         let pages = short.div_ceil(ps.bytes());
         if pages == 0 {
-            return 0;
+            return Raised::default();
         }
         if !policy.reserve.enabled {
             let why = reserve::Limit::Disabled.explain(node, ps, pages);
             self.refusals.set_why(node, ps, Some(why));
-            return 0;
+            return Raised::default();
         }
         // A mount's size limit that leaves less than the lease lacks: more kernel pages
         // would not be usable.
@@ -232,11 +242,11 @@ impl Pool {
                 format_bytes(free * ps.bytes())
             );
             self.refusals.set_why(node, ps, Some(why));
-            return 0;
+            return Raised::default();
         }
         let _gate = self.reserve_gate.lock().unwrap_or_else(|e| e.into_inner());
         if self.shutdown.load(Ordering::SeqCst) || self.lock().drained.contains(&(node, ps)) {
-            return 0;
+            return Raised::default();
         }
         let available = crate::topology::node_available_bytes(node).unwrap_or(0);
         let added_on_node = self.reservations.added_bytes_on(node);
@@ -248,7 +258,11 @@ impl Pool {
                 tracing::warn!(node, page_size = %ps, "a lease cannot be served: {reason}");
                 self.refusals.set_why(node, ps, Some(reason));
             }
-            return 0;
+            let capped = match limit {
+                Some(reserve::Limit::Cap { limit }) => Some((limit, added_on_node, short)),
+                _ => None,
+            };
+            return Raised { added: 0, capped };
         }
         // As the reserve job: gigantic pages the kernel falls short of pull memory in once.
         // Then, while the kernel falls short, compact the node's memory and ask again, within
@@ -266,7 +280,7 @@ impl Pool {
                     ps,
                     Some(format!("raising the kernel's pool failed: {err}")),
                 );
-                return 0;
+                return Raised::default();
             }
         };
         if added > 0 {
@@ -290,7 +304,10 @@ impl Pool {
         } else {
             self.refusals.set_why(node, ps, None);
         }
-        added
+        Raised {
+            added,
+            capped: None,
+        }
     }
 
     /// A lease of `size` bytes was refused: only `available` could be supplied. Remembered

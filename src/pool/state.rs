@@ -38,6 +38,12 @@ pub(super) struct State {
     /// decision subtracts what it does not show yet (concurrent cold leases would otherwise
     /// promise the same free pages twice).
     pub(super) faulting: BTreeMap<u64, Promise>,
+    /// Released files still held by someone, waiting aside for another proof (see `aside`).
+    pub(super) aside: super::aside::AsideQueue,
+    /// Leases being taken by a tenant, by file id, until journaled (see `tenant`).
+    pub(super) taking: BTreeMap<u64, super::tenant::Taking>,
+    /// Files whose lease holds a long-term pin (mirrors the pins, for the tenants' counts).
+    pub(super) pinned: BTreeSet<u64>,
 }
 
 /// Free pages promised to the fault of one file.
@@ -112,6 +118,16 @@ impl State {
     /// The fault of file `id` is over (done or failed): the kernel's count is right again.
     pub(super) fn end_faulting(&mut self, id: u64) {
         self.faulting.remove(&id);
+    }
+
+    /// Forgets the files aside that are no longer released and waiting (scrubbed, given
+    /// up for room, drained): what the tenants' `held_bytes` count must not include.
+    pub(super) fn prune_aside(&mut self) {
+        let core = &self.core;
+        self.aside.retain(|id| {
+            core.get(id)
+                .is_some_and(|e| matches!(e.rec().state, FileState::Dirty | FileState::Scrubbing))
+        });
     }
 
     pub(super) fn of_kind(&self, node: u32, ps: PageSize) -> impl Iterator<Item = &Entry> {

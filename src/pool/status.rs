@@ -73,6 +73,13 @@ pub struct PoolStatus {
     /// open watch, or the kernel's counts do not match the proof's model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proof_fallback: Option<String>,
+    /// Released files still held by someone, waiting aside for another proof (see
+    /// `docs/pool.md`, "Held releases").
+    #[serde(default)]
+    pub held_aside_files: usize,
+    /// Their bytes.
+    #[serde(default)]
+    pub held_aside_bytes: u64,
 }
 
 impl Pool {
@@ -126,6 +133,25 @@ impl Pool {
             counters: self.counters.snapshot(),
             last_refused_lease: self.refusals.last(),
             proof_fallback: self.proof_fallback(),
+            held_aside_files: st.aside.totals().0,
+            held_aside_bytes: st.aside.totals().1,
         }
+    }
+
+    /// The pool file of the live lease `lease_id` (a benchmark follows it back to warm).
+    pub fn file_of_lease(&self, lease_id: u64) -> Option<u64> {
+        let st = self.lock();
+        let found = st.core.files().find_map(|e| match &e.rec().state {
+            FileState::Leased(l) if l.id == lease_id => Some(e.rec().id),
+            _ => None,
+        });
+        found
+    }
+
+    /// Whether pool file `id` is warm and idle.
+    pub fn file_is_warm(&self, id: u64) -> bool {
+        let st = self.lock();
+        let warm = st.core.get(id).is_some_and(|e| e.is_idle(&FileState::Warm));
+        warm
     }
 }

@@ -62,12 +62,16 @@ impl Pool {
                     if let Some(job) = self.next_job(&mut st) {
                         break (job, pressing);
                     }
-                    // Held by a start under way: look again soon after it ends.
-                    let wait = if self.gate.under_way() {
+                    // Held by a start under way: look again soon after it ends; a file
+                    // waiting aside: when it is due.
+                    let mut wait = if self.gate.under_way() {
                         Duration::from_millis(20)
                     } else {
                         Duration::from_millis(500)
                     };
+                    if let Some(due) = st.aside.next_due() {
+                        wait = wait.min(due.saturating_duration_since(Instant::now()));
+                    }
                     st = st.wait_timeout(&self.changed, wait);
                 }
             };
@@ -127,11 +131,22 @@ impl Pool {
         // background work waits for it whatever the pool lacks, unless a lease waits on the
         // work (see `gate`).
         let held = !urgent && self.gate.under_way();
-        // 1. Released and unproven files: scrub them back to warm, or delete them.
+        // 1. Released and unproven files: scrub them back to warm, or delete them. Fresh
+        // releases first, then files held aside whose next proof is due (see `aside`): an
+        // honest release never waits behind a tenant's held files.
+        let now = Instant::now();
+        st.prune_aside();
         let dirty = st
             .core
             .files()
-            .find(|e| e.is_idle(&FileState::Dirty))
+            .filter(|e| e.is_idle(&FileState::Dirty))
+            .find(|e| !st.aside.contains(e.rec().id))
+            .or_else(|| {
+                st.core
+                    .files()
+                    .filter(|e| e.is_idle(&FileState::Dirty))
+                    .find(|e| !st.aside.waiting(e.rec().id, now))
+            })
             .map(|e| e.rec().clone());
         if let Some(rec) = dirty.filter(|_| incomplete || !held) {
             return self.dirty_job(st, &rec);

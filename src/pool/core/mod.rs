@@ -68,6 +68,8 @@ pub(crate) struct Released {
     /// Whether this daemon run watched the file's opens for the whole lease (it leased it):
     /// a restart loses the watch, and a file leased before it takes the kernel's path.
     pub(crate) watched: bool,
+    /// The principal that made the lease (its `held_bytes` pay while the file waits aside).
+    pub(crate) principal: Option<String>,
 }
 
 /// One pool file in memory: its journal record, who works on it, and its last lease.

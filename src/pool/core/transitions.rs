@@ -182,6 +182,7 @@ impl Core {
             name: lease.name.clone(),
             recycle: lease.recycle,
             watched: e.watched,
+            principal: lease.principal.clone(),
         });
         e.busy = Some(Work::Releasing);
         let dirty = FileRecord {
@@ -300,6 +301,17 @@ impl Core {
         e.released = None;
         e.watched = false;
         self.assert_valid(event);
+        Ok(())
+    }
+
+    /// A released file's proof found it still held: dirty again at `size` (what the journal
+    /// says: the scrubbing record is written only once the proof passes), to wait aside.
+    pub(crate) fn held_aside(&mut self, id: u64, size: u64) -> Result<()> {
+        let e = self.expect("held-aside", id, &[Phase::Scrubbing])?;
+        e.rec.state = FileState::Dirty;
+        e.rec.size = size;
+        e.busy = None;
+        self.assert_valid("held-aside");
         Ok(())
     }
 

@@ -211,6 +211,7 @@ impl Sim {
             name: name.to_string(),
             recycle: Recycle::Proven,
             watched: true,
+            principal: None,
         };
         let journal = self
             .core

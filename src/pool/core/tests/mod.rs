@@ -202,6 +202,7 @@ fn a_failed_warm_lease_is_dirty_at_its_size_on_the_mount() {
         name: "vm".into(),
         recycle: Recycle::Proven,
         watched: true,
+        principal: None,
     };
     let action = c.abort_warm(1, 2 * M2, released.clone()).unwrap();
     assert_eq!(action, Action::Journal(rec(1, 2 * M2, FileState::Dirty)));
@@ -464,6 +465,7 @@ fn a_clean_shutdown_journals_every_dirty_file_first() {
         name: "vm".into(),
         recycle: Recycle::Proven,
         watched: true,
+        principal: None,
     };
     c.abort_warm(1, M2, released).unwrap();
     assert_eq!(
@@ -530,6 +532,7 @@ fn check_refuses_a_released_lease_remembered_by_a_warm_file() {
         name: "a".into(),
         recycle: Recycle::Proven,
         watched: true,
+        principal: None,
     });
     assert!(matches!(c.check(), Err(Violation::Owner { id: 1, .. })));
 }

@@ -1,0 +1,256 @@
+//! Limits per principal (see `policy::tenants` and `docs/security.md`, "Limits per tenant"):
+//! what one principal holds is counted from the pool's files (journaled leases carry their
+//! principal, so a restart counts them again), the leases it is taking now, and its
+//! released files waiting aside. A lease that would take it over a limit is refused before
+//! anything is chosen or changed, under the same lock hold that claims the file, so two
+//! requests at once cannot both pass.
+
+use std::collections::BTreeMap;
+
+use super::state::State;
+use super::{FileState, PageSize, Pool, PoolError, Result, ValidRequest};
+use crate::policy::tenants::Limits;
+
+/// Names the libvirt hook derives (`libvirt-<domain uuid>-<alias>`, see
+/// `vmm::libvirt::hook`): only an admin principal (the hook runs as root) may lease them, so
+/// no tenant can take a domain's name first and make its next start fail.
+pub const HOOK_PREFIX: &str = "libvirt-";
+
+/// The directory below the lease directory that holds a tenant's lease paths: `.uid-N`
+/// for a unix peer, `.p-<hex>` for any other principal (a token, a certificate). Lease
+/// names never start with `.`, so no lease path of an admin's can be one of them.
+pub fn scope_dir(principal: &str) -> String {
+    match principal.strip_prefix("uid:") {
+        Some(uid) if uid.bytes().all(|b| b.is_ascii_digit()) && !uid.is_empty() => {
+            format!(".uid-{uid}")
+        }
+        _ => {
+            // 255 bytes is the longest file name: long principals are cut after their hex
+            // start, with their length and a checksum of the whole kept.
+            let hex: String = principal.bytes().map(|b| format!("{b:02x}")).collect();
+            if hex.len() <= 200 {
+                format!(".p-{hex}")
+            } else {
+                let sum = principal.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+                });
+                format!(".p-{}-{}-{sum:016x}", &hex[..160], principal.len())
+            }
+        }
+    }
+}
+
+/// Refuses a name of the hook's to anyone but an admin.
+pub(super) fn check_reserved_name(name: &str, tenant: &Tenant) -> Result<()> {
+    if name.starts_with(HOOK_PREFIX) && !tenant.admin {
+        return Err(PoolError::Field {
+            field: "name",
+            message: format!(
+                "names beginning with {HOOK_PREFIX:?} are the libvirt hook's: only an admin may lease them"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Who asks for a lease, and what it may hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    /// The principal (`uid:N`, `token:NAME`, ...).
+    pub principal: String,
+    /// Whether it is an admin (names the libvirt hook derives are its alone).
+    pub admin: bool,
+    /// Its limits.
+    pub limits: Limits,
+}
+
+/// What a principal holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Leased bytes per page size.
+    pub leased_bytes: BTreeMap<PageSize, u64>,
+    /// Leases.
+    pub leases: u64,
+    /// pidfds and pins held for its leases.
+    pub descriptors: u64,
+    /// Released bytes still held by someone, waiting aside.
+    pub held_bytes: u64,
+}
+
+/// A lease being taken, until its record is journaled (then the record counts).
+#[derive(Debug, Clone)]
+pub(super) struct Taking {
+    pub(super) principal: String,
+    pub(super) page_size: PageSize,
+    pub(super) size: u64,
+    pub(super) descriptors: u64,
+}
+
+/// The descriptors a request makes the daemon hold: a pidfd for `pid`, a ring for `pin`.
+fn descriptors_of(v: &ValidRequest) -> u64 {
+    u64::from(v.pid.is_some()) + u64::from(v.pin)
+}
+
+/// The first limit `ask` would cross: (limit name, limit, in use, asked).
+pub(crate) fn over(
+    limits: &Limits,
+    usage: &Usage,
+    page_size: PageSize,
+    size: u64,
+    descriptors: u64,
+) -> Option<(String, u64, u64, u64)> {
+    let leased = usage.leased_bytes.get(&page_size).copied().unwrap_or(0);
+    let checks = [
+        (
+            format!("leased_bytes.{page_size}"),
+            limits.leased_bytes.get(&page_size).copied().flatten(),
+            leased,
+            size,
+        ),
+        ("leases".to_string(), limits.leases, usage.leases, 1),
+        (
+            "descriptors".to_string(),
+            limits.descriptors,
+            usage.descriptors,
+            descriptors,
+        ),
+    ];
+    // `held_bytes` is kept where files are set aside (see `aside`): a held file over it
+    // takes the kernel's path at once, which frees its pages whatever the holder does.
+    checks.into_iter().find_map(|(name, limit, used, asked)| {
+        let limit = limit?;
+        (asked > 0 && used.saturating_add(asked) > limit).then_some((name, limit, used, asked))
+    })
+}
+
+impl Pool {
+    /// What `principal` holds now (under the state lock).
+    pub(super) fn usage_locked(&self, st: &State, principal: &str) -> Usage {
+        let mut u = Usage::default();
+        for e in st.core.files() {
+            if let FileState::Leased(l) = &e.rec().state {
+                if l.principal.as_deref() == Some(principal) {
+                    *u.leased_bytes.entry(e.rec().page_size).or_default() += e.rec().size;
+                    u.leases += 1;
+                    u.descriptors += u64::from(l.pid.is_some());
+                    u.descriptors += u64::from(st.pinned.contains(&e.rec().id));
+                }
+            }
+        }
+        for t in st.taking.values().filter(|t| t.principal == principal) {
+            *u.leased_bytes.entry(t.page_size).or_default() += t.size;
+            u.leases += 1;
+            u.descriptors += t.descriptors;
+        }
+        u.held_bytes = st.aside.held_bytes(Some(principal));
+        u
+    }
+
+    /// What `principal` holds now.
+    pub fn usage(&self, principal: &str) -> Usage {
+        let st = self.lock();
+        self.usage_locked(&st, principal)
+    }
+
+    /// Refuses a lease that would take its tenant over a limit (429, naming the limit, what
+    /// is in use and the principal); changes nothing.
+    pub(super) fn check_limits(&self, st: &State, v: &ValidRequest) -> Result<()> {
+        let Some(tenant) = &v.tenant else {
+            return Ok(());
+        };
+        let usage = self.usage_locked(st, &tenant.principal);
+        match over(
+            &tenant.limits,
+            &usage,
+            v.page_size,
+            v.size,
+            descriptors_of(v),
+        ) {
+            None => Ok(()),
+            Some((limit, max, in_use, asked)) => Err(PoolError::OverLimit {
+                principal: tenant.principal.clone(),
+                limit,
+                max,
+                in_use,
+                asked,
+            }),
+        }
+    }
+
+    /// Records a lease being taken by its tenant (counted until it is journaled or fails).
+    pub(super) fn start_taking(&self, st: &mut State, v: &ValidRequest, id: u64) {
+        if let Some(t) = &v.tenant {
+            st.taking.insert(
+                id,
+                Taking {
+                    principal: t.principal.clone(),
+                    page_size: v.page_size,
+                    size: v.size,
+                    descriptors: descriptors_of(v),
+                },
+            );
+        }
+    }
+
+    /// The limit of held bytes of `principal`, as its last lease request gave it (`None`:
+    /// no limit, or no request since the start: its files were leased before the restart
+    /// and take the kernel's path anyway).
+    pub(super) fn held_limit(&self, principal: Option<&str>) -> Option<u64> {
+        let principal = principal?;
+        self.tenant_limits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(principal)
+            .and_then(|l| l.held_bytes)
+    }
+
+    /// Remembers the limits of a tenant that asked for a lease (for its held files).
+    pub(super) fn note_tenant(&self, tenant: &Tenant) {
+        let mut known = self.tenant_limits.lock().unwrap_or_else(|e| e.into_inner());
+        // Bounded by the principals the access rules let lease: one entry each.
+        known.insert(tenant.principal.clone(), tenant.limits.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: u64 = 1 << 20;
+
+    fn limits() -> Limits {
+        Limits {
+            leased_bytes: [(PageSize::Size2M, Some(8 * M))].into_iter().collect(),
+            leases: Some(3),
+            descriptors: Some(1),
+            held_bytes: Some(4 * M),
+        }
+    }
+
+    #[test]
+    fn the_first_limit_crossed_is_named_with_its_use() {
+        let mut u = Usage::default();
+        let ps = PageSize::Size2M;
+        assert_eq!(over(&limits(), &u, ps, 8 * M, 1), None);
+        u.leased_bytes.insert(ps, 4 * M);
+        assert_eq!(
+            over(&limits(), &u, ps, 6 * M, 0),
+            Some(("leased_bytes.2M".into(), 8 * M, 4 * M, 6 * M))
+        );
+        // Another page size has no limit here.
+        assert_eq!(over(&limits(), &u, PageSize::Size1G, 1 << 30, 0), None);
+        u.leases = 3;
+        assert_eq!(
+            over(&limits(), &u, ps, 2 * M, 0),
+            Some(("leases".into(), 3, 3, 1))
+        );
+        u.leases = 0;
+        u.descriptors = 1;
+        assert_eq!(
+            over(&limits(), &u, ps, 2 * M, 1),
+            Some(("descriptors".into(), 1, 1, 1))
+        );
+        assert_eq!(over(&limits(), &u, ps, 2 * M, 0), None);
+        assert_eq!(over(&Limits::default(), &u, ps, 1 << 40, 9), None);
+    }
+}
