@@ -140,22 +140,18 @@ struct report {
 	__s64 first_held_mapcount;
 	__u64 odd_entries;
 	__u64 nodes;
+	// The run this report answers (the target's `run`), and whether another run used the
+	// same scratch meanwhile (then the caller fails closed).
+	__u64 run;
+	__u32 interleaved;
+	__u32 pad;
 };
 
-struct target {
-	__u32 fd;
-	__u32 flags;
-};
-
-// The descriptor each daemon thread asks about, by thread id.
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __u32);
-	__type(value, struct target);
-} targets SEC(".maps");
-
-// Scratch space of one walk (the iterator runs with migration disabled).
+// Scratch space of one walk. It lives in the run's own target entry, never in per-CPU
+// memory: the iterator runs with migration disabled but preemptible, and the daemon's
+// threads that prove (an API thread at SCHED_FIFO, the worker at SCHED_IDLE) can preempt
+// each other on one CPU in the middle of a walk. Each thread owns the entry keyed by its
+// thread id, so no run ever shares its scratch with another.
 struct walk {
 	// The daemon's dentry of the file, its file system's root, a list's next entry.
 	unsigned long dentry;
@@ -167,12 +163,27 @@ struct walk {
 	struct report r;
 };
 
+// Read by src/sys/reach_bpf.rs (it writes `fd`, `flags` and `run`, zeroes the rest).
+struct target {
+	__u32 fd;
+	__u32 flags;
+	// A number the caller chose for this run: the report carries it back.
+	__u64 run;
+	// Runs inside this entry now (more than one: interleaved, the report says so).
+	__u32 busy;
+	__u32 pad;
+	struct walk w;
+};
+
+// The descriptor each daemon thread asks about, and its walk's scratch, by thread id.
+// Allocated per update (about 5 KiB each), not preallocated for every possible thread.
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
-	__type(value, struct walk);
-} walks SEC(".maps");
+	__type(value, struct target);
+} targets SEC(".maps");
 
 // xarray internal entries (include/linux/xarray.h).
 static __always_inline bool xa_is_internal(unsigned long e)
@@ -319,12 +330,14 @@ int hugeprep_probe(struct bpf_iter__task_file *ctx)
 	struct target *t = bpf_map_lookup_elem(&targets, &tid);
 	if (!t || t->fd != ctx->fd)
 		return 0;
-	__u32 zero = 0;
-	struct walk *w = bpf_map_lookup_elem(&walks, &zero);
-	if (!w)
-		return 0;
+	// Any other run inside this entry from here to the report marks it interleaved (a
+	// caller bug: one thread runs one iterator at a time); the caller then fails closed.
+	__sync_fetch_and_add(&t->busy, 1);
+	__u32 entered = *(volatile __u32 *)&t->busy;
+	struct walk *w = &t->w;
 	__builtin_memset(&w->r, 0, sizeof(w->r));
-	w->r.version = 1;
+	w->r.version = 2;
+	w->r.run = t->run;
 
 	struct dentry *dentry = BPF_CORE_READ(file, f_path.dentry);
 	struct inode *inode = BPF_CORE_READ(file, f_inode);
@@ -353,6 +366,9 @@ int hugeprep_probe(struct bpf_iter__task_file *ctx)
 		w->r.walked = 1;
 		walk_folios(w, inode);
 	}
+	if (entered != 1 || *(volatile __u32 *)&t->busy != 1)
+		w->r.interleaved = 1;
+	__sync_fetch_and_add(&t->busy, -1);
 	bpf_seq_write(seq, &w->r, sizeof(w->r));
 	return 0;
 }
