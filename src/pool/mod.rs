@@ -32,6 +32,7 @@ mod kernel;
 mod kernel_path;
 mod lease;
 mod locked;
+pub mod on_node;
 mod pin;
 pub mod placement;
 pub mod reach;
@@ -470,6 +471,12 @@ impl Pool {
     /// How released leases are proven (see [`reach::Method`]).
     pub fn proof_method(&self) -> reach::Method {
         self.reach.method()
+    }
+
+    /// Proofs whose file system had more mounts than the kernel counts' walk reads (see
+    /// [`reach::Reach::proofs_beyond_mount_bound`]).
+    pub fn proofs_beyond_mount_bound(&self) -> u64 {
+        self.reach.proofs_beyond_mount_bound()
     }
 
     /// How long the open watch's reader has been stalled, if it is (see

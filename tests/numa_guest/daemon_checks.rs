@@ -48,6 +48,10 @@ pub fn run(guest: &Guest, report: &mut Report) {
         release_scrubbed_on_node1(d),
     );
     report.check(
+        "pages_moved_by_the_lessee_take_the_kernels_path",
+        moved_pages_take_the_kernels_path(d),
+    );
+    report.check(
         "lease_too_large_for_node1_is_422_naming_node",
         too_large(d, &nodes),
     );
@@ -350,6 +354,56 @@ fn release_scrubbed_on_node1(d: &Daemon) -> Result<String, String> {
         "scrub workers' affinity {:?} (node 1 CPUs {node1_cpus:?}), log: {}",
         scrub.affinity,
         lines.first().map_or("", |l| l.trim())
+    ))
+}
+
+/// A lessee moves pages of its node-1 lease to node 0 (`mbind(MPOL_MF_MOVE)`, which any
+/// process may do with its own mapping) and lets go: the release is proven out of reach by
+/// the kernel's counts, but its pages are off its node, so it takes the kernel's path
+/// (`reason="node"`), whose truncate gives each page back to its own node; the next node-1
+/// lease has every page on node 1.
+fn moved_pages_take_the_kernels_path(d: &Daemon) -> Result<String, String> {
+    let req = LeaseRequest {
+        name: "moved".into(),
+        size: 4 * MIB,
+        node: Some(1),
+        ..Default::default()
+    };
+    let lease = d.lease(&req).map_err(|e| format!("lease moved: {e}"))?;
+    let moved = {
+        let file = hugeprep::hugetlb::BackingFile::open(&lease.path, hugeprep::PageSize::Size2M)
+            .map_err(|e| e.to_string())?;
+        let region = file.map().map_err(|e| e.to_string())?;
+        hugeprep::sys::numa::move_region(&region, 0).map_err(|e| e.to_string())?;
+        (0..region.len())
+            .step_by(PAGE as usize)
+            .filter(|&at| hugeprep::sys::numa::node_of(&region, at).is_ok_and(|n| n == 0))
+            .count()
+    };
+    if moved == 0 {
+        return Err("no page moved to node 0 (no free page there?)".into());
+    }
+    let log_before = daemon_log().len();
+    d.release("moved")?;
+    d.wait_pool("moved given back and the pool refilled", |p| {
+        kind(p, 1).is_some_and(|k| k.warm_bytes >= 4 * MIB && settled(k))
+    })?;
+    let log = daemon_log();
+    let line = log[log_before..]
+        .lines()
+        .find(|l| l.contains("takes the kernel's path"))
+        .ok_or_else(|| format!("the release was recycled in place with {moved} pages on node 0"))?
+        .to_string();
+    if !line.contains("reason=\"node\"") {
+        return Err(format!(
+            "the release took the kernel's path for another reason: {line}"
+        ));
+    }
+    let next = lease_on(d, "moved-next", 4 * MIB, Some(1), None, 1)?;
+    d.release("moved-next")?;
+    Ok(format!(
+        "{moved} pages moved to node 0 by the lessee; {}; next: {next}",
+        line.trim()
     ))
 }
 
