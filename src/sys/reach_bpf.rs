@@ -38,8 +38,11 @@ const REPORT_VERSION: u32 = 2;
 /// Bytes of one `struct report`.
 const REPORT_BYTES: usize = 136;
 
-/// Bytes of `struct target` before its scratch (`fd`, `flags`, `run`, `busy`, `pad`).
-const TARGET_HEAD_BYTES: usize = 24;
+/// Bytes of `struct target` (`fd`, `flags`, `run`, `slot`, `pad`).
+const TARGET_BYTES: usize = 24;
+
+/// Slots of the `walks` map (`WALK_SLOTS` in `reach.bpf.c`): runs at the same time.
+const WALK_SLOTS: u32 = 64;
 
 /// The last run number given out ([`Probe::report`]): each run has its own, and its report
 /// must carry it back.
@@ -81,13 +84,9 @@ pub enum BpfError {
         /// The number the report carries.
         got: u64,
     },
-    /// The map of targets has a value of another size than this code writes (a build
-    /// mismatch).
-    #[error("the targets map holds {bytes}-byte values, fewer than the 24 written")]
-    TargetSize {
-        /// The map's value size.
-        bytes: usize,
-    },
+    /// Every slot of the walks' scratch is taken by another run.
+    #[error("all {WALK_SLOTS} slots of the probe's scratch are taken by other runs")]
+    Busy,
 }
 
 fn sys(call: &'static str) -> impl FnOnce(std::io::Error) -> BpfError {
@@ -178,6 +177,8 @@ pub struct Probe {
     _object: libbpf_rs::Object,
     prog: OwnedFd,
     targets: MapHandle,
+    /// The slots of `walks` taken by runs under way (bit N: slot N).
+    slots: std::sync::Mutex<u64>,
 }
 
 impl Probe {
@@ -204,6 +205,7 @@ impl Probe {
             _object: object,
             prog,
             targets,
+            slots: std::sync::Mutex::new(0),
         })
     }
 
@@ -211,23 +213,43 @@ impl Probe {
     /// walked when `folios`.
     ///
     /// Safe to call from any number of threads at once, whatever their priorities: the
-    /// walk's scratch is this thread's own entry of the targets map (keyed by its thread
-    /// id, written afresh for each run), never memory shared by the runs of one CPU, and
-    /// the report must carry back this run's number and say that no other run used the
-    /// entry meanwhile.
+    /// walk's scratch is a slot of the `walks` map taken for this run alone (and given back
+    /// after it), never memory shared by the runs of one CPU, and the report must carry
+    /// back this run's number and say that no other run used the slot meanwhile.
     pub fn report(&self, file: &File, folios: bool) -> Result<Report, BpfError> {
+        let slot = self.take_slot()?;
+        let out = self.report_in(slot, file, folios);
+        self.give_back(slot);
+        out
+    }
+
+    /// Takes a free slot of the walks' scratch.
+    fn take_slot(&self) -> Result<u32, BpfError> {
+        let mut taken = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = (!*taken).trailing_zeros();
+        if slot >= WALK_SLOTS {
+            return Err(BpfError::Busy);
+        }
+        *taken |= 1 << slot;
+        Ok(slot)
+    }
+
+    fn give_back(&self, slot: u32) {
+        let mut taken = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        *taken &= !(1u64 << slot);
+    }
+
+    /// [`Probe::report`] with the walk in `slot`.
+    fn report_in(&self, slot: u32, file: &File, folios: bool) -> Result<Report, BpfError> {
         let tid = nix::unistd::gettid().as_raw() as u32;
         let fd = file.as_raw_fd();
-        let bytes = self.targets.value_size() as usize;
-        if bytes < TARGET_HEAD_BYTES {
-            return Err(BpfError::TargetSize { bytes });
-        }
         let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        let mut target = vec![0u8; bytes];
+        let mut target = [0u8; TARGET_BYTES];
         target[..4].copy_from_slice(&(fd as u32).to_ne_bytes());
         let flags = if folios { PROBE_FOLIOS } else { 0 };
         target[4..8].copy_from_slice(&flags.to_ne_bytes());
         target[8..16].copy_from_slice(&run.to_ne_bytes());
+        target[16..20].copy_from_slice(&slot.to_ne_bytes());
         self.targets
             .update(&tid.to_ne_bytes(), &target, MapFlags::ANY)
             .map_err(|e| BpfError::Sys {

@@ -374,6 +374,11 @@ fn moved_pages_take_the_kernels_path(d: &Daemon) -> Result<String, String> {
         let file = hugeprep::hugetlb::BackingFile::open(&lease.path, hugeprep::PageSize::Size2M)
             .map_err(|e| e.to_string())?;
         let region = file.map().map_err(|e| e.to_string())?;
+        // Mapped into this process first (a lookup faults each page in): mbind moves only
+        // pages its page tables hold.
+        for at in (0..region.len()).step_by(PAGE as usize) {
+            hugeprep::sys::numa::node_of(&region, at).map_err(|e| e.to_string())?;
+        }
         hugeprep::sys::numa::move_region(&region, 0).map_err(|e| e.to_string())?;
         (0..region.len())
             .step_by(PAGE as usize)
