@@ -370,21 +370,28 @@ fn moved_pages_take_the_kernels_path(d: &Daemon) -> Result<String, String> {
         ..Default::default()
     };
     let lease = d.lease(&req).map_err(|e| format!("lease moved: {e}"))?;
-    let moved = {
-        let file = hugeprep::hugetlb::BackingFile::open(&lease.path, hugeprep::PageSize::Size2M)
-            .map_err(|e| e.to_string())?;
-        let region = file.map().map_err(|e| e.to_string())?;
-        // Mapped into this process first (a lookup faults each page in): mbind moves only
-        // pages its page tables hold.
-        for at in (0..region.len()).step_by(PAGE as usize) {
-            hugeprep::sys::numa::node_of(&region, at).map_err(|e| e.to_string())?;
-        }
-        hugeprep::sys::numa::move_region(&region, 0).map_err(|e| e.to_string())?;
-        (0..region.len())
-            .step_by(PAGE as usize)
-            .filter(|&at| hugeprep::sys::numa::node_of(&region, at).is_ok_and(|n| n == 0))
-            .count()
-    };
+    // In a process of its own, in a cgroup of its own that is removed once it exited: the
+    // walk (the fallback the guest's daemon may use) proves such an opener gone.
+    let cgroup = "/sys/fs/cgroup/hugeprep-lessee-moved";
+    std::fs::create_dir_all(cgroup).map_err(|e| format!("mkdir {cgroup}: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out = Command::new("sh")
+        .args(["-c", r#"echo $$ > "$0/cgroup.procs" && exec "$@""#, cgroup])
+        .arg(&exe)
+        .args(["move-pages", &lease.path.display().to_string(), "0"])
+        .output()
+        .map_err(|e| format!("move-pages: {e}"))?;
+    let _ = std::fs::remove_dir(cgroup);
+    if !out.status.success() {
+        return Err(format!(
+            "move-pages: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let moved: usize = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| format!("move-pages said {:?}: {e}", out.stdout))?;
     if moved == 0 {
         return Err("no page moved to node 0 (no free page there?)".into());
     }
@@ -410,6 +417,24 @@ fn moved_pages_take_the_kernels_path(d: &Daemon) -> Result<String, String> {
         "{moved} pages moved to node 0 by the lessee; {}; next: {next}",
         line.trim()
     ))
+}
+
+/// What the lessee of [`moved_pages_take_the_kernels_path`] does, in a process of its own
+/// (`numa_guest move-pages PATH NODE`): maps the file, faults each page into its mapping
+/// (mbind moves only pages its page tables hold), moves them to `node`
+/// (`mbind(MPOL_MF_MOVE)`), and counts the pages there.
+pub fn move_pages(path: &Path, node: u32) -> Result<usize, String> {
+    let file = hugeprep::hugetlb::BackingFile::open(path, hugeprep::PageSize::Size2M)
+        .map_err(|e| e.to_string())?;
+    let region = file.map().map_err(|e| e.to_string())?;
+    for at in (0..region.len()).step_by(PAGE as usize) {
+        hugeprep::sys::numa::node_of(&region, at).map_err(|e| e.to_string())?;
+    }
+    hugeprep::sys::numa::move_region(&region, node).map_err(|e| e.to_string())?;
+    Ok((0..region.len())
+        .step_by(PAGE as usize)
+        .filter(|&at| hugeprep::sys::numa::node_of(&region, at).is_ok_and(|n| n == node))
+        .count())
 }
 
 fn join(cpus: &[usize]) -> String {
