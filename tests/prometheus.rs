@@ -357,7 +357,7 @@ fn prometheus_scrapes_the_daemon_and_the_dashboard_and_rules_use_only_its_metric
         let v = json(&http("GET", &format!("{prom}/api/v1/rules"), &[], None));
         let group = v["data"]["groups"][0].clone();
         let rules = group["rules"].as_array().cloned().unwrap_or_default();
-        (rules.len() == 9
+        (rules.len() == 10
             && rules
                 .iter()
                 .all(|r| r["lastEvaluation"] != "0001-01-01T00:00:00Z"))
