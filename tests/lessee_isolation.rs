@@ -64,7 +64,12 @@ enum By {
 
 /// A world with room for one warm file and [`SPARE`], its releases proven `by`.
 fn world_by(name: &str, by: By, extra: &[&str]) -> (Env, Daemon) {
-    let env = Env::new(name, SIZE + SPARE);
+    world_with_room(name, by, SIZE + SPARE, extra)
+}
+
+/// [`world_by`] on a mount of `room` bytes.
+fn world_with_room(name: &str, by: By, room: u64, extra: &[&str]) -> (Env, Daemon) {
+    let env = Env::new(name, room);
     let wrapper: &[&str] = match by {
         By::Counts => &[],
         By::Walk => &["env", "HUGEPREP_REACH=walk"],
@@ -195,6 +200,150 @@ fn pages_vmspliced_into_a_kept_pipe_reach_nothing() {
 fn pages_vmspliced_into_a_kept_pipe_reach_nothing_walk() {
     let (env, d) = world_by("reach-vmsplice-w", By::Walk, &[]);
     lone_attacker(&env, &d, "vmsplice", "opener-alive", 1);
+}
+
+/// A local user (uid 65534, no privilege) makes more mounts of the pool's file system than
+/// the kernel counts' walk reads (4,096), in a user and mount namespace of its own, from
+/// before the first lease: the model of the counts is still checked, releases are still
+/// proven and recycled in place (the mounts beyond the bound are read from `/proc`), and
+/// each such proof is counted and logged. Before, every release took the kernel's path for
+/// as long as the mounts existed.
+#[test]
+fn more_mounts_than_the_kernel_walk_reads_leave_the_proof_on() {
+    let env = Env::new("reach-mounts", SIZE + SPARE);
+    let mut mounts = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--",
+            "python3",
+            "-c",
+        ])
+        .arg(
+            "import ctypes,os,sys\n\
+             libc=ctypes.CDLL(None,use_errno=True)\n\
+             m=sys.argv[1].encode()\n\
+             for i in range(4200):\n\
+             \x20   if libc.mount(m,m,None,4096,None)!=0:\n\
+             \x20       sys.exit('mount %d: %s'%(i,os.strerror(ctypes.get_errno())))\n\
+             print('ready',flush=True)\n\
+             sys.stdin.read()\n",
+        )
+        .arg(&env.mount)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(mounts.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready", "the bind mounts were not made");
+    let d = env.spawn(&["--warm", "64M"]);
+    d.settle(SIZE);
+    assert!(
+        env.log().contains("method=\"kernel-counts\""),
+        "{}",
+        env.log()
+    );
+    let lease = lease_for_nobody(&d, "lease");
+    let first = ino(&lease);
+    assert!(
+        env.log().contains("match the release proof's model"),
+        "the model was not checked beside the mounts:\n{}",
+        env.log()
+    );
+    daemon_util::lessee::nonzero_then_dirty(&lease.path, SIZE);
+    d.release(lease.id).unwrap();
+    d.settle(SIZE);
+    let c = d.counters();
+    assert_eq!(c.proven_releases, 1, "{c:?}\n{}", env.log());
+    assert_eq!(c.kernel_path_releases, 0, "{c:?}");
+    let next = lease_for_nobody(&d, "next");
+    assert_eq!(
+        ino(&next),
+        first,
+        "the released file was not recycled in place"
+    );
+    assert!(daemon_util::lease_is_zero(&next));
+    assert!(
+        env.log()
+            .contains("more mounts than the release proof's kernel walk reads"),
+        "{}",
+        env.log()
+    );
+    let (status, body) = d
+        .client
+        .blocking(d.client.request("GET".parse().unwrap(), "/metrics", None))
+        .unwrap();
+    assert_eq!(status, 200);
+    let metrics = String::from_utf8_lossy(&body);
+    assert!(
+        metrics.contains("hugeprep_proof_mounts_beyond_bound_total 1"),
+        "{metrics}"
+    );
+    drop(mounts.stdin.take());
+    mounts.wait().unwrap();
+}
+
+/// A read lease (`F_SETLEASE`, `F_RDLCK`) the lessee keeps on its lease file: the daemon's
+/// opens for writing fail at once (`O_NONBLOCK`) rather than wait for the lessee, so the file
+/// cannot even be truncated. It takes the kernel's path (unlinked; a new file is faulted for
+/// the next lease), every one of its pages is counted as unreturned (the lessee's open file
+/// holds them), none is reused, and they return to the kernel once the lessee lets go.
+#[test]
+fn a_read_lease_kept_on_the_lease_file_reaches_nothing() {
+    read_lease(By::Counts);
+}
+
+#[test]
+fn a_read_lease_kept_on_the_lease_file_reaches_nothing_walk() {
+    read_lease(By::Walk);
+}
+
+fn read_lease(by: By) {
+    // Room for the held file and the new one the refill faults.
+    let name = match by {
+        By::Counts => "rdlease",
+        By::Walk => "rdlease-walk",
+    };
+    let (env, d) = world_with_room(name, by, 2 * SIZE + SPARE, &[]);
+    let victim = lease_for_nobody(&d, "victim");
+    let first = ino(&victim);
+    let mut attacker = Lessee::spawn("rdlease", &victim.path, SIZE, true, &[]);
+    attacker.ready();
+    let (next, seen) = next_lessee(&d, &victim, &mut attacker);
+    assert_eq!(seen, 0, "the attacker read {seen} bytes of the next lessee");
+    assert_ne!(ino(&next), first, "the released file was reused");
+    let c = d.counters();
+    assert_eq!(c.proven_releases, 0, "{c:?}");
+    assert_eq!(
+        c.unreturned_pages,
+        SIZE / (2 * MIB),
+        "every page of the leased file is held: {c:?}\n{}",
+        env.log()
+    );
+    d.release(next.id).unwrap();
+    attacker.exit();
+    let p = d.settle(SIZE);
+    assert_eq!(p.kinds[0].leased_bytes, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while env.mount_used() != SIZE {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "mount holds {} bytes, the warm file is {SIZE}",
+            env.mount_used()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 #[test]

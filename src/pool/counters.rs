@@ -146,6 +146,15 @@ impl Counters {
         self.kernel_path[at].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A release counted as proven takes the kernel's path after all (a check after the
+    /// proof failed): it moves from the proven count to `reason`'s.
+    pub(super) fn proven_then_kernel_path(&self, reason: &Unproven) {
+        let _ = self
+            .proven
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        self.kernel_path(reason);
+    }
+
     pub(super) fn release_failed(&self, stage: ReleaseFailure) {
         let at = ReleaseFailure::ALL
             .iter()

@@ -263,6 +263,29 @@ impl Pool {
                 "released file had holes: refilled them, scrubbing only the present pages"
             );
         }
+        // Every page present now: each must still be on the file's node (`on_node`).
+        let stray = super::on_node::stray_page(&file, rec.node, rec.page_size.bytes())
+            .map_err(|e| Unproven::Error {
+                step: "pages' nodes",
+                message: e.to_string(),
+            })
+            .and_then(|s| {
+                s.map_or(Ok(()), |s| {
+                    Err(Unproven::Node {
+                        page: s.page,
+                        found: s.node,
+                        node: rec.node,
+                    })
+                })
+            });
+        if let Err(reason) = stray {
+            tracing::warn!(
+                id, reason = reason.label(), detail = %reason,
+                "released memory takes the kernel's path: truncated and deleted, the refill faults new pages"
+            );
+            self.counters.proven_then_kernel_path(&reason);
+            return Err(None);
+        }
         self.scrubber
             .scrub_file_ranges(&file, &refill.present, opts, &self.control)
             .map(|r| (r, file.size()))

@@ -29,8 +29,7 @@ impl Pool {
             match self.truncate_counting(path, rec) {
                 Ok(0) => {}
                 Ok(unreturned) => {
-                    self.counters
-                        .unreturned(unreturned, rec.page_size.bytes());
+                    self.counters.unreturned(unreturned, rec.page_size.bytes());
                     tracing::warn!(
                         id = rec.id,
                         lease = released.map_or(0, |r| r.lease),
@@ -42,11 +41,22 @@ impl Pool {
                     );
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => tracing::warn!(
-                    id = rec.id,
-                    name = released.map_or("", |r| r.name.as_str()),
-                    "another process holds a file lease on a released file: deleted without truncating, its pages stay with that process"
-                ),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // A lessee's read lease (`F_SETLEASE`, `F_RDLCK`): its open file holds
+                    // the inode, and with it every page, after the unlink below. None of
+                    // them comes back until it lets go: all are counted.
+                    let held = held_pages(path, rec);
+                    self.counters.unreturned(held, rec.page_size.bytes());
+                    tracing::warn!(
+                        id = rec.id,
+                        lease = released.map_or(0, |r| r.lease),
+                        name = released.map_or("", |r| r.name.as_str()),
+                        unreturned_pages = held,
+                        page_size = %rec.page_size,
+                        node = rec.node,
+                        "another process holds a file lease on a released file: deleted without truncating, its pages did not return to the kernel (they return when it lets go)"
+                    );
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -80,4 +90,11 @@ impl Pool {
             _ => 0,
         })
     }
+}
+
+/// The pages the released file at `path` holds (hugetlbfs counts them in `st_blocks`), when
+/// it cannot be truncated: every one stays with whoever holds the file. 0 when it cannot be
+/// read (gone meanwhile).
+fn held_pages(path: &Path, rec: &FileRecord) -> u64 {
+    fs::symlink_metadata(path).map_or(0, |m| m.blocks() * 512 / rec.page_size.bytes())
 }

@@ -33,6 +33,7 @@ mod kernel;
 mod kernel_path;
 mod lease;
 mod locked;
+pub mod on_node;
 mod pin;
 pub mod placement;
 pub mod reach;
@@ -492,6 +493,12 @@ impl Pool {
     /// Compactions of node memory made for raises of the kernel's pools, since start.
     pub fn compaction_counts(&self) -> reserve::CompactionCounts {
         self.reservations.compaction_counts()
+    }
+
+    /// Proofs whose file system had more mounts than the kernel counts' walk reads (see
+    /// [`reach::Reach::proofs_beyond_mount_bound`]).
+    pub fn proofs_beyond_mount_bound(&self) -> u64 {
+        self.reach.proofs_beyond_mount_bound()
     }
 
     /// How long the open watch's reader has been stalled, if it is (see

@@ -12,6 +12,8 @@ const MASK_WORDS: usize = MASK_BITS / (8 * std::mem::size_of::<libc::c_ulong>())
 /// `get_mempolicy` flags from `linux/mempolicy.h` (not in libc).
 const MPOL_F_NODE: libc::c_ulong = 1;
 const MPOL_F_ADDR: libc::c_ulong = 1 << 1;
+/// `mbind`'s flag: move the pages only this process maps (`linux/mempolicy.h`).
+const MPOL_MF_MOVE: libc::c_uint = 1 << 1;
 
 /// A memory-policy call failed.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +84,34 @@ pub fn bind_region(
             mask.as_ptr(),
             MASK_BITS + 1,
             0u32,
+        )
+    };
+    check("mbind", node, ret)
+}
+
+/// Moves the pages of the whole of `region` that only this process maps to `node`
+/// (`mbind(MPOL_BIND, MPOL_MF_MOVE)`), as any process may do with its own mappings: pages
+/// that cannot move (no free page there) stay where they are, without an error. What a
+/// lessee can do to its lease (the release's node check, `pool::on_node`).
+pub fn move_region(region: &MmapRegion, node: u32) -> Result<(), NumaError> {
+    let err = |source| NumaError {
+        call: "mbind",
+        node,
+        source,
+    };
+    let mask = node_mask(node).map_err(err)?;
+    // SAFETY: the range is the whole mapping owned by `region`; mbind changes its policy and
+    // migrates its pages (their contents are copied by the kernel, the addresses stay).
+    // `mask` holds MASK_BITS bits; maxnode is bits + 1 as the kernel's get_nodes() expects.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            region.as_ptr(),
+            region.len(),
+            libc::MPOL_BIND,
+            mask.as_ptr(),
+            MASK_BITS + 1,
+            MPOL_MF_MOVE,
         )
     };
     check("mbind", node, ret)

@@ -26,14 +26,27 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle};
 /// The BPF object built by `build.rs`.
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/reach.bpf.o"));
 
+/// Mounts of a file system the program reads (`MAX_MOUNTS` in `reach.bpf.c`).
+pub const MAX_MOUNTS: u32 = 4096;
+
 /// `struct target`'s flag: walk the page cache too.
 const PROBE_FOLIOS: u32 = 1;
 
 /// The layout version of `struct report` this reader knows.
-const REPORT_VERSION: u32 = 1;
+const REPORT_VERSION: u32 = 2;
 
 /// Bytes of one `struct report`.
-const REPORT_BYTES: usize = 120;
+const REPORT_BYTES: usize = 136;
+
+/// Bytes of `struct target` (`fd`, `flags`, `run`, `slot`, `pad`).
+const TARGET_BYTES: usize = 24;
+
+/// Slots of the `walks` map (`WALK_SLOTS` in `reach.bpf.c`): runs at the same time.
+const WALK_SLOTS: u32 = 64;
+
+/// The last run number given out ([`Probe::report`]): each run has its own, and its report
+/// must carry it back.
+static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Why the probe cannot be loaded or run.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +73,20 @@ pub enum BpfError {
         /// What it wrote.
         bytes: usize,
     },
+    /// The report answers another run than this one, or another run used the same scratch
+    /// while it was written: nothing in it can be trusted.
+    #[error("the probe of descriptor {fd} answered run {got}, not run {run}, or shared its scratch with another run")]
+    OtherRun {
+        /// The descriptor asked about.
+        fd: i32,
+        /// This run's number.
+        run: u64,
+        /// The number the report carries.
+        got: u64,
+    },
+    /// Every slot of the walks' scratch is taken by another run.
+    #[error("all {WALK_SLOTS} slots of the probe's scratch are taken by other runs")]
+    Busy,
 }
 
 fn sys(call: &'static str) -> impl FnOnce(std::io::Error) -> BpfError {
@@ -97,6 +124,10 @@ pub struct Report {
     pub folios: u64,
     /// Base pages they hold.
     pub pages: u64,
+    /// The run this report answers ([`Probe::report`] checks it).
+    pub run: u64,
+    /// Another run used this run's scratch meanwhile ([`Probe::report`] refuses it).
+    pub interleaved: bool,
     /// Folios referenced beyond the page cache (mapped, pinned, in a pipe, ...).
     pub held_folios: u64,
     /// The first such folio's reference count, pin count and mapping count.
@@ -133,6 +164,8 @@ impl Report {
             first_held: (u64_at(80)? as i64, u64_at(88)? as i64, u64_at(96)? as i64),
             odd_entries: u64_at(104)?,
             nodes: u64_at(112)?,
+            run: u64_at(120)?,
+            interleaved: u32_at(128)? != 0,
         })
     }
 }
@@ -144,6 +177,8 @@ pub struct Probe {
     _object: libbpf_rs::Object,
     prog: OwnedFd,
     targets: MapHandle,
+    /// The slots of `walks` taken by runs under way (bit N: slot N).
+    slots: std::sync::Mutex<u64>,
 }
 
 impl Probe {
@@ -170,18 +205,51 @@ impl Probe {
             _object: object,
             prog,
             targets,
+            slots: std::sync::Mutex::new(0),
         })
     }
 
     /// What the kernel says of `file`, a descriptor this thread holds; the page cache is
     /// walked when `folios`.
+    ///
+    /// Safe to call from any number of threads at once, whatever their priorities: the
+    /// walk's scratch is a slot of the `walks` map taken for this run alone (and given back
+    /// after it), never memory shared by the runs of one CPU, and the report must carry
+    /// back this run's number and say that no other run used the slot meanwhile.
     pub fn report(&self, file: &File, folios: bool) -> Result<Report, BpfError> {
+        let slot = self.take_slot()?;
+        let out = self.report_in(slot, file, folios);
+        self.give_back(slot);
+        out
+    }
+
+    /// Takes a free slot of the walks' scratch.
+    fn take_slot(&self) -> Result<u32, BpfError> {
+        let mut taken = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = (!*taken).trailing_zeros();
+        if slot >= WALK_SLOTS {
+            return Err(BpfError::Busy);
+        }
+        *taken |= 1 << slot;
+        Ok(slot)
+    }
+
+    fn give_back(&self, slot: u32) {
+        let mut taken = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        *taken &= !(1u64 << slot);
+    }
+
+    /// [`Probe::report`] with the walk in `slot`.
+    fn report_in(&self, slot: u32, file: &File, folios: bool) -> Result<Report, BpfError> {
         let tid = nix::unistd::gettid().as_raw() as u32;
         let fd = file.as_raw_fd();
-        let mut target = [0u8; 8];
+        let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let mut target = [0u8; TARGET_BYTES];
         target[..4].copy_from_slice(&(fd as u32).to_ne_bytes());
         let flags = if folios { PROBE_FOLIOS } else { 0 };
-        target[4..].copy_from_slice(&flags.to_ne_bytes());
+        target[4..8].copy_from_slice(&flags.to_ne_bytes());
+        target[8..16].copy_from_slice(&run.to_ne_bytes());
+        target[16..20].copy_from_slice(&slot.to_ne_bytes());
         self.targets
             .update(&tid.to_ne_bytes(), &target, MapFlags::ANY)
             .map_err(|e| BpfError::Sys {
@@ -191,10 +259,18 @@ impl Probe {
         let out = self.run(tid);
         let _ = self.targets.delete(&tid.to_ne_bytes());
         let out = out?;
-        Report::parse(&out).ok_or(BpfError::NoReport {
+        let report = Report::parse(&out).ok_or(BpfError::NoReport {
             fd,
             bytes: out.len(),
-        })
+        })?;
+        if report.run != run || report.interleaved {
+            return Err(BpfError::OtherRun {
+                fd,
+                run,
+                got: report.run,
+            });
+        }
+        Ok(report)
     }
 
     /// Runs the iterator over thread `tid`'s descriptors; what it wrote.
@@ -281,5 +357,94 @@ mod tests {
         drop(dup);
         nix::unistd::close(o_path).unwrap();
         assert_eq!(probe.report(&file, false).unwrap().dentry_count, base);
+    }
+
+    /// Runs the calling thread under `policy` (SCHED_FIFO at priority 1, or a priority-0
+    /// policy) on CPU 0 only.
+    fn on_cpu0_as(policy: libc::c_int) {
+        // SAFETY: a zeroed cpu_set_t with one bit set, read by the call only.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: CPU 0 is within the set's bits.
+        unsafe { libc::CPU_SET(0, &mut set) };
+        // SAFETY: pid 0 is the calling thread; `set` lives for the call.
+        let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+        assert_eq!(
+            rc,
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+        let param = libc::sched_param {
+            sched_priority: i32::from(policy == libc::SCHED_FIFO),
+        };
+        // SAFETY: pid 0 is the calling thread; `param` lives for the call.
+        let rc = unsafe { libc::sched_setscheduler(0, policy, &param) };
+        assert_eq!(
+            rc,
+            0,
+            "sched_setscheduler: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// The daemon proves from an API thread at SCHED_FIFO and from its worker at SCHED_IDLE:
+    /// runs on one CPU at different priorities, which preempt each other in the middle of a
+    /// walk, each get the report of their own file and run (before, every run of a CPU
+    /// shared one scratch, and a preempting run could rewrite another's report).
+    #[test]
+    fn runs_at_different_priorities_on_one_cpu_each_answer_their_own_file() {
+        let Ok(probe) = Probe::load() else {
+            return; // not root, or no BPF here: the daemon falls back
+        };
+        let probe = std::sync::Arc::new(probe);
+        let policies = [
+            libc::SCHED_FIFO,
+            libc::SCHED_OTHER,
+            libc::SCHED_BATCH,
+            libc::SCHED_IDLE,
+        ];
+        let threads: Vec<_> = policies
+            .iter()
+            .enumerate()
+            .map(|(i, &policy)| {
+                let probe = std::sync::Arc::clone(&probe);
+                std::thread::spawn(move || {
+                    on_cpu0_as(policy);
+                    // A file of its own, of a size no other thread's has.
+                    let memfd = rustix::fs::memfd_create(
+                        "hugeprep-probe-prio",
+                        rustix::fs::MemfdFlags::CLOEXEC,
+                    )
+                    .unwrap();
+                    let file = File::from(memfd);
+                    let pages = 16 * (i as u64 + 1);
+                    std::io::Write::write_all(&mut &file, &vec![1u8; pages as usize * 4096])
+                        .unwrap();
+                    let meta = file.metadata().unwrap();
+                    let mut wrong = Vec::new();
+                    for n in 0..3000u32 {
+                        match probe.report(&file, true) {
+                            // Folios, not pages: a memfd's small folios have no page count to read.
+                            Ok(r) if (r.ino, r.folios, r.walked) == (meta.ino(), pages, true) => {}
+                            other => wrong.push(format!("run {n}: {other:?}")),
+                        }
+                        if policy == libc::SCHED_FIFO && n % 4 == 0 {
+                            // Wake later, in the middle of another thread's walk.
+                            std::thread::sleep(std::time::Duration::from_micros(50));
+                        }
+                    }
+                    (policy, wrong)
+                })
+            })
+            .collect();
+        for t in threads {
+            let (policy, wrong) = t.join().unwrap();
+            assert!(
+                wrong.is_empty(),
+                "policy {policy}: {} wrong answers, the first: {}",
+                wrong.len(),
+                wrong[0]
+            );
+        }
     }
 }

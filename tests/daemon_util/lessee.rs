@@ -259,6 +259,8 @@ enum Kept {
     Ring(Box<io_uring::IoUring>, u64, usize),
     Pipe(OwnedFd),
     Map(MmapRegion),
+    /// An open file of the lease, read with `pread` when asked.
+    Open(fs::File),
 }
 
 fn map(path: &Path, size: usize) -> (fs::File, MmapRegion) {
@@ -345,6 +347,20 @@ impl Kept {
                 }
             }
             Kept::Map(r) => count(r.as_slice()),
+            Kept::Open(f) => {
+                use std::os::unix::fs::FileExt;
+                let mut buf = vec![0u8; 2 << 20];
+                let mut seen = 0;
+                let mut at = 0u64;
+                while let Ok(n) = f.read_at(&mut buf, at) {
+                    if n == 0 {
+                        break;
+                    }
+                    seen += count(&buf[..n]);
+                    at += n as u64;
+                }
+                seen
+            }
         }
     }
 }
@@ -460,6 +476,19 @@ pub fn entry() {
                 .env(GONE, "1")
                 .exec();
             panic!("exec unshare: {err}");
+        }
+        // Takes a read lease (`F_SETLEASE`, `F_RDLCK`) on its lease file and keeps it: the
+        // daemon's opens for writing fail (`O_NONBLOCK`) instead of waiting for it.
+        "rdlease" => {
+            // The daemon's open for writing breaks the lease (and fails at once): the
+            // kernel signals the holder with SIGIO, whose default action would end it.
+            // SAFETY: SIG_IGN installs no handler: no code runs on the signal.
+            unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+            let f = fs::File::open(&path).unwrap();
+            // SAFETY: F_SETLEASE takes an integer argument; no memory is passed.
+            let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) };
+            assert_eq!(rc, 0, "F_SETLEASE: {}", std::io::Error::last_os_error());
+            Kept::Open(f)
         }
         "reopen" => Kept::Reopen(PathBuf::from(std::env::var(SOCKET).unwrap()), None),
         // Opens the link only when asked to read: a later process of the same user.

@@ -48,6 +48,10 @@ pub fn run(guest: &Guest, report: &mut Report) {
         release_scrubbed_on_node1(d),
     );
     report.check(
+        "pages_moved_by_the_lessee_take_the_kernels_path",
+        moved_pages_take_the_kernels_path(d),
+    );
+    report.check(
         "lease_too_large_for_node1_is_422_naming_node",
         too_large(d, &nodes),
     );
@@ -351,6 +355,86 @@ fn release_scrubbed_on_node1(d: &Daemon) -> Result<String, String> {
         scrub.affinity,
         lines.first().map_or("", |l| l.trim())
     ))
+}
+
+/// A lessee moves pages of its node-1 lease to node 0 (`mbind(MPOL_MF_MOVE)`, which any
+/// process may do with its own mapping) and lets go: the release is proven out of reach by
+/// the kernel's counts, but its pages are off its node, so it takes the kernel's path
+/// (`reason="node"`), whose truncate gives each page back to its own node; the next node-1
+/// lease has every page on node 1.
+fn moved_pages_take_the_kernels_path(d: &Daemon) -> Result<String, String> {
+    let req = LeaseRequest {
+        name: "moved".into(),
+        size: 4 * MIB,
+        node: Some(1),
+        ..Default::default()
+    };
+    let lease = d.lease(&req).map_err(|e| format!("lease moved: {e}"))?;
+    // In a process of its own, in a cgroup of its own that is removed once it exited: the
+    // walk (the fallback the guest's daemon may use) proves such an opener gone.
+    let cgroup = "/sys/fs/cgroup/hugeprep-lessee-moved";
+    std::fs::create_dir_all(cgroup).map_err(|e| format!("mkdir {cgroup}: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out = Command::new("sh")
+        .args(["-c", r#"echo $$ > "$0/cgroup.procs" && exec "$@""#, cgroup])
+        .arg(&exe)
+        .args(["move-pages", &lease.path.display().to_string(), "0"])
+        .output()
+        .map_err(|e| format!("move-pages: {e}"))?;
+    let _ = std::fs::remove_dir(cgroup);
+    if !out.status.success() {
+        return Err(format!(
+            "move-pages: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let moved: usize = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| format!("move-pages said {:?}: {e}", out.stdout))?;
+    if moved == 0 {
+        return Err("no page moved to node 0 (no free page there?)".into());
+    }
+    let log_before = daemon_log().len();
+    d.release("moved")?;
+    d.wait_pool("moved given back and the pool refilled", |p| {
+        kind(p, 1).is_some_and(|k| k.warm_bytes >= 4 * MIB && settled(k))
+    })?;
+    let log = daemon_log();
+    let line = log[log_before..]
+        .lines()
+        .find(|l| l.contains("takes the kernel's path"))
+        .ok_or_else(|| format!("the release was recycled in place with {moved} pages on node 0"))?
+        .to_string();
+    if !line.contains("reason=\"node\"") {
+        return Err(format!(
+            "the release took the kernel's path for another reason: {line}"
+        ));
+    }
+    let next = lease_on(d, "moved-next", 4 * MIB, Some(1), None, 1)?;
+    d.release("moved-next")?;
+    Ok(format!(
+        "{moved} pages moved to node 0 by the lessee; {}; next: {next}",
+        line.trim()
+    ))
+}
+
+/// What the lessee of [`moved_pages_take_the_kernels_path`] does, in a process of its own
+/// (`numa_guest move-pages PATH NODE`): maps the file, faults each page into its mapping
+/// (mbind moves only pages its page tables hold), moves them to `node`
+/// (`mbind(MPOL_MF_MOVE)`), and counts the pages there.
+pub fn move_pages(path: &Path, node: u32) -> Result<usize, String> {
+    let file = hugeprep::hugetlb::BackingFile::open(path, hugeprep::PageSize::Size2M)
+        .map_err(|e| e.to_string())?;
+    let region = file.map().map_err(|e| e.to_string())?;
+    for at in (0..region.len()).step_by(PAGE as usize) {
+        hugeprep::sys::numa::node_of(&region, at).map_err(|e| e.to_string())?;
+    }
+    hugeprep::sys::numa::move_region(&region, node).map_err(|e| e.to_string())?;
+    Ok((0..region.len())
+        .step_by(PAGE as usize)
+        .filter(|&at| hugeprep::sys::numa::node_of(&region, at).is_ok_and(|n| n == node))
+        .count())
 }
 
 fn join(cpus: &[usize]) -> String {

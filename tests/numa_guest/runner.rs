@@ -60,6 +60,22 @@ impl Guest {
 
 fn main() {
     let name = std::env::args().nth(1).unwrap_or_else(|| "unnamed".into());
+    if name == "move-pages" {
+        // A lessee's process (daemon_checks): moves its lease's pages, says how many moved.
+        let path = std::env::args().nth(2).unwrap_or_default();
+        let node = std::env::args()
+            .nth(3)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        match daemon_checks::move_pages(std::path::Path::new(&path), node) {
+            Ok(n) => println!("{n}"),
+            Err(e) => {
+                eprintln!("move-pages: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let mut report = Report {
         passed: 0,
         failed: 0,

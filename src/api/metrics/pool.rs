@@ -217,6 +217,13 @@ pub(super) fn register_counters(reg: &mut Registry, pool: &Pool, status: &PoolSt
         counter.inc_by(n);
         reg.register(name, help, counter);
     }
+    let beyond = Counter::<u64>::default();
+    beyond.inc_by(pool.proofs_beyond_mount_bound());
+    reg.register(
+        "proof_mounts_beyond_bound",
+        "Release proofs by the kernel's counts whose file system had more mounts than their walk reads (4096): the rest were read from /proc, at the fallback walk's cost (a local user making mounts by the thousand; docs/security.md)",
+        beyond,
+    );
     let unreturned = Counter::<u64>::default();
     unreturned.inc_by(c.unreturned_bytes);
     reg.register(

@@ -37,7 +37,9 @@ use std::os::unix::fs::MetadataExt;
 use std::os::fd::AsFd;
 use std::time::Instant;
 
-use super::{Proof, Reach, Unproven};
+use std::sync::atomic::Ordering;
+
+use super::{scan, Proof, Reach, Unproven};
 use crate::sys::fanotify::OpenWatch;
 use crate::sys::reach_bpf::{kernel_dev, Probe, Report};
 
@@ -57,18 +59,33 @@ pub enum Model {
 }
 
 /// Checks the model on `file`, a pool file that only the daemon can reach and that it holds
-/// through this one open file. `None`: the file cannot tell now (no page in it, or the
-/// host's mounts cannot be read whole or show a part of its file system: any user can make
-/// such a mount in a namespace of its own, and it says nothing of the counts, so it only
-/// puts the check off to a later lease, never fails it for the daemon's life).
+/// through this one open file. `None`: the file cannot tell now (no page in it, a walk that
+/// could not finish, or a run that failed), or a count is higher than the model's while a
+/// mount could explain it (a mount of the file seen, or more mounts than the walk reads:
+/// any user can make such mounts in a namespace of its own). Mounts never fail the check:
+/// they only put it off to a later lease, and a mount of a directory, which holds no
+/// reference to the file, does not even do that.
 pub fn check_model(probe: &Probe, file: &File) -> Result<Option<()>, String> {
-    let quiet = probe.report(file, true).map_err(|e| e.to_string())?;
-    if quiet.folios == 0 || quiet.partial_mounts != 0 || quiet.mounts_truncated || quiet.incomplete
-    {
+    let quiet = match probe.report(file, true) {
+        Ok(r) => r,
+        Err(err) => {
+            tracing::warn!(%err, "cannot read a quiet pool file's counts: the check of the release proof's model waits for a later lease");
+            return Ok(None);
+        }
+    };
+    if quiet.folios == 0 || quiet.incomplete {
         return Ok(None);
     }
     if quiet.other_aliases != 0 || quiet.dentry_count != QUIET_DENTRY_REFS || quiet.held_folios != 0
     {
+        let mounted = quiet.file_mounts != 0 || quiet.mounts_truncated;
+        if mounted
+            && quiet.other_aliases == 0
+            && quiet.held_folios == 0
+            && quiet.dentry_count > QUIET_DENTRY_REFS
+        {
+            return Ok(None);
+        }
         return Err(format!("a quiet file's counts: {quiet:?}"));
     }
     // One more open file of it (O_PATH) is one more reference.
@@ -81,7 +98,13 @@ pub fn check_model(probe: &Probe, file: &File) -> Result<Option<()>, String> {
     .map_err(|e| format!("O_PATH open of the quiet file: {e}"))?;
     let held = probe.report(file, false);
     let _ = nix::unistd::close(o_path);
-    let held = held.map_err(|e| e.to_string())?;
+    let held = match held {
+        Ok(r) => r,
+        Err(err) => {
+            tracing::warn!(%err, "cannot read a quiet pool file's counts: the check of the release proof's model waits for a later lease");
+            return Ok(None);
+        }
+    };
     if held.dentry_count != QUIET_DENTRY_REFS + 1 {
         return Err(format!(
             "an O_PATH descriptor did not count: {} references, {} expected",
@@ -120,7 +143,9 @@ pub fn prove(probe: &Probe, file: &File) -> Result<Report, Unproven> {
             nlink: u64::from(r.nlink),
         });
     }
-    if r.file_mounts > 0 || r.partial_mounts > 0 || r.mounts_truncated {
+    // Beyond the walk's bound the rest of the mounts are checked by the caller
+    // ([`Report::mounts_truncated`]); a mount of the file is a dentry reference anyway.
+    if r.file_mounts > 0 || r.partial_mounts > 0 {
         return Err(Unproven::PartialMount {
             mounts: r.partial_mounts,
         });
@@ -153,6 +178,32 @@ pub fn prove(probe: &Probe, file: &File) -> Result<Report, Unproven> {
 }
 
 impl Reach {
+    /// The file system of `file` has more mounts than the counts' walk reads (any user can
+    /// make that many in namespaces of its own): the rest are checked by a walk of every
+    /// mount namespace in `/proc` ([`scan::find_mount`]), which costs what the fallback's
+    /// walk costs, and counted ([`Reach::proofs_beyond_mount_bound`]). Neither a mount nor
+    /// the bound turns the counts off: the next release is proven by them again.
+    fn mounts_beyond_bound(&self, file: &File) -> Result<(), Unproven> {
+        self.beyond_mount_bound.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            bound = crate::sys::reach_bpf::MAX_MOUNTS,
+            "the pool's file system has more mounts than the release proof's kernel walk reads: the rest are read from /proc (slower; a local user may have made them)"
+        );
+        let fail = |e: std::io::Error| Unproven::Error {
+            step: "scan of /proc for mounts",
+            message: e.to_string(),
+        };
+        let dev = file.metadata().map_err(fail)?.dev();
+        match scan::find_mount(dev).map_err(fail)? {
+            None => Ok(()),
+            Some(scan::Finding::Mount { pid }) => Err(Unproven::Mount { pid }),
+            Some(other) => Err(Unproven::Error {
+                step: "scan of /proc for mounts",
+                message: format!("{other:?}"),
+            }),
+        }
+    }
+
     /// [`Reach::watch`] with kernel counts: opens are no longer refused, and the first one
     /// is reported (for the start gate) without making the opener wait. On the first lease,
     /// the model of the counts is checked on the file, which only the daemon reaches yet.
@@ -237,7 +288,10 @@ impl Reach {
         if !sole {
             return Err(Unproven::OpenElsewhere);
         }
-        prove(probe, file)?;
+        let report = prove(probe, file)?;
+        if report.mounts_truncated {
+            self.mounts_beyond_bound(file)?;
+        }
         if let Some(r) = self.lock().files.get_mut(&id) {
             r.recycled = true;
         }

@@ -151,6 +151,17 @@ pub enum Unproven {
         /// Its mappings.
         maps: i64,
     },
+    /// A page of the file is on another node than the file's (the lessee moved it, e.g.
+    /// `mbind(MPOL_MF_MOVE)`): recycled in place, the next lease would get it there.
+    #[error("page {page} of it is on node {found}, the file's node is {node}")]
+    Node {
+        /// The page's index.
+        page: u64,
+        /// Where it is.
+        found: u32,
+        /// The file's node.
+        node: u32,
+    },
     /// A step could not be carried out; the proof fails closed.
     #[error("{step}: {message}")]
     Error {
@@ -180,12 +191,13 @@ impl Unproven {
             Unproven::Referenced { .. } => "descriptor",
             Unproven::PartialMount { .. } => "mount",
             Unproven::PagesHeld { .. } => "pages-held",
+            Unproven::Node { .. } => "node",
             Unproven::Error { .. } => "error",
         }
     }
 
     /// Every label, for metrics that list them all.
-    pub const LABELS: [&'static str; 14] = [
+    pub const LABELS: [&'static str; 15] = [
         "trust",
         "not-watched",
         "lost-events",
@@ -199,6 +211,7 @@ impl Unproven {
         "descriptor",
         "mount",
         "pages-held",
+        "node",
         "error",
     ];
 }
@@ -317,6 +330,8 @@ pub struct Reach {
     /// Milliseconds after `born` at which the reader thread last finished a turn.
     beat_ms: AtomicU64,
     born: Instant,
+    /// Proofs whose file system had more mounts than the kernel counts' walk reads.
+    beyond_mount_bound: AtomicU64,
 }
 
 impl Reach {
@@ -367,6 +382,7 @@ impl Reach {
             watched: Mutex::new(Watched::default()),
             beat_ms: AtomicU64::new(0),
             born: Instant::now(),
+            beyond_mount_bound: AtomicU64::new(0),
         });
         tracing::info!(method = reach.method().label(), "release proof");
         if reach.watch.is_none() {
@@ -390,6 +406,7 @@ impl Reach {
                     watched: Mutex::new(Watched::default()),
                     beat_ms: AtomicU64::new(0),
                     born: Instant::now(),
+                    beyond_mount_bound: AtomicU64::new(0),
                 })
             }
         }
@@ -433,6 +450,12 @@ impl Reach {
                  instead"
             )
         })
+    }
+
+    /// Proofs by the kernel's counts whose file system had more mounts than their walk reads
+    /// (the rest were read from `/proc`): a local user making mounts by the thousand.
+    pub fn proofs_beyond_mount_bound(&self) -> u64 {
+        self.beyond_mount_bound.load(Ordering::Relaxed)
     }
 
     /// The reader thread finished a turn.

@@ -5,7 +5,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use super::{cgroup, Opener, Reach, MAX_OPENERS, READER_STALL};
+use super::{cgroup, scan, Opener, Reach, MAX_OPENERS, READER_STALL};
 use crate::sys::fanotify::{Event, Permission};
 
 impl Reach {
@@ -225,11 +225,14 @@ impl Opener {
     }
 }
 
-/// Whether process `pid`, waiting in `open(2)`, accesses files as root (its filesystem uid
-/// is 0): the trusted base. `false` when that cannot be read.
+/// Whether process `pid`, one of whose threads waits in `open(2)`, is root in every thread
+/// ([`scan::runs_as_root`]): the trusted base. The event names the process, not the
+/// thread, and a thread's credentials may differ from its leader's, so a process with any
+/// thread that is not root is no root opener. `false` when that cannot be read. The
+/// opening thread cannot change its credentials while it waits for the answer.
 fn runs_as_root(pid: u32, pidfd: Option<&OwnedFd>) -> bool {
     let Some(pidfd) = pidfd else { return false };
-    let root = cgroup::uids(pid).is_ok_and(|u| u.get(3) == Some(&0));
+    let root = scan::runs_as_root(std::path::Path::new(&format!("/proc/{pid}")));
     root && crate::sys::pidfd::exited(pidfd.as_fd()).is_ok_and(|gone| !gone)
 }
 

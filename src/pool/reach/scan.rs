@@ -58,13 +58,34 @@ fn denied(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EACCES)
 }
 
-/// Whether every uid of the process under `/proc/PID` is 0 (`false` when unknown).
-fn runs_as_root(proc_dir: &Path) -> bool {
-    fs::read_to_string(proc_dir.join("status")).is_ok_and(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .is_some_and(|ids| ids.split_whitespace().all(|id| id == "0"))
-    })
+/// Whether the process under `/proc/PID` is root in every thread: every uid (real,
+/// effective, saved, filesystem) of every one of its threads, the leader's included, is 0
+/// (`false` when any cannot be read, or there is none). Credentials belong to a thread, not
+/// to a process: a root process may run one thread as another user (`setresuid` by raw
+/// system call changes only the calling thread's, as file servers acting for a user do),
+/// and which thread opened a file is not reported. A process whose threads differ is no
+/// root process.
+pub(super) fn runs_as_root(proc_dir: &Path) -> bool {
+    let Ok(tasks) = fs::read_dir(proc_dir.join("task")) else {
+        return false;
+    };
+    let mut threads = 0usize;
+    for task in tasks {
+        let Ok(task) = task else { return false };
+        let root = fs::read_to_string(task.path().join("status")).is_ok_and(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .is_some_and(|ids| {
+                    let ids: Vec<&str> = ids.split_whitespace().collect();
+                    ids.len() == 4 && ids.iter().all(|id| *id == "0")
+                })
+        });
+        if !root {
+            return false;
+        }
+        threads += 1;
+    }
+    threads > 0
 }
 
 /// An error reading `/proc`, with the path it came from.
@@ -89,6 +110,19 @@ fn mountinfo_dev(dev: u64) -> String {
 /// Walks every process but this one for the file `(dev, ino)`; the first finding, or an
 /// error when some process could not be read (the caller fails closed).
 pub fn find(dev: u64, ino: u64) -> io::Result<Option<Finding>> {
+    walk(dev, Some(ino))
+}
+
+/// Walks every process but this one for mounts only: a mount below the root of the
+/// hugetlbfs `dev` in any process's mount namespace, or a mount namespace that only a
+/// descriptor keeps ([`Finding::Mount`]). The kernel counts' check when the file system has
+/// more mounts than their walk reads.
+pub fn find_mount(dev: u64) -> io::Result<Option<Finding>> {
+    walk(dev, None)
+}
+
+/// [`find`] for the file `ino`, or [`find_mount`] when `None`.
+fn walk(dev: u64, ino: Option<u64>) -> io::Result<Option<Finding>> {
     let me = std::process::id();
     let dev_text = mountinfo_dev(dev);
     let mut namespaces_in_use = BTreeSet::new();
@@ -194,7 +228,7 @@ fn process(
     base: &Path,
     scan: &Scan,
     dev: u64,
-    ino: u64,
+    ino: Option<u64>,
     dev_text: &str,
     in_use: &mut BTreeSet<String>,
     held: &mut Vec<(u32, String)>,
@@ -231,6 +265,12 @@ fn process(
             Err(e) => return Err(at(&fd.path(), e)),
         };
         let target = target.as_os_str().as_bytes();
+        if target.starts_with(b"mnt:[") {
+            held.push((pid, String::from_utf8_lossy(target).into_owned()));
+            continue;
+        }
+        // Mounts only: the namespaces descriptors hold are all that is read of them.
+        let Some(ino) = ino else { continue };
         if target == b"anon_inode:[io_uring]" {
             let info = base.join("fdinfo").join(fd.file_name());
             let text = match fs::read_to_string(&info) {
@@ -241,10 +281,6 @@ fn process(
             if registered_buffers(&text) != Some(0) {
                 return Ok(Some(Finding::IoUring { pid }));
             }
-            continue;
-        }
-        if target.starts_with(b"mnt:[") {
-            held.push((pid, String::from_utf8_lossy(target).into_owned()));
             continue;
         }
         if target.first() != Some(&b'/') {

@@ -13,6 +13,79 @@ fn opens_as(uid: u32, path: &std::path::Path) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// A Python program (run as root) one of whose threads makes itself uid `UID` by a raw
+/// `setresuid` system call, which changes that thread's credentials only (the C library's
+/// `setresuid` changes every thread's), then runs `ACT` in it. `sys.argv`: the number of
+/// `setresuid`, `UID`, then the caller's arguments.
+const THREAD_AS: &str = "import ctypes,os,sys,threading\n\
+    libc=ctypes.CDLL(None,use_errno=True)\n\
+    u=ctypes.c_long(int(sys.argv[2]))\n\
+    out={}\n\
+    def run():\n\
+    \x20   assert libc.syscall(ctypes.c_long(int(sys.argv[1])),u,u,u)==0\n\
+    \x20   out['ok']=ACT()\n\
+    t=threading.Thread(target=run)\n\
+    t.start()\n\
+    t.join()\n";
+
+/// Runs, as root, a process one of whose threads makes itself uid `uid` (its leader stays
+/// root) and opens `path` from that thread; whether it could open it.
+pub(super) fn opens_from_a_thread_as(uid: u32, path: &std::path::Path) -> bool {
+    let act = "def ACT():\n\
+        \x20   try:\n\
+        \x20       os.close(os.open(sys.argv[3],os.O_RDONLY))\n\
+        \x20       return True\n\
+        \x20   except OSError:\n\
+        \x20       return False\n";
+    std::process::Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "{act}{THREAD_AS}sys.exit(0 if out.get('ok') else 1)\n"
+        ))
+        .arg(libc::SYS_setresuid.to_string())
+        .arg(uid.to_string())
+        .arg(path)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A root process with one thread that made itself another user is no root process: the
+/// exemption of root openers reads every thread's credentials (before, only the leader's,
+/// while the open came from the thread).
+#[test]
+fn a_root_process_with_a_thread_of_another_user_is_not_root() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let hold = "def ACT():\n\
+        \x20   print('ready',flush=True)\n\
+        \x20   sys.stdin.read()\n";
+    let spawn = |uid: u32| {
+        let mut child = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(format!("{hold}{THREAD_AS}"))
+            .arg(libc::SYS_setresuid.to_string())
+            .arg(uid.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ready");
+        let root = scan::runs_as_root(std::path::Path::new(&format!("/proc/{}", child.id())));
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        root
+    };
+    assert!(spawn(0), "a root process whose threads are all root");
+    assert!(!spawn(65534), "a root process with a thread of uid 65534");
+}
+
 #[test]
 fn a_running_reader_is_not_stalled() {
     let reach = Reach::new();
@@ -53,6 +126,10 @@ fn a_recycled_file_refuses_opens_until_leased_again() {
     reach.watch(8, &file);
     reach.prove(8, &file).unwrap();
     assert!(!opens_as(65534, &path), "a recycled file was opened");
+    assert!(
+        !opens_from_a_thread_as(65534, &path),
+        "a thread of uid 65534 in a root process opened a recycled file"
+    );
     assert!(opens_as(0, &path), "root is refused");
     assert!(File::open(&path).is_ok(), "the daemon is refused");
     // Leased again: opens go on.
@@ -113,6 +190,10 @@ fn with_kernel_counts_opens_are_refused_from_the_proof_to_the_next_lease() {
     assert!(
         !opens_as(65534, &path),
         "an open during or after a proof went on"
+    );
+    assert!(
+        !opens_from_a_thread_as(65534, &path),
+        "a thread of uid 65534 in a root process opened a released file"
     );
     assert!(opens_as(0, &path), "root is refused");
     assert!(File::open(&path).is_ok(), "the daemon is refused");

@@ -140,11 +140,43 @@ struct report {
 	__s64 first_held_mapcount;
 	__u64 odd_entries;
 	__u64 nodes;
+	// The run this report answers (the target's `run`), and whether another run used the
+	// same scratch meanwhile (then the caller fails closed).
+	__u64 run;
+	__u32 interleaved;
+	__u32 pad;
 };
 
+// Scratch space of one walk. It is never per-CPU memory: the iterator runs with migration
+// disabled but preemptible, and the daemon's threads that prove (an API thread at
+// SCHED_FIFO, the worker at SCHED_IDLE) can preempt each other on one CPU in the middle of a
+// walk. Each run owns a slot of `walks` that its caller took for it alone and names in its
+// target, so no run ever shares its scratch with another.
+struct walk {
+	// The daemon's dentry of the file, its file system's root, a list's next entry.
+	unsigned long dentry;
+	unsigned long root;
+	unsigned long cursor;
+	__u64 sp;
+	// Runs inside this slot now (more than one: interleaved, the report says so).
+	__u32 busy;
+	__u32 pad;
+	__u64 stack[STACK_MAX];
+	void *slots[64];
+	struct report r;
+};
+
+#define WALK_SLOTS 64
+
+// Read by src/sys/reach_bpf.rs (it writes every field).
 struct target {
 	__u32 fd;
 	__u32 flags;
+	// A number the caller chose for this run: the report carries it back.
+	__u64 run;
+	// The slot of `walks` the caller took for this run.
+	__u32 slot;
+	__u32 pad;
 };
 
 // The descriptor each daemon thread asks about, by thread id.
@@ -155,21 +187,9 @@ struct {
 	__type(value, struct target);
 } targets SEC(".maps");
 
-// Scratch space of one walk (the iterator runs with migration disabled).
-struct walk {
-	// The daemon's dentry of the file, its file system's root, a list's next entry.
-	unsigned long dentry;
-	unsigned long root;
-	unsigned long cursor;
-	__u64 sp;
-	__u64 stack[STACK_MAX];
-	void *slots[64];
-	struct report r;
-};
-
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, WALK_SLOTS);
 	__type(key, __u32);
 	__type(value, struct walk);
 } walks SEC(".maps");
@@ -319,12 +339,17 @@ int hugeprep_probe(struct bpf_iter__task_file *ctx)
 	struct target *t = bpf_map_lookup_elem(&targets, &tid);
 	if (!t || t->fd != ctx->fd)
 		return 0;
-	__u32 zero = 0;
-	struct walk *w = bpf_map_lookup_elem(&walks, &zero);
+	__u32 slot = t->slot;
+	struct walk *w = bpf_map_lookup_elem(&walks, &slot);
 	if (!w)
 		return 0;
+	// Any other run inside this slot from here to the report marks it interleaved (a
+	// caller bug: a slot is taken for one run at a time); the caller then fails closed.
+	__sync_fetch_and_add(&w->busy, 1);
+	__u32 entered = *(volatile __u32 *)&w->busy;
 	__builtin_memset(&w->r, 0, sizeof(w->r));
-	w->r.version = 1;
+	w->r.version = 2;
+	w->r.run = t->run;
 
 	struct dentry *dentry = BPF_CORE_READ(file, f_path.dentry);
 	struct inode *inode = BPF_CORE_READ(file, f_inode);
@@ -353,6 +378,9 @@ int hugeprep_probe(struct bpf_iter__task_file *ctx)
 		w->r.walked = 1;
 		walk_folios(w, inode);
 	}
+	if (entered != 1 || *(volatile __u32 *)&w->busy != 1)
+		w->r.interleaved = 1;
+	__sync_fetch_and_add(&w->busy, -1);
 	bpf_seq_write(seq, &w->r, sizeof(w->r));
 	return 0;
 }
