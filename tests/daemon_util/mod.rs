@@ -242,6 +242,27 @@ impl Env {
     }
 
     /// Names in a directory.
+    /// The lease links in the lease directory, those in the per-principal directories of
+    /// non-admin principals (`.uid-N/`, `.p-HEX/`, which stay once made) included, as
+    /// `DIR/NAME`: empty when no lease is left.
+    pub fn lease_links(&self) -> Vec<String> {
+        let dir = self.lease_dir();
+        let mut v = Vec::new();
+        for name in Self::names(&dir) {
+            let path = dir.join(&name);
+            if name.starts_with('.') && path.is_dir() {
+                v.extend(
+                    Self::names(&path)
+                        .into_iter()
+                        .map(|n| format!("{name}/{n}")),
+                );
+            } else {
+                v.push(name);
+            }
+        }
+        v
+    }
+
     pub fn names(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> = fs::read_dir(dir)
             .map(|d| {
