@@ -149,13 +149,10 @@ impl Hook {
         Ok(user.with_groups_of(&conf))
     }
 
-    fn start(&self, d: &Domain) -> Result<Outcome> {
-        let id = d.id.ok_or_else(|| HookError::Xml {
-            field: "domain id".into(),
-            message: "missing at start begin".into(),
-        })?;
+    /// The page size of the hugetlbfs that `memory_backing_dir` lies on.
+    fn backing_page_size(&self) -> Result<crate::page_size::PageSize> {
         let mbd = &self.config.memory_backing_dir;
-        let page_size = crate::hugetlb::hugetlbfs_page_size(mbd)
+        crate::hugetlb::hugetlbfs_page_size(mbd)
             .map_err(|source| HookError::Io {
                 op: "statfs",
                 path: mbd.clone(),
@@ -166,7 +163,15 @@ impl Hook {
                     "memory_backing_dir {} is not on a hugetlbfs mount",
                     mbd.display()
                 ))
-            })?;
+            })
+    }
+
+    fn start(&self, d: &Domain) -> Result<Outcome> {
+        let id = d.id.ok_or_else(|| HookError::Xml {
+            field: "domain id".into(),
+            message: "missing at start begin".into(),
+        })?;
+        let page_size = self.backing_page_size()?;
         let plan = plan::plan(d, page_size)?;
         let qemu = self.qemu_user(d)?;
         let existing = match self.leases(d) {
@@ -183,7 +188,7 @@ impl Hook {
         // Best effort: the domain's own leases are what this start needs.
         let _ = self.reconcile_from(&existing, Some(&d.uuid));
         let short = plan::short_name(id, &d.name, self.utf8_locale());
-        let dir = plan::domain_dir(mbd, &short);
+        let dir = plan::domain_dir(&self.config.memory_backing_dir, &short);
         let mut taken = Taken::default();
         match self.take(d, &plan, &qemu, &dir, &mut taken) {
             Ok(()) => Ok(Outcome::Linked(taken.links)),
@@ -227,19 +232,7 @@ impl Hook {
             field: "domain id".into(),
             message: "missing: give the running domain's XML (virsh dumpxml)".into(),
         })?;
-        let mbd = &self.config.memory_backing_dir;
-        let page_size = crate::hugetlb::hugetlbfs_page_size(mbd)
-            .map_err(|source| HookError::Io {
-                op: "statfs",
-                path: mbd.clone(),
-                source,
-            })?
-            .ok_or_else(|| {
-                HookError::Plan(format!(
-                    "memory_backing_dir {} is not on a hugetlbfs mount",
-                    mbd.display()
-                ))
-            })?;
+        let page_size = self.backing_page_size()?;
         if size == 0 || size % page_size.bytes() != 0 {
             return Err(HookError::Plan(format!(
                 "size: {size} is not a whole number of {page_size} pages"
@@ -255,13 +248,13 @@ impl Hook {
         }
         let qemu = self.qemu_user(d)?;
         let short = plan::short_name(id, &d.name, self.utf8_locale());
-        let dir = plan::domain_dir(mbd, &short);
+        let dir = plan::domain_dir(&self.config.memory_backing_dir, &short);
         if !dir.is_dir() {
             return Err(HookError::Plan(format!(
                 "{}: no such directory: is domain {} running (id {id}) with memory_backing_dir {}?",
                 dir.display(),
                 d.name,
-                mbd.display()
+                self.config.memory_backing_dir.display()
             )));
         }
         let one = Plan {
