@@ -142,6 +142,10 @@ impl Pool {
         if let Some(t) = tenant {
             check_reserved_name(&v.name, t)?;
             self.note_tenant(t);
+            // Its files kept past a release count against it until they can be truncated:
+            // try them now (one open each, and only when it has any), not at the keeper's
+            // next turn.
+            self.reclaim_kept(Some(&t.principal));
             // A lease that names no owner is its unix principal's: the owner rule applies.
             if v.owner.is_none() {
                 let uid = t

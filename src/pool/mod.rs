@@ -29,6 +29,7 @@ pub mod gate;
 pub mod holes;
 pub mod idempotency;
 mod jobs;
+mod kept;
 mod kernel;
 mod kernel_path;
 mod lease;
@@ -209,6 +210,9 @@ pub struct Pool {
     reach: Arc<reach::Reach>,
     /// The limits of each principal that asked for a lease since the start (see `tenant`).
     tenant_limits: Mutex<BTreeMap<String, crate::policy::tenants::Limits>>,
+    /// Released files a read lease kept from the kernel's path, charged to their principal
+    /// until they can be truncated (see `kept`).
+    kept: kept::Kept,
 }
 
 /// The hugeprep directories of each mount, by the page size the mount serves.
@@ -293,7 +297,7 @@ impl Pool {
             Arc::clone(&control),
         ));
         gate.set_grace(policy.lessee_grace);
-        Ok(Arc::new(Pool {
+        let pool = Arc::new(Pool {
             mounts,
             topology,
             scrubber: Scrubber::new(config.plan).map_err(|e| PoolError::Field {
@@ -322,7 +326,10 @@ impl Pool {
             api_targets,
             reach,
             tenant_limits: Mutex::new(BTreeMap::new()),
-        }))
+            kept: kept::Kept::default(),
+        });
+        Pool::spawn_keeper(&pool);
+        Ok(pool)
     }
 
     fn lock(&self) -> locked::Locked<'_> {

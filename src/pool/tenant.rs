@@ -6,6 +6,7 @@
 //! requests at once cannot both pass.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
 
 use super::state::State;
 use super::{FileState, PageSize, Pool, PoolError, Result, ValidRequest};
@@ -73,7 +74,8 @@ pub struct Usage {
     pub leases: u64,
     /// pidfds and pins held for its leases.
     pub descriptors: u64,
-    /// Released bytes still held by someone, waiting aside.
+    /// Released bytes still held by someone: waiting aside, or kept past the kernel's path
+    /// (the latter count in `leased_bytes` too).
     pub held_bytes: u64,
 }
 
@@ -130,7 +132,8 @@ impl Pool {
         for e in st.core.files() {
             if let FileState::Leased(l) = &e.rec().state {
                 if l.principal.as_deref() == Some(principal) {
-                    *u.leased_bytes.entry(e.rec().page_size).or_default() += e.rec().size;
+                    *u.leased_bytes.entry(e.rec().page_size).or_default() +=
+                        self.leased_extent(e.rec());
                     u.leases += 1;
                     u.descriptors += u64::from(l.pid.is_some());
                     u.descriptors += u64::from(st.pinned.contains(&e.rec().id));
@@ -142,8 +145,32 @@ impl Pool {
             u.leases += 1;
             u.descriptors += t.descriptors;
         }
-        u.held_bytes = st.aside.held_bytes(Some(principal));
+        // Pages kept past a release (a read lease on a file the kernel's path could not
+        // truncate) are still the principal's: they count as leased until its holder lets go.
+        for (ps, bytes) in self.kept.bytes_of(principal) {
+            *u.leased_bytes.entry(ps).or_default() += bytes;
+            u.held_bytes += bytes;
+        }
+        u.held_bytes += st.aside.held_bytes(Some(principal));
         u
+    }
+
+    /// What a leased file takes from the host: the size it was leased at, or more when its
+    /// lessee grew it (`ftruncate` larger, `fallocate(FALLOC_FL_KEEP_SIZE)` past its end, a
+    /// writable mapping past its end): its length rounded up to whole pages, or its
+    /// allocated pages (hugetlbfs counts them in `st_blocks`), whichever is larger. Read by
+    /// `lstat` of the pool's own name for the file (the pool directory is the daemon's,
+    /// 0700: no lessee can put another file there), about a microsecond each.
+    fn leased_extent(&self, rec: &super::FileRecord) -> u64 {
+        let Ok(mount) = self.mount(rec.page_size) else {
+            return rec.size;
+        };
+        let page = rec.page_size.bytes();
+        std::fs::symlink_metadata(mount.file_path(rec.id)).map_or(rec.size, |m| {
+            let length = m.len().div_ceil(page).saturating_mul(page);
+            let allocated = m.blocks().saturating_mul(512);
+            rec.size.max(length).max(allocated)
+        })
     }
 
     /// What `principal` holds now.
