@@ -10,7 +10,11 @@
 //! - a release whose file another uid keeps open waits aside (the worker serves the honest
 //!   release meanwhile), counts against its lessee's `held_bytes`, and past that takes the
 //!   kernel's path at once;
-//! - the owner policy matches the lease's uid, also when the hook names its owner by number.
+//! - the owner policy matches the lease's uid, also when the hook names its owner by number;
+//! - a lessee that grows its file (`fallocate --keep-size`, `truncate`) is counted by the
+//!   pages and length it took, not the size it asked;
+//! - pages a read lease keeps past the release are charged to the lessee (429 at its limit,
+//!   across a restart too) until it lets go, or the kernel takes the lease away.
 
 mod daemon_util;
 
@@ -502,7 +506,7 @@ fn pages_a_read_lease_keeps_past_the_release_are_charged_until_it_lets_go() {
         &env,
         "[pool.limits.role.lease]\nleased_bytes = { \"2M\" = \"8M\" }\n",
     );
-    let d = env.spawn(&["--socket-group", "kvm", "--config", &cfg]);
+    let mut d = env.spawn(&["--socket-group", "kvm", "--config", &cfg]);
     // Lease, hold a read lease, release: the kernel's path cannot truncate the file (its
     // open for writing would break the lease), so the pages stay with the holder.
     let mut holders = Vec::new();
@@ -538,6 +542,13 @@ fn pages_a_read_lease_keeps_past_the_release_are_charged_until_it_lets_go() {
     // Another principal is not charged for them.
     let (code, body) = lease_as(B, &env, r#"{"name":"r4","size":"2M"}"#);
     assert_eq!(code, 201, "{body}");
+    // Across a restart the kept files are kept again, charged to the same principal.
+    d.stop();
+    let d = env.spawn(&["--socket-group", "kvm", "--config", &cfg]);
+    assert_eq!((d.pool().kept_files, d.pool().kept_bytes), (4, 8 * MIB));
+    let (code, body) = lease_as(A, &env, r#"{"name":"r4","size":"2M"}"#);
+    assert_eq!(code, 429, "{body}");
+    assert_eq!(body["limit"]["in_use"].as_u64(), Some(8 * MIB), "{body}");
     // Three holders let go: their files are truncated and no longer charged, while the
     // fourth still holds its lease.
     let mut kept_holder = holders.remove(0);

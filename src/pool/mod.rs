@@ -328,6 +328,7 @@ impl Pool {
             tenant_limits: Mutex::new(BTreeMap::new()),
             kept: kept::Kept::default(),
         });
+        pool.adopt_kept();
         Pool::spawn_keeper(&pool);
         Ok(pool)
     }

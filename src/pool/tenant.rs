@@ -6,7 +6,6 @@
 //! requests at once cannot both pass.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
 
 use super::state::State;
 use super::{FileState, PageSize, Pool, PoolError, Result, ValidRequest};
@@ -70,7 +69,7 @@ pub struct Tenant {
 pub struct Usage {
     /// Leased bytes per page size.
     pub leased_bytes: BTreeMap<PageSize, u64>,
-    /// Leases.
+    /// Leases, and released files kept past the kernel's path (see `kept`).
     pub leases: u64,
     /// pidfds and pins held for its leases.
     pub descriptors: u64,
@@ -146,8 +145,11 @@ impl Pool {
             u.descriptors += t.descriptors;
         }
         // Pages kept past a release (a read lease on a file the kernel's path could not
-        // truncate) are still the principal's: they count as leased until its holder lets go.
-        for (ps, bytes) in self.kept.bytes_of(principal) {
+        // truncate) are still the principal's: each file counts as a lease of its bytes
+        // until its holder lets go (see `kept`).
+        let (files, kept) = self.kept.of(principal);
+        u.leases += files;
+        for (ps, bytes) in kept {
             *u.leased_bytes.entry(ps).or_default() += bytes;
             u.held_bytes += bytes;
         }
@@ -159,18 +161,29 @@ impl Pool {
     /// lessee grew it (`ftruncate` larger, `fallocate(FALLOC_FL_KEEP_SIZE)` past its end, a
     /// writable mapping past its end): its length rounded up to whole pages, or its
     /// allocated pages (hugetlbfs counts them in `st_blocks`), whichever is larger. Read by
-    /// `lstat` of the pool's own name for the file (the pool directory is the daemon's,
-    /// 0700: no lessee can put another file there), about a microsecond each.
+    /// `fstatat` of the pool's own name for the file in the pool directory's handle (the
+    /// directory is the daemon's, 0700: no lessee can put another file there); a few
+    /// microseconds each, per live lease of the principal, at each admission check.
     fn leased_extent(&self, rec: &super::FileRecord) -> u64 {
         let Ok(mount) = self.mount(rec.page_size) else {
             return rec.size;
         };
         let page = rec.page_size.bytes();
-        std::fs::symlink_metadata(mount.file_path(rec.id)).map_or(rec.size, |m| {
-            let length = m.len().div_ceil(page).saturating_mul(page);
-            let allocated = m.blocks().saturating_mul(512);
-            rec.size.max(length).max(allocated)
-        })
+        match rustix::fs::statat(
+            mount.pool_dir_handle().fd(),
+            super::file_key(rec.id).as_str(),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        ) {
+            Ok(st) => {
+                let length = u64::try_from(st.st_size)
+                    .unwrap_or(0)
+                    .div_ceil(page)
+                    .saturating_mul(page);
+                let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+                rec.size.max(length).max(allocated)
+            }
+            Err(_) => rec.size,
+        }
     }
 
     /// What `principal` holds now.
