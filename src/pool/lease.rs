@@ -159,7 +159,9 @@ impl Pool {
         v.tenant = tenant.cloned();
         // A tenant's names are its own: kept under a directory of its principal (see
         // `tenant::scope_dir`), so nobody else can learn, block or answer for them.
-        let scope = tenant.filter(|t| !t.admin).map(|t| scope_dir(&t.principal));
+        let scope = tenant
+            .filter(|t| !t.admin)
+            .map(|t| scope_dir(&t.principal, &self.scope_key));
         if let Some(dir) = &scope {
             v.name = format!("{dir}/{}", v.name);
         }

@@ -213,6 +213,8 @@ pub struct Pool {
     /// Released files a read lease kept from the kernel's path, charged to their principal
     /// until they can be truncated (see `kept`).
     kept: kept::Kept,
+    /// The key that names tenants' lease directories (see `tenant::scope_dir`).
+    scope_key: tenant::ScopeKey,
 }
 
 /// The hugeprep directories of each mount, by the page size the mount serves.
@@ -267,6 +269,7 @@ impl Pool {
         let mounts = open_mounts(&config.mounts)?;
         let journal = Journal::open_boot(&config.state_dir)?;
         let reservations = reserve::Reservations::open(&config.state_dir)?;
+        let scope_key = tenant::ScopeKey::open(&config.state_dir)?;
         let page_sizes = mounts.keys().copied().collect();
         let api_targets = targets::ApiTargets::open(&config.state_dir, &page_sizes, &topology)?;
         let mut policy = config.policy;
@@ -327,6 +330,7 @@ impl Pool {
             reach,
             tenant_limits: Mutex::new(BTreeMap::new()),
             kept: kept::Kept::default(),
+            scope_key,
         });
         pool.adopt_kept();
         Pool::spawn_keeper(&pool);

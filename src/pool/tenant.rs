@@ -6,6 +6,7 @@
 //! requests at once cannot both pass.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use super::state::State;
 use super::{FileState, PageSize, Pool, PoolError, Result, ValidRequest};
@@ -16,26 +17,101 @@ use crate::policy::tenants::Limits;
 /// no tenant can take a domain's name first and make its next start fail.
 pub const HOOK_PREFIX: &str = "libvirt-";
 
+/// The key that names tenants' directories (see [`scope_dir`]): 32 random bytes kept in
+/// the state directory (`scope.key`, 0600), so a tenant's directory keeps its name across
+/// restarts and nobody without the key can tell whose directory it is.
+pub struct ScopeKey(ring::hmac::Key);
+
+impl std::fmt::Debug for ScopeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ScopeKey(..)")
+    }
+}
+
+/// The file of the [`ScopeKey`] in the state directory.
+pub const SCOPE_KEY_FILE: &str = "scope.key";
+
+impl ScopeKey {
+    /// Reads the key from `state_dir`, or makes it (once: a key made by another start in
+    /// the meantime wins).
+    pub fn open(state_dir: &Path) -> Result<ScopeKey> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = state_dir.join(SCOPE_KEY_FILE);
+        let io = |op: &'static str, source: std::io::Error| PoolError::Io {
+            op,
+            path: path.clone(),
+            source,
+        };
+        loop {
+            match std::fs::read(&path) {
+                Ok(bytes) if bytes.len() == 32 => {
+                    return Ok(ScopeKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes)))
+                }
+                Ok(bytes) => {
+                    return Err(io(
+                        "read the tenant directories' key",
+                        std::io::Error::other(format!(
+                            "{} bytes where 32 were written: remove it to make a new one (tenants' new leases then go to new directories)",
+                            bytes.len()
+                        )),
+                    ))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("read the tenant directories' key", e)),
+            }
+            let mut key = [0u8; 32];
+            ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut key).map_err(
+                |_| {
+                    io(
+                        "make the tenant directories' key",
+                        std::io::Error::other("no random bytes"),
+                    )
+                },
+            )?;
+            let tmp = state_dir.join(format!("{SCOPE_KEY_FILE}.{}", std::process::id()));
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(|e| io("make the tenant directories' key", e))?;
+            f.write_all(&key)
+                .and_then(|()| f.sync_all())
+                .map_err(|e| io("write the tenant directories' key", e))?;
+            drop(f);
+            // Linked, not renamed: an existing key is never replaced.
+            let linked = std::fs::hard_link(&tmp, &path);
+            let _ = std::fs::remove_file(&tmp);
+            match linked {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io("write the tenant directories' key", e)),
+            }
+        }
+    }
+
+    /// A key of `bytes` (for tests).
+    pub fn from_bytes(bytes: &[u8; 32]) -> ScopeKey {
+        ScopeKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, bytes))
+    }
+}
+
 /// The directory below the lease directory that holds a tenant's lease paths: `.uid-N`
-/// for a unix peer, `.p-<hex>` for any other principal (a token, a certificate). Lease
-/// names never start with `.`, so no lease path of an admin's can be one of them.
-pub fn scope_dir(principal: &str) -> String {
+/// for a unix peer, `.p-<HMAC-SHA256 of the principal>` (64 hex digits, keyed by
+/// [`ScopeKey`]) for any other principal (a token, a certificate): any local user can list
+/// the lease directory, and the name tells it neither a token's name nor a certificate's
+/// subject, nor can it be guessed from them; two principals never share one. Lease names
+/// never start with `.`, so no lease path of an admin's can be one of them.
+pub fn scope_dir(principal: &str, key: &ScopeKey) -> String {
     match principal.strip_prefix("uid:") {
         Some(uid) if uid.bytes().all(|b| b.is_ascii_digit()) && !uid.is_empty() => {
             format!(".uid-{uid}")
         }
         _ => {
-            // 255 bytes is the longest file name: long principals are cut after their hex
-            // start, with their length and a checksum of the whole kept.
-            let hex: String = principal.bytes().map(|b| format!("{b:02x}")).collect();
-            if hex.len() <= 200 {
-                format!(".p-{hex}")
-            } else {
-                let sum = principal.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-                    (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-                });
-                format!(".p-{}-{}-{sum:016x}", &hex[..160], principal.len())
-            }
+            let tag = ring::hmac::sign(&key.0, principal.as_bytes());
+            let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+            format!(".p-{hex}")
         }
     }
 }
@@ -265,6 +341,42 @@ mod tests {
             descriptors: Some(1),
             held_bytes: Some(4 * M),
         }
+    }
+
+    #[test]
+    fn a_tenants_directory_names_no_principal_and_keeps_its_name() {
+        let key = ScopeKey::from_bytes(&[7; 32]);
+        assert_eq!(scope_dir("uid:64055", &key), ".uid-64055");
+        let a = scope_dir("token:nova cert:CN=compute-1", &key);
+        assert!(a.starts_with(".p-") && a.len() == 3 + 64, "{a}");
+        assert!(!a.contains(
+            &"nova"
+                .bytes()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        ));
+        assert_eq!(a, scope_dir("token:nova cert:CN=compute-1", &key));
+        assert_ne!(a, scope_dir("token:nova cert:CN=compute-2", &key));
+        assert_ne!(
+            a,
+            scope_dir(
+                "token:nova cert:CN=compute-1",
+                &ScopeKey::from_bytes(&[8; 32])
+            )
+        );
+        assert!(scope_dir(&"x".repeat(10_000), &key).len() < 255);
+        // Made once in a state directory, read back the same after.
+        let dir = std::env::temp_dir().join(format!("hugeprep-scope-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = scope_dir("token:t", &ScopeKey::open(&dir).unwrap());
+        assert_eq!(first, scope_dir("token:t", &ScopeKey::open(&dir).unwrap()));
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(dir.join(SCOPE_KEY_FILE))
+                .unwrap()
+                .permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
