@@ -232,6 +232,14 @@ fn host_memory() -> u64 {
 }
 
 impl Limits {
+    /// Whether no limit a lease is checked against is set (`held_bytes` is kept where
+    /// released files wait aside, not at the lease).
+    pub fn admits_anything(&self) -> bool {
+        self.leased_bytes.values().all(Option::is_none)
+            && self.leases.is_none()
+            && self.descriptors.is_none()
+    }
+
     /// The defaults of a role: admin (root, the daemon's user, the libvirt hook) none; a
     /// lease-role principal 1/[`DEFAULT_LEASED_SHARE`] of the host's memory leased per page
     /// size, [`DEFAULT_LEASES`] leases, [`DEFAULT_DESCRIPTORS`] descriptors and
@@ -312,6 +320,8 @@ mod tests {
         assert_eq!((root.leases, root.held_bytes), (Some(2), None));
         assert_eq!(t.limits_for("lease", "token:cp").descriptors, Some(1));
         assert_eq!(t.limits_for("admin", "uid:1000"), Limits::default());
+        assert!(t.limits_for("admin", "uid:1000").admits_anything());
+        assert!(!lease.admits_anything());
     }
 
     #[test]
