@@ -251,3 +251,61 @@ fn unix_socket_peers_get_roles_by_uid_and_group() {
         "{err}"
     );
 }
+
+/// Under mutual TLS the principal is `token:NAME cert:SUBJECT`: a `token:NAME` table applies
+/// to it, and a `cert:SUBJECT` table wins over the token's (docs/security.md, "Limits per
+/// principal").
+#[test]
+fn limits_of_a_token_and_of_a_certificate_apply_under_mutual_tls() {
+    let env = Env::new("remote-mtls-limits", 16 * MIB);
+    let pki = Pki::new(&env.dir.join("pki"));
+    let mut flags = pki.serve_flags(true);
+    let write_config = |text: &str| {
+        let path = env.dir.join("limits.toml");
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    flags.push("--config".into());
+    flags.push(write_config(
+        "[pool.limits.principal.\"token:control-plane\"]\nleases = 1\n",
+    ));
+    let lease = |n: u32| format!(r#"{{"name":"m{n}","size":"2M"}}"#).into_bytes();
+    let client = pki.connector(Some((&pki.client_cert, &pki.client_key)));
+    let mut d = env.spawn(&flags.iter().map(String::as_str).collect::<Vec<_>>());
+    let addr = tls_addr(|| env.log());
+    let principal = block_on(async {
+        let mut c = Conn::tls(addr, &client, Some(LEASE)).await.unwrap();
+        let a = c.request("POST", "/v1/leases", &lease(1)).await.unwrap();
+        assert_eq!(a.status, 201, "{}", a.json());
+        let a = c.request("POST", "/v1/leases", &lease(2)).await.unwrap();
+        let body = a.json();
+        assert_eq!(a.status, 429, "the token's table applies: {body}");
+        assert_eq!(body["limit"]["name"], "leases", "{body}");
+        assert_eq!(body["limit"]["limit"], 1, "{body}");
+        body["limit"]["principal"].as_str().unwrap().to_string()
+    });
+    let subject = principal
+        .strip_prefix("token:control-plane cert:")
+        .unwrap_or_else(|| panic!("{principal}"));
+    // The certificate's own table wins over the token's.
+    d.stop();
+    let cfg = write_config(&format!(
+        "[pool.limits.principal.\"token:control-plane\"]\nleases = 1\n\
+         [pool.limits.principal.\"cert:{subject}\"]\nleases = 2\n"
+    ));
+    *flags.last_mut().unwrap() = cfg;
+    let before = env.log().len();
+    let _d = env.spawn(&flags.iter().map(String::as_str).collect::<Vec<_>>());
+    // The second run's address: the log holds both runs.
+    let addr = tls_addr(|| env.log().get(before..).unwrap_or_default().to_string());
+    block_on(async {
+        let mut c = Conn::tls(addr, &client, Some(LEASE)).await.unwrap();
+        let a = c.request("POST", "/v1/leases", &lease(2)).await.unwrap();
+        assert_eq!(a.status, 201, "{}", a.json());
+        let a = c.request("POST", "/v1/leases", &lease(3)).await.unwrap();
+        let body = a.json();
+        assert_eq!(a.status, 429, "{body}");
+        assert_eq!(body["limit"]["limit"], 2, "{body}");
+        assert_eq!(body["limit"]["in_use"], 2, "{body}");
+    });
+}

@@ -10,11 +10,15 @@
 //! - a release whose file another uid keeps open waits aside (the worker serves the honest
 //!   release meanwhile), counts against its lessee's `held_bytes`, and past that takes the
 //!   kernel's path at once;
-//! - the owner policy matches the lease's uid, also when the hook names its owner by number.
+//! - the owner policy matches the lease's uid, also when the hook names its owner by number;
+//! - a lessee that grows its file (`fallocate --keep-size`, `truncate`) is counted by the
+//!   pages and length it took, not the size it asked;
+//! - pages a read lease keeps past the release are charged to the lessee (429 at its limit,
+//!   across a restart too) until it lets go, or the kernel takes the lease away.
 
 mod daemon_util;
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -398,4 +402,202 @@ fn the_owner_policy_matches_the_hooks_numeric_owner() {
         assert!(Instant::now() < deadline, "{:?}", d.pool());
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Runs `cmd` as `uid` (its own group, no others); panics unless it succeeds.
+fn run_as(uid: u32, cmd: &[&str]) {
+    let out = Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .args(["--clear-groups", "--"])
+        .args(cmd)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} as {uid}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_lessee_that_grows_its_file_is_counted_by_the_pages_it_took() {
+    let env = Env::new("tenants-grow", 32 * MIB);
+    let cfg = config(
+        &env,
+        "[pool.limits.role.lease]\nleased_bytes = { \"2M\" = \"8M\" }\n",
+    );
+    let d = env.spawn(&["--socket-group", "kvm", "--config", &cfg]);
+    // A request that names its owner: the lessee owns the file and may write to it.
+    let (code, l) = lease_as(
+        A,
+        &env,
+        &format!(r#"{{"name":"g","size":"2M","owner":"{A}"}}"#),
+    );
+    assert_eq!(code, 201, "{l}");
+    let path = l["path"].as_str().unwrap();
+    // Pages past its end, its size kept: 8M of pages in a file of 2M.
+    run_as(A, &["fallocate", "--keep-size", "--length", "8MiB", path]);
+    assert_eq!(std::fs::metadata(path).unwrap().len(), 2 * MIB);
+    let (code, body) = lease_as(A, &env, r#"{"name":"g2","size":"2M"}"#);
+    assert_eq!(code, 429, "{body}");
+    assert_eq!(body["limit"]["name"], "leased_bytes.2M", "{body}");
+    assert_eq!(body["limit"]["in_use"].as_u64(), Some(8 * MIB), "{body}");
+    assert_eq!(body["limit"]["principal"], "uid:65534", "{body}");
+    // Grown by `ftruncate`: its length counts (a writable mapping would reserve it all).
+    run_as(A, &["truncate", "--size", "10MiB", path]);
+    let (code, body) = lease_as(A, &env, r#"{"name":"g2","size":"2M"}"#);
+    assert_eq!(code, 429, "{body}");
+    assert_eq!(body["limit"]["in_use"].as_u64(), Some(10 * MIB), "{body}");
+    // Another principal is not charged for it.
+    let (code, body) = lease_as(B, &env, r#"{"name":"g2","size":"2M"}"#);
+    assert_eq!(code, 201, "{body}");
+    // The release cuts it back; the charge ends with it.
+    let id = l["id"].as_u64().unwrap();
+    let (code, body) = curl_as(A, &env, "DELETE", &format!("/v1/leases/{id}"), "");
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = lease_as(A, &env, r#"{"name":"g2","size":"2M"}"#);
+    assert_eq!(code, 201, "{body}");
+    drop(d);
+}
+
+/// Starts a process of `uid` that opens `path` read-only, takes a read lease on it
+/// (`F_SETLEASE`, `F_RDLCK`: it owns the file), ignores the lease breaks (`SIGIO`) and
+/// sleeps; returns once the lease is taken. Debian's python3 (the suite installs it): root's
+/// `PATH` may name a shim another user cannot run.
+fn hold_read_lease(uid: u32, path: &str) -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .args(["--clear-groups", "--", "/usr/bin/python3", "-c"])
+        .arg(
+            "import fcntl, os, signal, sys, time\n\
+             signal.signal(signal.SIGIO, signal.SIG_IGN)\n\
+             fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+             fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)\n\
+             print(fd, flush=True)\n\
+             while True: time.sleep(3600)\n",
+        )
+        .arg(path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    if line.trim().parse::<u32>().is_err() {
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "the holder took no read lease on {path}: {line:?} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    child
+}
+
+#[test]
+fn pages_a_read_lease_keeps_past_the_release_are_charged_until_it_lets_go() {
+    let env = Env::new("tenants-kept", 32 * MIB);
+    let cfg = config(
+        &env,
+        "[pool.limits.role.lease]\nleased_bytes = { \"2M\" = \"8M\" }\n",
+    );
+    let mut d = env.spawn(&["--socket-group", "kvm", "--config", &cfg]);
+    // Lease, hold a read lease, release: the kernel's path cannot truncate the file (its
+    // open for writing would break the lease), so the pages stay with the holder.
+    let mut holders = Vec::new();
+    for i in 0..4 {
+        let (code, l) = lease_as(
+            A,
+            &env,
+            &format!(r#"{{"name":"r{i}","size":"2M","owner":"{A}","recycle":"kernel"}}"#),
+        );
+        assert_eq!(code, 201, "lease {i}: {l}");
+        holders.push(hold_read_lease(A, l["path"].as_str().unwrap()));
+        let id = l["id"].as_u64().unwrap();
+        let (code, body) = curl_as(A, &env, "DELETE", &format!("/v1/leases/{id}"), "");
+        assert_eq!(code, 200, "{body}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while d.pool().kept_files < i + 1 {
+            assert!(Instant::now() < deadline, "{:?}\n{}", d.pool(), env.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert_eq!(d.pool().kept_bytes, 8 * MIB);
+    // Its releases hold 8M: the next lease is over its limit.
+    let (code, body) = lease_as(A, &env, r#"{"name":"r4","size":"2M"}"#);
+    assert_eq!(code, 429, "{body}");
+    assert_eq!(body["limit"]["name"], "leased_bytes.2M", "{body}");
+    assert_eq!(body["limit"]["in_use"].as_u64(), Some(8 * MIB), "{body}");
+    assert_eq!(body["limit"]["principal"], "uid:65534", "{body}");
+    assert!(
+        d.leases().is_empty(),
+        "a refused lease changed nothing: {:?}",
+        d.leases()
+    );
+    // Another principal is not charged for them.
+    let (code, body) = lease_as(B, &env, r#"{"name":"r4","size":"2M"}"#);
+    assert_eq!(code, 201, "{body}");
+    // Across a restart the kept files are kept again, charged to the same principal.
+    d.stop();
+    let d = env.spawn(&["--socket-group", "kvm", "--config", &cfg]);
+    assert_eq!((d.pool().kept_files, d.pool().kept_bytes), (4, 8 * MIB));
+    let (code, body) = lease_as(A, &env, r#"{"name":"r4","size":"2M"}"#);
+    assert_eq!(code, 429, "{body}");
+    assert_eq!(body["limit"]["in_use"].as_u64(), Some(8 * MIB), "{body}");
+    // Three holders let go: their files are truncated and no longer charged, while the
+    // fourth still holds its lease.
+    let mut kept_holder = holders.remove(0);
+    for mut h in holders {
+        h.kill().unwrap();
+        h.wait().unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while d.pool().kept_files != 1 {
+        assert!(Instant::now() < deadline, "{:?}", d.pool());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(d.pool().kept_bytes, 2 * MIB);
+    let (code, body) = lease_as(A, &env, r#"{"name":"r4","size":"2M"}"#);
+    assert_eq!(code, 201, "{body}");
+    // The fourth never lets go: the kernel takes its lease away after lease-break-time (the
+    // keeper's every open breaks it again), the file is truncated under its descriptor, and
+    // the charge ends.
+    let break_time: u64 = std::fs::read_to_string("/proc/sys/fs/lease-break-time")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(break_time + 30);
+    while d.pool().kept_files != 0 {
+        assert!(Instant::now() < deadline, "{:?}", d.pool());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let held = std::fs::metadata(format!("/proc/{}/fd/3", kept_holder.id()))
+        .or_else(|_| {
+            // The holder's descriptor number is whatever python chose: find the file.
+            std::fs::read_dir(format!("/proc/{}/fd", kept_holder.id()))
+                .unwrap()
+                .flatten()
+                .find(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy().contains("kept-"))
+                })
+                .map(|e| std::fs::metadata(e.path()))
+                .unwrap()
+        })
+        .unwrap();
+    assert_eq!(held.blocks(), 0, "the held file still has pages");
+    kept_holder.kill().unwrap();
+    kept_holder.wait().unwrap();
+    assert!(
+        env.log().contains("no longer held by a lease"),
+        "{}",
+        env.log()
+    );
+    drop(d);
 }

@@ -204,6 +204,8 @@ mod tests {
             proof_fallback: None,
             held_aside_files: 0,
             held_aside_bytes: 0,
+            kept_files: 0,
+            kept_bytes: 0,
         }
     }
 

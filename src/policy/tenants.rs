@@ -7,7 +7,7 @@
 //! leases = 64
 //! descriptors = 64                    # pidfds (`pid`) and long-term pins (`pin`)
 //! held_bytes = "4G"                   # released but still held by someone
-//! [pool.limits.principal."libvirt-qemu"]   # a user name, a uid, or "token:NAME"
+//! [pool.limits.principal."libvirt-qemu"]   # a user name, a uid, "token:NAME", "cert:SUBJECT"
 //! leases = 16
 //! ```
 //!
@@ -56,7 +56,8 @@ pub struct TenantsSpec {
     /// Per API role (`lease`, `admin`).
     #[serde(default)]
     pub role: BTreeMap<String, LimitsSpec>,
-    /// Per principal: a user name or uid (a unix peer), or `token:NAME`.
+    /// Per principal: a user name or uid (a unix peer), `token:NAME`, `cert:SUBJECT` (a
+    /// client certificate under mutual TLS) or `token:NAME cert:SUBJECT`.
     #[serde(default)]
     pub principal: BTreeMap<String, LimitsSpec>,
 }
@@ -166,6 +167,23 @@ fn principal_key(key: &str) -> Result<String, String> {
     }
 }
 
+/// The `[pool.limits.principal]` keys that apply to `principal`, weakest first: for
+/// `token:NAME cert:SUBJECT` (mutual TLS) `token:NAME`, `cert:SUBJECT` and the whole; for
+/// any other principal itself. The token's name is cut at the first `" cert:"`: the API
+/// writes the certificate's part last, and only the operator names tokens.
+fn principal_tables(principal: &str) -> Vec<&str> {
+    match principal
+        .strip_prefix("token:")
+        .and_then(|rest| rest.find(" cert:"))
+    {
+        Some(at) => {
+            let cut = "token:".len() + at;
+            vec![&principal[..cut], &principal[cut + 1..], principal]
+        }
+        None => vec![principal],
+    }
+}
+
 impl TenantsSpec {
     /// Parses sizes, checks role names and resolves user names to uids.
     pub fn validate(&self) -> Result<Tenants, PoolPolicyError> {
@@ -214,6 +232,14 @@ fn host_memory() -> u64 {
 }
 
 impl Limits {
+    /// Whether no limit a lease is checked against is set (`held_bytes` is kept where
+    /// released files wait aside, not at the lease).
+    pub fn admits_anything(&self) -> bool {
+        self.leased_bytes.values().all(Option::is_none)
+            && self.leases.is_none()
+            && self.descriptors.is_none()
+    }
+
     /// The defaults of a role: admin (root, the daemon's user, the libvirt hook) none; a
     /// lease-role principal 1/[`DEFAULT_LEASED_SHARE`] of the host's memory leased per page
     /// size, [`DEFAULT_LEASES`] leases, [`DEFAULT_DESCRIPTORS`] descriptors and
@@ -241,15 +267,20 @@ impl Limits {
 }
 
 impl Tenants {
-    /// The limits of `principal` with `role`: its own table over its role's over the role's
-    /// defaults.
+    /// The limits of `principal` with `role`: its own tables over its role's over the role's
+    /// defaults. Under mutual TLS a principal is `token:NAME cert:SUBJECT`; its tables apply
+    /// field by field in this order, each over the one before: `token:NAME`, then
+    /// `cert:SUBJECT` (the certificate names the client, the token only what it may do),
+    /// then the whole `token:NAME cert:SUBJECT`.
     pub fn limits_for(&self, role: &str, principal: &str) -> Limits {
         let mut l = Limits::role_default(role, self.host_bytes);
         if let Some(p) = self.roles.get(role) {
             p.over(&mut l);
         }
-        if let Some(p) = self.principals.get(principal) {
-            p.over(&mut l);
+        for key in principal_tables(principal) {
+            if let Some(p) = self.principals.get(key) {
+                p.over(&mut l);
+            }
         }
         l
     }
@@ -289,6 +320,55 @@ mod tests {
         assert_eq!((root.leases, root.held_bytes), (Some(2), None));
         assert_eq!(t.limits_for("lease", "token:cp").descriptors, Some(1));
         assert_eq!(t.limits_for("admin", "uid:1000"), Limits::default());
+        assert!(t.limits_for("admin", "uid:1000").admits_anything());
+        assert!(!lease.admits_anything());
+    }
+
+    #[test]
+    fn under_mutual_tls_the_token_then_the_certificate_then_the_whole_apply() {
+        let spec: TenantsSpec = toml::from_str(
+            "[role.lease]\nleases = 8\n\
+             [principal.\"token:nova\"]\nleases = 512\ndescriptors = 9\nheld_bytes = \"1G\"\n\
+             [principal.\"cert:CN=compute-1\"]\ndescriptors = 3\n\
+             [principal.\"token:nova cert:CN=compute-1\"]\nheld_bytes = \"none\"\n",
+        )
+        .unwrap();
+        let t = spec.validate().unwrap();
+        let both = t.limits_for("lease", "token:nova cert:CN=compute-1");
+        assert_eq!(both.leases, Some(512), "the token's table applies");
+        assert_eq!(
+            both.descriptors,
+            Some(3),
+            "the certificate's wins over the token's"
+        );
+        assert_eq!(
+            both.held_bytes, None,
+            "the whole principal's wins over both"
+        );
+        let other_cert = t.limits_for("lease", "token:nova cert:CN=compute-2");
+        assert_eq!(
+            (
+                other_cert.leases,
+                other_cert.descriptors,
+                other_cert.held_bytes
+            ),
+            (Some(512), Some(9), Some(G))
+        );
+        // Another token with the same certificate: the certificate's table, not nova's.
+        let other_token = t.limits_for("lease", "token:ci cert:CN=compute-1");
+        assert_eq!(
+            (other_token.leases, other_token.descriptors),
+            (Some(8), Some(3))
+        );
+        // A subject that names a token gains nothing of that token's.
+        let forged = t.limits_for("lease", "token:ci cert:token:nova");
+        assert_eq!(forged.leases, Some(8));
+        assert_eq!(
+            principal_tables("token:a cert:CN=x cert:y"),
+            ["token:a", "cert:CN=x cert:y", "token:a cert:CN=x cert:y"]
+        );
+        assert_eq!(principal_tables("uid:7"), ["uid:7"]);
+        assert_eq!(principal_tables("token:a"), ["token:a"]);
     }
 
     #[test]

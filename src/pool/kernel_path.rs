@@ -47,6 +47,28 @@ impl Pool {
                     // them comes back until it lets go: all are counted.
                     let held = held_pages(path, rec);
                     self.counters.unreturned(held, rec.page_size.bytes());
+                    // Kept, not unlinked: truncated once the lease is gone (the kernel takes
+                    // it away within `lease-break-time`), charged to its lessee meanwhile.
+                    if self.keep(
+                        path,
+                        rec,
+                        released.and_then(|r| r.principal.clone()),
+                        released.map_or(0, |r| r.lease),
+                        held * rec.page_size.bytes(),
+                    ) {
+                        tracing::warn!(
+                            id = rec.id,
+                            lease = released.map_or(0, |r| r.lease),
+                            name = released.map_or("", |r| r.name.as_str()),
+                            principal = released.and_then(|r| r.principal.as_deref()).unwrap_or(""),
+                            unreturned_pages = held,
+                            page_size = %rec.page_size,
+                            node = rec.node,
+                            "another process holds a file lease on a released file: kept and charged to its lessee until the lease is gone, then truncated"
+                        );
+                        self.reach.forget(rec.id);
+                        return Ok(());
+                    }
                     tracing::warn!(
                         id = rec.id,
                         lease = released.map_or(0, |r| r.lease),

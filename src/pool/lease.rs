@@ -142,6 +142,10 @@ impl Pool {
         if let Some(t) = tenant {
             check_reserved_name(&v.name, t)?;
             self.note_tenant(t);
+            // Its files kept past a release count against it until they can be truncated:
+            // try them now (one open each, and only when it has any), not at the keeper's
+            // next turn.
+            self.reclaim_kept(Some(&t.principal));
             // A lease that names no owner is its unix principal's: the owner rule applies.
             if v.owner.is_none() {
                 let uid = t
@@ -155,7 +159,9 @@ impl Pool {
         v.tenant = tenant.cloned();
         // A tenant's names are its own: kept under a directory of its principal (see
         // `tenant::scope_dir`), so nobody else can learn, block or answer for them.
-        let scope = tenant.filter(|t| !t.admin).map(|t| scope_dir(&t.principal));
+        let scope = tenant
+            .filter(|t| !t.admin)
+            .map(|t| scope_dir(&t.principal, &self.scope_key));
         if let Some(dir) = &scope {
             v.name = format!("{dir}/{}", v.name);
         }

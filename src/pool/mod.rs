@@ -29,6 +29,7 @@ pub mod gate;
 pub mod holes;
 pub mod idempotency;
 mod jobs;
+mod kept;
 mod kernel;
 mod kernel_path;
 mod lease;
@@ -209,6 +210,11 @@ pub struct Pool {
     reach: Arc<reach::Reach>,
     /// The limits of each principal that asked for a lease since the start (see `tenant`).
     tenant_limits: Mutex<BTreeMap<String, crate::policy::tenants::Limits>>,
+    /// Released files a read lease kept from the kernel's path, charged to their principal
+    /// until they can be truncated (see `kept`).
+    kept: kept::Kept,
+    /// The key that names tenants' lease directories (see `tenant::scope_dir`).
+    scope_key: tenant::ScopeKey,
 }
 
 /// The hugeprep directories of each mount, by the page size the mount serves.
@@ -263,6 +269,7 @@ impl Pool {
         let mounts = open_mounts(&config.mounts)?;
         let journal = Journal::open_boot(&config.state_dir)?;
         let reservations = reserve::Reservations::open(&config.state_dir)?;
+        let scope_key = tenant::ScopeKey::open(&config.state_dir)?;
         let page_sizes = mounts.keys().copied().collect();
         let api_targets = targets::ApiTargets::open(&config.state_dir, &page_sizes, &topology)?;
         let mut policy = config.policy;
@@ -293,7 +300,7 @@ impl Pool {
             Arc::clone(&control),
         ));
         gate.set_grace(policy.lessee_grace);
-        Ok(Arc::new(Pool {
+        let pool = Arc::new(Pool {
             mounts,
             topology,
             scrubber: Scrubber::new(config.plan).map_err(|e| PoolError::Field {
@@ -322,7 +329,12 @@ impl Pool {
             api_targets,
             reach,
             tenant_limits: Mutex::new(BTreeMap::new()),
-        }))
+            kept: kept::Kept::default(),
+            scope_key,
+        });
+        pool.adopt_kept();
+        Pool::spawn_keeper(&pool);
+        Ok(pool)
     }
 
     fn lock(&self) -> locked::Locked<'_> {

@@ -62,6 +62,10 @@ fn facts(journal: &Journal, mounts: &BTreeMap<PageSize, PoolMount>, clean: bool)
         let files = facts.pool_files.entry(ps).or_default();
         for entry in dir.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
+            // A released file kept for a read lease (see `kept`): kept again after recovery.
+            if super::kept::parse_kept_name(&name).is_some() {
+                continue;
+            }
             let file = fs::metadata(entry.path()).ok().map(|m| PoolFileFact {
                 len: m.len(),
                 inode: (m.dev(), m.ino()),

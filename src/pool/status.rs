@@ -80,6 +80,14 @@ pub struct PoolStatus {
     /// Their bytes.
     #[serde(default)]
     pub held_aside_bytes: u64,
+    /// Released files the kernel's path could not truncate (another process holds a read
+    /// lease on them), kept and charged to their lessee until it lets go (see
+    /// `docs/security.md`, "Pages kept past a release").
+    #[serde(default)]
+    pub kept_files: usize,
+    /// Their bytes.
+    #[serde(default)]
+    pub kept_bytes: u64,
 }
 
 impl Pool {
@@ -135,6 +143,8 @@ impl Pool {
             proof_fallback: self.proof_fallback(),
             held_aside_files: st.aside.totals().0,
             held_aside_bytes: st.aside.totals().1,
+            kept_files: self.kept_totals().0,
+            kept_bytes: self.kept_totals().1,
         }
     }
 

@@ -6,6 +6,7 @@
 //! requests at once cannot both pass.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use super::state::State;
 use super::{FileState, PageSize, Pool, PoolError, Result, ValidRequest};
@@ -16,26 +17,101 @@ use crate::policy::tenants::Limits;
 /// no tenant can take a domain's name first and make its next start fail.
 pub const HOOK_PREFIX: &str = "libvirt-";
 
+/// The key that names tenants' directories (see [`scope_dir`]): 32 random bytes kept in
+/// the state directory (`scope.key`, 0600), so a tenant's directory keeps its name across
+/// restarts and nobody without the key can tell whose directory it is.
+pub struct ScopeKey(ring::hmac::Key);
+
+impl std::fmt::Debug for ScopeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ScopeKey(..)")
+    }
+}
+
+/// The file of the [`ScopeKey`] in the state directory.
+pub const SCOPE_KEY_FILE: &str = "scope.key";
+
+impl ScopeKey {
+    /// Reads the key from `state_dir`, or makes it (once: a key made by another start in
+    /// the meantime wins).
+    pub fn open(state_dir: &Path) -> Result<ScopeKey> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = state_dir.join(SCOPE_KEY_FILE);
+        let io = |op: &'static str, source: std::io::Error| PoolError::Io {
+            op,
+            path: path.clone(),
+            source,
+        };
+        loop {
+            match std::fs::read(&path) {
+                Ok(bytes) if bytes.len() == 32 => {
+                    return Ok(ScopeKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes)))
+                }
+                Ok(bytes) => {
+                    return Err(io(
+                        "read the tenant directories' key",
+                        std::io::Error::other(format!(
+                            "{} bytes where 32 were written: remove it to make a new one (tenants' new leases then go to new directories)",
+                            bytes.len()
+                        )),
+                    ))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("read the tenant directories' key", e)),
+            }
+            let mut key = [0u8; 32];
+            ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut key).map_err(
+                |_| {
+                    io(
+                        "make the tenant directories' key",
+                        std::io::Error::other("no random bytes"),
+                    )
+                },
+            )?;
+            let tmp = state_dir.join(format!("{SCOPE_KEY_FILE}.{}", std::process::id()));
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(|e| io("make the tenant directories' key", e))?;
+            f.write_all(&key)
+                .and_then(|()| f.sync_all())
+                .map_err(|e| io("write the tenant directories' key", e))?;
+            drop(f);
+            // Linked, not renamed: an existing key is never replaced.
+            let linked = std::fs::hard_link(&tmp, &path);
+            let _ = std::fs::remove_file(&tmp);
+            match linked {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io("write the tenant directories' key", e)),
+            }
+        }
+    }
+
+    /// A key of `bytes` (for tests).
+    pub fn from_bytes(bytes: &[u8; 32]) -> ScopeKey {
+        ScopeKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, bytes))
+    }
+}
+
 /// The directory below the lease directory that holds a tenant's lease paths: `.uid-N`
-/// for a unix peer, `.p-<hex>` for any other principal (a token, a certificate). Lease
-/// names never start with `.`, so no lease path of an admin's can be one of them.
-pub fn scope_dir(principal: &str) -> String {
+/// for a unix peer, `.p-<HMAC-SHA256 of the principal>` (64 hex digits, keyed by
+/// [`ScopeKey`]) for any other principal (a token, a certificate): any local user can list
+/// the lease directory, and the name tells it neither a token's name nor a certificate's
+/// subject, nor can it be guessed from them; two principals never share one. Lease names
+/// never start with `.`, so no lease path of an admin's can be one of them.
+pub fn scope_dir(principal: &str, key: &ScopeKey) -> String {
     match principal.strip_prefix("uid:") {
         Some(uid) if uid.bytes().all(|b| b.is_ascii_digit()) && !uid.is_empty() => {
             format!(".uid-{uid}")
         }
         _ => {
-            // 255 bytes is the longest file name: long principals are cut after their hex
-            // start, with their length and a checksum of the whole kept.
-            let hex: String = principal.bytes().map(|b| format!("{b:02x}")).collect();
-            if hex.len() <= 200 {
-                format!(".p-{hex}")
-            } else {
-                let sum = principal.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-                    (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-                });
-                format!(".p-{}-{}-{sum:016x}", &hex[..160], principal.len())
-            }
+            let tag = ring::hmac::sign(&key.0, principal.as_bytes());
+            let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+            format!(".p-{hex}")
         }
     }
 }
@@ -69,11 +145,12 @@ pub struct Tenant {
 pub struct Usage {
     /// Leased bytes per page size.
     pub leased_bytes: BTreeMap<PageSize, u64>,
-    /// Leases.
+    /// Leases, and released files kept past the kernel's path (see `kept`).
     pub leases: u64,
     /// pidfds and pins held for its leases.
     pub descriptors: u64,
-    /// Released bytes still held by someone, waiting aside.
+    /// Released bytes still held by someone: waiting aside, or kept past the kernel's path
+    /// (the latter count in `leased_bytes` too).
     pub held_bytes: u64,
 }
 
@@ -130,7 +207,8 @@ impl Pool {
         for e in st.core.files() {
             if let FileState::Leased(l) = &e.rec().state {
                 if l.principal.as_deref() == Some(principal) {
-                    *u.leased_bytes.entry(e.rec().page_size).or_default() += e.rec().size;
+                    *u.leased_bytes.entry(e.rec().page_size).or_default() +=
+                        self.leased_extent(e.rec());
                     u.leases += 1;
                     u.descriptors += u64::from(l.pid.is_some());
                     u.descriptors += u64::from(st.pinned.contains(&e.rec().id));
@@ -142,8 +220,46 @@ impl Pool {
             u.leases += 1;
             u.descriptors += t.descriptors;
         }
-        u.held_bytes = st.aside.held_bytes(Some(principal));
+        // Pages kept past a release (a read lease on a file the kernel's path could not
+        // truncate) are still the principal's: each file counts as a lease of its bytes
+        // until its holder lets go (see `kept`).
+        let (files, kept) = self.kept.of(principal);
+        u.leases += files;
+        for (ps, bytes) in kept {
+            *u.leased_bytes.entry(ps).or_default() += bytes;
+            u.held_bytes += bytes;
+        }
+        u.held_bytes += st.aside.held_bytes(Some(principal));
         u
+    }
+
+    /// What a leased file takes from the host: the size it was leased at, or more when its
+    /// lessee grew it (`ftruncate` larger, `fallocate(FALLOC_FL_KEEP_SIZE)` past its end, a
+    /// writable mapping past its end): its length rounded up to whole pages, or its
+    /// allocated pages (hugetlbfs counts them in `st_blocks`), whichever is larger. Read by
+    /// `fstatat` of the pool's own name for the file in the pool directory's handle (the
+    /// directory is the daemon's, 0700: no lessee can put another file there); a few
+    /// microseconds each, per live lease of the principal, at each admission check.
+    fn leased_extent(&self, rec: &super::FileRecord) -> u64 {
+        let Ok(mount) = self.mount(rec.page_size) else {
+            return rec.size;
+        };
+        let page = rec.page_size.bytes();
+        match rustix::fs::statat(
+            mount.pool_dir_handle().fd(),
+            super::file_key(rec.id).as_str(),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        ) {
+            Ok(st) => {
+                let length = u64::try_from(st.st_size)
+                    .unwrap_or(0)
+                    .div_ceil(page)
+                    .saturating_mul(page);
+                let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+                rec.size.max(length).max(allocated)
+            }
+            Err(_) => rec.size,
+        }
     }
 
     /// What `principal` holds now.
@@ -158,6 +274,11 @@ impl Pool {
         let Some(tenant) = &v.tenant else {
             return Ok(());
         };
+        // An admin (the libvirt hook, root) has no limit: its usage, a `fstatat` per live
+        // lease, is not read on its lease path.
+        if tenant.limits.admits_anything() {
+            return Ok(());
+        }
         let usage = self.usage_locked(st, &tenant.principal);
         match over(
             &tenant.limits,
@@ -225,6 +346,42 @@ mod tests {
             descriptors: Some(1),
             held_bytes: Some(4 * M),
         }
+    }
+
+    #[test]
+    fn a_tenants_directory_names_no_principal_and_keeps_its_name() {
+        let key = ScopeKey::from_bytes(&[7; 32]);
+        assert_eq!(scope_dir("uid:64055", &key), ".uid-64055");
+        let a = scope_dir("token:nova cert:CN=compute-1", &key);
+        assert!(a.starts_with(".p-") && a.len() == 3 + 64, "{a}");
+        assert!(!a.contains(
+            &"nova"
+                .bytes()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        ));
+        assert_eq!(a, scope_dir("token:nova cert:CN=compute-1", &key));
+        assert_ne!(a, scope_dir("token:nova cert:CN=compute-2", &key));
+        assert_ne!(
+            a,
+            scope_dir(
+                "token:nova cert:CN=compute-1",
+                &ScopeKey::from_bytes(&[8; 32])
+            )
+        );
+        assert!(scope_dir(&"x".repeat(10_000), &key).len() < 255);
+        // Made once in a state directory, read back the same after.
+        let dir = std::env::temp_dir().join(format!("hugeprep-scope-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = scope_dir("token:t", &ScopeKey::open(&dir).unwrap());
+        assert_eq!(first, scope_dir("token:t", &ScopeKey::open(&dir).unwrap()));
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(dir.join(SCOPE_KEY_FILE))
+                .unwrap()
+                .permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,0 +1,322 @@
+//! Released files the kernel's path could not truncate, and their pages kept past the
+//! release (see `docs/security.md`, "Pages kept past a release").
+//!
+//! A lessee that holds a read lease (`F_SETLEASE`, `F_RDLCK`) on its file makes the kernel's
+//! path's open for writing fail (`O_NONBLOCK`: `EWOULDBLOCK`), so the file cannot be
+//! truncated, and its open descriptor keeps the inode, with every page, after an unlink. So
+//! the file is not unlinked: it is renamed within the pool directory (the daemon's, 0700) to
+//! `kept-<id>` and kept here, charged to the principal of its last lease (as leased bytes
+//! and as a lease: they are still its pages, and its `leases` limit bounds how many files
+//! the keeper tries for it), and opened for writing again at every turn of the keeper (a
+//! thread, [`KEEP_TURN`]) and at every lease its principal asks for. Each open breaks the
+//! lease again; the kernel takes a lease that was not given up within `lease-break-time`
+//! (`/proc/sys/fs/lease-break-time`, 45 s by default) away at the next such open. Then the
+//! file is truncated (its pages leave every mapping and return to the kernel, but for those
+//! a pin holds) and unlinked, and the charge ends.
+//!
+//! The charge outlives a restart in the file's name, `kept-<id>-n<node>-<principal in hex>`:
+//! recovery leaves such names alone and the new daemon keeps them again, charged to the
+//! same principal (a principal longer than 100 bytes, a long certificate subject, is not
+//! named: its file is still truncated when it can be, but charged to nobody after a
+//! restart).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use super::kernel::node_free_pages;
+use super::{FileRecord, PageSize, Pool};
+
+/// How often the keeper opens the kept files again.
+pub const KEEP_TURN: Duration = Duration::from_millis(250);
+
+/// The prefix of a kept file's name in the pool directory (pool files are `p<id>`; recovery
+/// leaves names with this prefix alone).
+pub const KEPT_PREFIX: &str = "kept-";
+
+/// One released file kept for its holder.
+#[derive(Debug)]
+struct KeptFile {
+    /// Its name in the pool directory.
+    path: PathBuf,
+    /// The principal of its last lease (`None`: a lease no tenant made).
+    principal: Option<String>,
+    page_size: PageSize,
+    node: u32,
+    /// Bytes of its pages (`st_blocks`) when it was kept.
+    bytes: u64,
+    /// The pool file's id, its lease and name (for the log).
+    id: u64,
+    lease: u64,
+    since: Instant,
+}
+
+/// The kept files.
+#[derive(Debug, Default)]
+pub(super) struct Kept {
+    files: Mutex<Vec<KeptFile>>,
+}
+
+impl Kept {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<KeptFile>> {
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Files kept for `principal`, and their bytes per page size.
+    pub(super) fn of(&self, principal: &str) -> (u64, BTreeMap<PageSize, u64>) {
+        let mut bytes = BTreeMap::new();
+        let mut files = 0;
+        for f in self
+            .lock()
+            .iter()
+            .filter(|f| f.principal.as_deref() == Some(principal))
+        {
+            files += 1;
+            *bytes.entry(f.page_size).or_default() += f.bytes;
+        }
+        (files, bytes)
+    }
+
+    /// Files and bytes kept in all.
+    pub(super) fn totals(&self) -> (usize, u64) {
+        let files = self.lock();
+        (files.len(), files.iter().map(|f| f.bytes).sum())
+    }
+
+    /// Whether `principal` (or, with `None`, anyone) has a file kept.
+    fn any(&self, principal: Option<&str>) -> bool {
+        self.lock()
+            .iter()
+            .any(|f| principal.is_none() || f.principal.as_deref() == principal)
+    }
+}
+
+/// The longest principal written into a kept file's name (in hex, twice as long: the name
+/// stays well under 255 bytes).
+const NAMED_PRINCIPAL: usize = 100;
+
+/// The name of the kept file of pool file `id` on `node`, charged to `principal`.
+fn kept_name(id: u64, node: u32, principal: Option<&str>) -> String {
+    let mut name = format!("{KEPT_PREFIX}{id}-n{node}");
+    if let Some(p) = principal.filter(|p| p.len() <= NAMED_PRINCIPAL) {
+        name.push('-');
+        for b in p.bytes() {
+            name.push_str(&format!("{b:02x}"));
+        }
+    }
+    name
+}
+
+/// The pool file id, node and principal a kept file's name holds; `None` for any other name.
+pub(super) fn parse_kept_name(name: &str) -> Option<(u64, u32, Option<String>)> {
+    let mut parts = name.strip_prefix(KEPT_PREFIX)?.splitn(3, '-');
+    let id = parts.next()?.parse().ok()?;
+    let node = parts.next()?.strip_prefix('n')?.parse().ok()?;
+    let principal = match parts.next() {
+        None => None,
+        Some(hex) => {
+            if hex.len() % 2 != 0 || hex.len() > 2 * NAMED_PRINCIPAL {
+                return None;
+            }
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                .collect::<Option<Vec<u8>>>()?;
+            Some(String::from_utf8(bytes).ok()?)
+        }
+    };
+    Some((id, node, principal))
+}
+
+/// Opens a kept file for writing without waiting for a lease to be given up.
+fn open_for_truncate(path: &Path) -> io::Result<fs::File> {
+    fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+}
+
+impl Pool {
+    /// The kernel's path could not truncate the released file `rec` at `path` (a read lease
+    /// on it): renames it to `kept-<id>` and keeps it, charged to `principal`, until it can
+    /// be truncated. `bytes`: its pages. Returns false when it could not be renamed (it is
+    /// then unlinked as before, its pages with their holder, charged to nobody).
+    pub(super) fn keep(
+        &self,
+        path: &Path,
+        rec: &FileRecord,
+        principal: Option<String>,
+        lease: u64,
+        bytes: u64,
+    ) -> bool {
+        let kept = path.with_file_name(kept_name(rec.id, rec.node, principal.as_deref()));
+        if let Err(err) = fs::rename(path, &kept) {
+            tracing::warn!(id = rec.id, %err, "cannot keep a released file that another process holds a lease on");
+            return false;
+        }
+        self.kept.lock().push(KeptFile {
+            path: kept,
+            principal,
+            page_size: rec.page_size,
+            node: rec.node,
+            bytes,
+            id: rec.id,
+            lease,
+            since: Instant::now(),
+        });
+        true
+    }
+
+    /// Opens every file kept for `principal` (`None`: all) for writing; each one that opens
+    /// (its holder gave up its lease, or the kernel took it away) is truncated and unlinked,
+    /// and no longer charged. Runs without the state lock; the truncates free pages.
+    pub(super) fn reclaim_kept(&self, principal: Option<&str>) {
+        if !self.kept.any(principal) {
+            return;
+        }
+        let mut opened = Vec::new();
+        {
+            let mut files = self.kept.lock();
+            let mut i = 0;
+            while i < files.len() {
+                let f = &files[i];
+                if principal.is_some() && f.principal.as_deref() != principal {
+                    i += 1;
+                    continue;
+                }
+                match open_for_truncate(&f.path) {
+                    Ok(file) => opened.push((files.swap_remove(i), Some(file))),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        opened.push((files.swap_remove(i), None));
+                    }
+                    // A lease still held (`EWOULDBLOCK`), or anything else: tried again at
+                    // the next turn.
+                    Err(_) => i += 1,
+                }
+            }
+        }
+        for (f, file) in opened {
+            let _lock_holder = crate::sys::priority::OutOfIdle::enter();
+            let before = node_free_pages(f.node, f.page_size);
+            let truncated = file.map(|file| file.set_len(0));
+            let after = node_free_pages(f.node, f.page_size);
+            if let Err(err) = fs::remove_file(&f.path) {
+                if err.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!(file = %f.path.display(), %err, "cannot remove a kept file");
+                }
+            }
+            let returned = match (before, after) {
+                (Some(b), Some(a)) => a.saturating_sub(b) * f.page_size.bytes(),
+                _ => 0,
+            };
+            tracing::info!(
+                id = f.id,
+                lease = f.lease,
+                principal = f.principal.as_deref().unwrap_or(""),
+                kept_bytes = f.bytes,
+                returned_bytes = returned,
+                kept_ms = u64::try_from(f.since.elapsed().as_millis()).unwrap_or(u64::MAX),
+                truncated = ?truncated.map(|r| r.map_err(|e| e.to_string())),
+                "a kept released file is no longer held by a lease: truncated, no longer charged"
+            );
+        }
+    }
+
+    /// Keeps again the files a previous run kept (found by their names in the pool
+    /// directories), charged to the principal each name holds.
+    pub(super) fn adopt_kept(&self) {
+        for (&page_size, mount) in &self.mounts {
+            let dir = mount.pool_dir_handle().fd_path();
+            let Ok(entries) = fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Some((id, node, principal)) = parse_kept_name(&name) else {
+                    continue;
+                };
+                let bytes = fs::symlink_metadata(entry.path())
+                    .map_or(0, |m| m.blocks().saturating_mul(512));
+                tracing::warn!(
+                    id,
+                    principal = principal.as_deref().unwrap_or(""),
+                    kept_bytes = bytes,
+                    "a released file kept for a read lease before the restart is kept again, charged to its lessee"
+                );
+                self.kept.lock().push(KeptFile {
+                    path: dir.join(&name),
+                    principal,
+                    page_size,
+                    node,
+                    bytes,
+                    id,
+                    lease: 0,
+                    since: Instant::now(),
+                });
+            }
+        }
+    }
+
+    /// Files and bytes kept past the kernel's path, waiting for their holders.
+    pub fn kept_totals(&self) -> (usize, u64) {
+        self.kept.totals()
+    }
+
+    /// Starts the keeper: a thread that tries the kept files again every [`KEEP_TURN`]
+    /// until the pool shuts down or is dropped.
+    pub(super) fn spawn_keeper(pool: &Arc<Pool>) {
+        let weak: Weak<Pool> = Arc::downgrade(pool);
+        let spawned = std::thread::Builder::new()
+            .name("hugeprep-keeper".into())
+            .spawn(move || loop {
+                std::thread::sleep(KEEP_TURN);
+                let Some(pool) = weak.upgrade() else {
+                    return;
+                };
+                if pool.shutdown.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                pool.reclaim_kept(None);
+            });
+        if let Err(err) = spawned {
+            tracing::warn!(%err, "cannot start the keeper of released files held by a lease: they are tried again at their principal's next lease only");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_name_holds_its_id_node_and_principal() {
+        for p in [None, Some("uid:64055"), Some("token:nova cert:CN=a-b")] {
+            let name = kept_name(7, 1, p);
+            assert!(name.len() < 255, "{name}");
+            assert_eq!(
+                parse_kept_name(&name),
+                Some((7, 1, p.map(str::to_owned))),
+                "{name}"
+            );
+        }
+        let long = "x".repeat(NAMED_PRINCIPAL + 1);
+        assert_eq!(
+            parse_kept_name(&kept_name(7, 0, Some(&long))),
+            Some((7, 0, None))
+        );
+        for bad in [
+            "p7",
+            "kept-",
+            "kept-7",
+            "kept-x-n0",
+            "kept-7-n0-abc",
+            "kept-7-n0-zz",
+        ] {
+            assert_eq!(parse_kept_name(bad), None, "{bad}");
+        }
+    }
+}
