@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::page_size::PageSize;
 use crate::units::{format_bytes, parse_bytes};
 
+use super::recycle;
 pub use super::recycle::Recycle;
 
 /// The embedded default policy (keeps nothing warm).
@@ -272,7 +273,7 @@ impl PoolPolicySpec {
             targets.push(t.validate(&format!("target[{i}]"))?);
         }
         let recycle_owner_uids =
-            super::recycle::resolve_names(self.recycle_roles.keys(), self.recycle_owners.iter())
+            recycle::resolve_names(self.recycle_roles.keys(), self.recycle_owners.iter())
                 .map_err(|(field, message)| PoolPolicyError::Field { field, message })?;
         let limit = match &self.reserve_limit {
             Some(text) => Some(field_bytes("reserve_limit".into(), text)?),
@@ -444,6 +445,22 @@ impl PoolPolicy {
             })
     }
 
+    /// A lease's own `recycle` made at least as strict as the rule for the API role that
+    /// asks for it (see [`PoolPolicy::recycle_for`]).
+    pub fn recycle_for_role(&self, role: &str, lease: Option<Recycle>) -> Option<Recycle> {
+        recycle::for_role(&self.recycle_roles, role, lease)
+    }
+
+    /// How a lease's memory comes back: the lease's own choice, else its owner's (by the
+    /// lease's uid, resolved at load), else the policy's. `kernel` anywhere wins: a lease
+    /// cannot ask for less than its owner's rule.
+    pub fn recycle_for(&self, owner_uid: Option<u32>, lease: Option<Recycle>) -> Recycle {
+        let by_owner = owner_uid
+            .and_then(|uid| self.recycle_owner_uids.get(&uid))
+            .copied();
+        recycle::strictest(lease, by_owner, self.recycle)
+    }
+
     /// Bytes to keep warm for `(node, page_size)`.
     pub fn target_bytes(&self, node: u32, page_size: PageSize) -> u64 {
         self.target(node, page_size).map_or(0, |t| t.warm)
@@ -553,7 +570,7 @@ mod tests {
             }
         }
         // Each known role is a role of the API.
-        for role in super::super::recycle::ROLES {
+        for role in recycle::ROLES {
             serde_json::from_str::<crate::api::access::Role>(&format!("\"{role}\"")).unwrap();
         }
     }
@@ -627,5 +644,31 @@ mod tests {
         assert!(err.to_string().contains("target[0].sizes[0]"), "{err}");
         let err = PoolPolicy::from_toml("colour = 1\n").unwrap_err();
         assert!(err.to_string().contains("colour"), "{err}");
+    }
+
+    /// The hook names its owner by uid, a client by name: both match a rule written by name.
+    #[test]
+    fn an_owner_rule_matches_the_uid_whichever_way_it_was_named() {
+        let root = "root".to_string();
+        let zero = "0".to_string();
+        let owners = [(&root, &Recycle::Kernel)];
+        let uids = recycle::resolve_names([], owners).unwrap();
+        assert_eq!(uids.get(&0), Some(&Recycle::Kernel));
+        let mut policy = PoolPolicy::embedded();
+        policy.recycle_owner_uids = uids;
+        assert_eq!(policy.recycle_for(Some(0), None), Recycle::Kernel);
+        assert_eq!(
+            policy.recycle_for(Some(0), Some(Recycle::Proven)),
+            Recycle::Kernel
+        );
+        assert_eq!(policy.recycle_for(Some(65534), None), Recycle::Proven);
+        // A rule written by uid.
+        let by_number = recycle::resolve_names([], [(&zero, &Recycle::Kernel)]).unwrap();
+        assert_eq!(by_number.get(&0), Some(&Recycle::Kernel));
+        // The strictest of a name and its uid.
+        let both =
+            recycle::resolve_names([], [(&root, &Recycle::Proven), (&zero, &Recycle::Kernel)])
+                .unwrap();
+        assert_eq!(both.get(&0), Some(&Recycle::Kernel));
     }
 }
