@@ -143,30 +143,44 @@ fn page(
     see_also: &str,
 ) -> String {
     let mut out = String::new();
-    let _ = writeln!(
+    write_page(&mut out, name, summary, intro, sections, examples, see_also)
+        .expect("writing to a String cannot fail");
+    out
+}
+
+fn write_page(
+    out: &mut String,
+    name: &str,
+    summary: &str,
+    intro: &str,
+    sections: &[(String, Vec<Group>)],
+    examples: &[(&str, &str)],
+    see_also: &str,
+) -> std::fmt::Result {
+    writeln!(
         out,
         ".TH {} 5 \"\" \"hugeprep {}\" \"File Formats\"",
         name.to_uppercase(),
         env!("CARGO_PKG_VERSION")
-    );
-    let _ = writeln!(out, ".SH NAME\n{} \\- {}", roff(name), roff(summary));
-    let _ = writeln!(out, ".SH SYNOPSIS\n/etc/hugeprep/{}", roff(name));
-    let _ = writeln!(out, ".SH DESCRIPTION\n{}", roff(intro));
+    )?;
+    writeln!(out, ".SH NAME\n{} \\- {}", roff(name), roff(summary))?;
+    writeln!(out, ".SH SYNOPSIS\n/etc/hugeprep/{}", roff(name))?;
+    writeln!(out, ".SH DESCRIPTION\n{}", roff(intro))?;
     for (title, groups) in sections {
-        let _ = writeln!(out, ".SH {}", roff(title));
+        writeln!(out, ".SH {}", roff(title))?;
         for g in groups {
             if g.keys.is_empty() {
-                let _ = writeln!(out, ".PP\n{}", roff(&g.doc));
+                writeln!(out, ".PP\n{}", roff(&g.doc))?;
                 continue;
             }
-            let _ = writeln!(out, ".TP");
+            writeln!(out, ".TP")?;
             for (i, k) in g.keys.iter().enumerate() {
                 if i > 0 {
-                    let _ = writeln!(out, ".TQ");
+                    writeln!(out, ".TQ")?;
                 }
-                let _ = writeln!(out, "\\fB{}\\fR", roff(k));
+                writeln!(out, "\\fB{}\\fR", roff(k))?;
             }
-            let _ = writeln!(
+            writeln!(
                 out,
                 "{}",
                 roff(if g.doc.is_empty() {
@@ -174,18 +188,18 @@ fn page(
                 } else {
                     &g.doc
                 })
-            );
+            )?;
         }
     }
     for (title, text) in examples {
-        let _ = writeln!(out, ".SH {}\n.nf", roff(title));
+        writeln!(out, ".SH {}\n.nf", roff(title))?;
         for l in text.lines() {
-            let _ = writeln!(out, "{}", roff(l));
+            writeln!(out, "{}", roff(l))?;
         }
-        let _ = writeln!(out, ".fi");
+        writeln!(out, ".fi")?;
     }
-    let _ = writeln!(out, ".SH SEE ALSO\n{}", roff(see_also));
-    out
+    writeln!(out, ".SH SEE ALSO\n{}", roff(see_also))?;
+    Ok(())
 }
 
 /// Sections by table: the top level first, then each table in the order met.
