@@ -18,6 +18,7 @@ pub mod qemu;
 pub mod recycle;
 pub mod svg;
 pub mod trace;
+pub mod turns;
 pub mod vm_start;
 
 pub use crate::stats::Summary;
