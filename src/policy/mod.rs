@@ -15,10 +15,12 @@ mod clearing;
 mod confidence;
 mod error;
 pub mod pool;
+mod pool_error;
 mod recycle;
 mod resolution;
 mod rule;
 mod schema;
+mod target;
 pub mod tenants;
 mod validate;
 
