@@ -16,6 +16,8 @@ pub mod prefault;
 pub mod proof;
 pub mod qemu;
 pub mod recycle;
+pub mod recycle_config;
+pub mod recycle_report;
 pub mod svg;
 pub mod trace;
 pub mod turns;
