@@ -156,6 +156,7 @@ impl Visit for Collect {
         if field.name() == "message" {
             self.message.push_str(value);
         } else {
+            // Writing to a String cannot fail.
             let _ = write!(self.text_fields, " {}={value:?}", field.name());
             self.fields
                 .push((field_name(field.name()), value.to_string()));
@@ -167,6 +168,7 @@ impl Visit for Collect {
         if field.name() == "message" {
             self.message.push_str(&text);
         } else {
+            // Writing to a String cannot fail.
             let _ = write!(self.text_fields, " {}={text}", field.name());
             self.fields.push((field_name(field.name()), text));
         }
@@ -225,6 +227,7 @@ impl<S: Subscriber> tracing_subscriber::Layer<S> for JournaldLayer {
             append_field(&mut short, "MESSAGE", "(a log line journald refused)");
             append_field(&mut short, "PRIORITY", &priority(meta.level()).to_string());
             append_field(&mut short, "SYSLOG_IDENTIFIER", "hugeprep");
+            // Refused too: there is nowhere left to say so, and logging must not block.
             let _ = self.socket.send(&short);
         }
     }

@@ -32,6 +32,7 @@ fn make_room(step: &str) {
         // Only clean pages go: nothing is lost, files are read again when next used.
         let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
     }
+    // Ignored as the doc says: the raise after it says what came of it.
     let _ = std::fs::write("/proc/sys/vm/compact_memory", "1");
 }
 

@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::pool::PoolError;
 
+/// Seconds a client answered 503 (a refused unix socket connection, a daemon shutting down)
+/// is told to wait before it comes back.
+pub const RETRY_AFTER_S: u64 = 1;
+
 /// The JSON body of every error response.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
@@ -170,7 +174,7 @@ impl ApiError {
         };
         if status == StatusCode::SERVICE_UNAVAILABLE {
             // Shutting down: a restart follows, so the client is told when to come back.
-            let after = super::limits::RETRY_AFTER_S.to_string();
+            let after = RETRY_AFTER_S.to_string();
             return (
                 status,
                 [(axum::http::header::RETRY_AFTER, after)],

@@ -38,13 +38,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 
+use super::error::RETRY_AFTER_S;
 use super::peer::Peer;
 
 /// The shortest interval between two log lines about refused connections.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
-
-/// Seconds a refused unix socket client is told to wait.
-pub const RETRY_AFTER_S: u64 = 1;
 
 /// Descriptors kept for the daemon itself (pool files, journal, pidfds of leases, scans).
 const OWN_FDS: u64 = 256;
@@ -281,7 +279,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 }
 
 /// Waits until `stop` says true.
-async fn stopped(mut stop: watch::Receiver<bool>) {
+pub(super) async fn stopped(mut stop: watch::Receiver<bool>) {
     // An error is the sender gone, which means stopping too.
     let _ = stop.wait_for(|s| *s).await;
 }
@@ -466,46 +464,14 @@ pub async fn serve_unix(
 /// request is written whole and it reads the answer rather than a broken pipe.
 async fn answer_shutting_down(mut stream: tokio::net::UnixStream) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A client gone already needs no answer; the drain below ends at once then.
     let _ = stream
         .write_all(&unavailable_response("the daemon is shutting down"))
         .await;
     let mut sink = [0u8; 4096];
     let drain = async { while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {} };
+    // Drained or timed out, the connection is closed the same way.
     let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
-}
-
-/// Serves handshaken TLS connections from `rx` until `stop`; then waits for them to finish.
-pub async fn serve_tls(
-    mut rx: mpsc::Receiver<super::tls::Handshaken>,
-    app: Router,
-    limits: Limits,
-    stop: watch::Receiver<bool>,
-) -> std::io::Result<()> {
-    let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
-    let stop_accepting = stopped(stop.clone());
-    tokio::pin!(stop_accepting);
-    loop {
-        let conn = tokio::select! {
-            c = rx.recv() => match c { Some(c) => c, None => break },
-            () = &mut stop_accepting => break,
-        };
-        let (app, stop, done) = (app.clone(), stop.clone(), done_tx.clone());
-        tokio::spawn(async move {
-            let super::tls::Handshaken {
-                stream,
-                peer,
-                ticket,
-            } = conn;
-            serve_connection(stream, peer, app, limits, stop).await;
-            drop(ticket);
-            drop(done);
-        });
-    }
-    drop(rx);
-    drop(done_tx);
-    // `None` once every connection's sender is dropped: what this waits for.
-    let _ = done_rx.recv().await;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -94,7 +94,7 @@ pub async fn serve(
     match tls {
         None => unix.await,
         Some(tls) => {
-            let tcp = limits::serve_tls(tls.start(limits), app, limits, stop_rx);
+            let tcp = tls::serve_tls(tls.start(limits), app, limits, stop_rx);
             let (a, b) = tokio::join!(unix, tcp);
             a.and(b)
         }

@@ -9,16 +9,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Router;
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::limits::{AddrGate, Gate, Limits, Ticket};
+use super::limits::{serve_connection, stopped, AddrGate, Gate, Limits, Ticket};
 use super::peer::Peer;
 
 /// Handshaken connections waiting for the HTTP server.
@@ -270,4 +271,38 @@ async fn accept_loop(
             }
         });
     }
+}
+
+/// Serves handshaken TLS connections from `rx` until `stop`; then waits for them to finish.
+pub async fn serve_tls(
+    mut rx: mpsc::Receiver<Handshaken>,
+    app: Router,
+    limits: Limits,
+    stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
+    let stop_accepting = stopped(stop.clone());
+    tokio::pin!(stop_accepting);
+    loop {
+        let conn = tokio::select! {
+            c = rx.recv() => match c { Some(c) => c, None => break },
+            () = &mut stop_accepting => break,
+        };
+        let (app, stop, done) = (app.clone(), stop.clone(), done_tx.clone());
+        tokio::spawn(async move {
+            let Handshaken {
+                stream,
+                peer,
+                ticket,
+            } = conn;
+            serve_connection(stream, peer, app, limits, stop).await;
+            drop(ticket);
+            drop(done);
+        });
+    }
+    drop(rx);
+    drop(done_tx);
+    // `None` once every connection's sender is dropped: what this waits for.
+    let _ = done_rx.recv().await;
+    Ok(())
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::recycle::RecycleBenchError;
+use super::recycle_config::RecycleBenchError;
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;
 use crate::pool::reach::{Method, Reach};

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::recycle::{RecycleBenchConfig, RecycleBenchError};
+use super::recycle_config::{RecycleBenchConfig, RecycleBenchError};
 use crate::client::Client;
 use crate::pool::{LeaseRequest, LeaseSource};
 use crate::stats::Summary;
@@ -121,7 +121,7 @@ pub fn hogged_latency(
         Some(d) => d.join("hog"),
         None => std::env::temp_dir().join(format!("hugeprep-bench-hog-{}", std::process::id())),
     };
-    let daemon = super::recycle::lease_daemon(cfg, mount, &base, BATCH as u64)?;
+    let daemon = super::recycle_config::lease_daemon(cfg, mount, &base, BATCH as u64)?;
     let client = Client::new(daemon.socket());
     let nice_before = crate::sys::priority::current_thread_nice();
     if let Some(n) = cfg.client_nice {

@@ -16,8 +16,11 @@ pub mod prefault;
 pub mod proof;
 pub mod qemu;
 pub mod recycle;
+pub mod recycle_config;
+pub mod recycle_report;
 pub mod svg;
 pub mod trace;
+pub mod turns;
 pub mod vm_start;
 
 pub use crate::stats::Summary;

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use serde::Serialize;
 
 use super::host::BusyHost;
-use super::recycle::RecycleBenchError;
+use super::recycle_config::RecycleBenchError;
 use crate::bench::Summary;
 use crate::hugetlb::BackingFile;
 use crate::page_size::PageSize;

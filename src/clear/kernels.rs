@@ -65,6 +65,7 @@ pub(crate) fn zero(kernel: Kernel, buf: &mut [u8], fence_interval: usize) {
         _ => stream(kernel, buf, fence_interval),
         #[cfg(not(target_arch = "x86_64"))]
         _ => {
+            // Only the x86-64 non-temporal kernels fence; the parameter is unused here.
             let _ = fence_interval;
             buf.fill(0)
         }

@@ -158,6 +158,7 @@ pub fn init_tracing(verbose: u8) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     if hugeprep::journald::stderr_is_journal() {
         if let Ok(layer) = hugeprep::journald::JournaldLayer::new() {
+            // Fails only when a subscriber is set already (a test harness): that one logs.
             let _ = tracing_subscriber::registry()
                 .with(filter)
                 .with(layer)

@@ -143,48 +143,52 @@ fn page(
     see_also: &str,
 ) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        ".TH {} 5 \"\" \"hugeprep {}\" \"File Formats\"",
-        name.to_uppercase(),
-        env!("CARGO_PKG_VERSION")
-    );
-    let _ = writeln!(out, ".SH NAME\n{} \\- {}", roff(name), roff(summary));
-    let _ = writeln!(out, ".SH SYNOPSIS\n/etc/hugeprep/{}", roff(name));
-    let _ = writeln!(out, ".SH DESCRIPTION\n{}", roff(intro));
-    for (title, groups) in sections {
-        let _ = writeln!(out, ".SH {}", roff(title));
-        for g in groups {
-            if g.keys.is_empty() {
-                let _ = writeln!(out, ".PP\n{}", roff(&g.doc));
-                continue;
-            }
-            let _ = writeln!(out, ".TP");
-            for (i, k) in g.keys.iter().enumerate() {
-                if i > 0 {
-                    let _ = writeln!(out, ".TQ");
+    let write = |out: &mut String| -> std::fmt::Result {
+        writeln!(
+            out,
+            ".TH {} 5 \"\" \"hugeprep {}\" \"File Formats\"",
+            name.to_uppercase(),
+            env!("CARGO_PKG_VERSION")
+        )?;
+        writeln!(out, ".SH NAME\n{} \\- {}", roff(name), roff(summary))?;
+        writeln!(out, ".SH SYNOPSIS\n/etc/hugeprep/{}", roff(name))?;
+        writeln!(out, ".SH DESCRIPTION\n{}", roff(intro))?;
+        for (title, groups) in sections {
+            writeln!(out, ".SH {}", roff(title))?;
+            for g in groups {
+                if g.keys.is_empty() {
+                    writeln!(out, ".PP\n{}", roff(&g.doc))?;
+                    continue;
                 }
-                let _ = writeln!(out, "\\fB{}\\fR", roff(k));
+                writeln!(out, ".TP")?;
+                for (i, k) in g.keys.iter().enumerate() {
+                    if i > 0 {
+                        writeln!(out, ".TQ")?;
+                    }
+                    writeln!(out, "\\fB{}\\fR", roff(k))?;
+                }
+                writeln!(
+                    out,
+                    "{}",
+                    roff(if g.doc.is_empty() {
+                        "(see the example)"
+                    } else {
+                        &g.doc
+                    })
+                )?;
             }
-            let _ = writeln!(
-                out,
-                "{}",
-                roff(if g.doc.is_empty() {
-                    "(see the example)"
-                } else {
-                    &g.doc
-                })
-            );
         }
-    }
-    for (title, text) in examples {
-        let _ = writeln!(out, ".SH {}\n.nf", roff(title));
-        for l in text.lines() {
-            let _ = writeln!(out, "{}", roff(l));
+        for (title, text) in examples {
+            writeln!(out, ".SH {}\n.nf", roff(title))?;
+            for l in text.lines() {
+                writeln!(out, "{}", roff(l))?;
+            }
+            writeln!(out, ".fi")?;
         }
-        let _ = writeln!(out, ".fi");
-    }
-    let _ = writeln!(out, ".SH SEE ALSO\n{}", roff(see_also));
+        writeln!(out, ".SH SEE ALSO\n{}", roff(see_also))?;
+        Ok(())
+    };
+    write(&mut out).expect("writing to a String cannot fail");
     out
 }
 

@@ -306,6 +306,7 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         shutdown,
     )
     .await;
+    // Fails only when the monitor has ended already: nothing is left to stop.
     let _ = monitor_stop.send(true);
     if let Some(p) = placement {
         p.stop();

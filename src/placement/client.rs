@@ -17,70 +17,10 @@ use super::config::{AuthConfig, PlacementConfig};
 use super::error::{detail, error_code, PlacementError};
 use super::http::{Answer, Http};
 use super::inventory::Inventory;
-
-/// A Placement microversion, `major.minor`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Microversion(pub u16, pub u16);
-
-impl Microversion {
-    /// Parses `1.26`.
-    pub fn parse(text: &str) -> Option<Microversion> {
-        let (major, minor) = text.trim().split_once('.')?;
-        Some(Microversion(major.parse().ok()?, minor.parse().ok()?))
-    }
-}
-
-impl std::fmt::Display for Microversion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.0, self.1)
-    }
-}
-
-/// `GET /resource_providers?name=`: 1.14 answers with `parent_provider_uuid`.
-pub const FIND_PROVIDER: Microversion = Microversion(1, 14);
-/// `POST /resource_providers` under a parent: 1.14 takes `parent_provider_uuid`, 1.20 answers
-/// with the provider made.
-pub const CREATE_PROVIDER: Microversion = Microversion(1, 20);
-/// `PUT /resource_classes/{name}`: 1.7 creates the class unless it exists.
-pub const ENSURE_CLASS: Microversion = Microversion(1, 7);
-/// `GET /resource_providers/{uuid}/usages`, with the provider's generation: 1.0.
-pub const USAGES: Microversion = Microversion(1, 0);
-/// `PUT /resource_providers/{uuid}/inventories`: 1.26 lets `reserved` equal `total` (an empty
-/// pool), and since 1.23 a 409 says its cause in `code`.
-pub const PUT_INVENTORIES: Microversion = Microversion(1, 26);
-
-/// The microversions a Placement serves, from its version document.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Versions {
-    /// The oldest it serves.
-    pub min: Microversion,
-    /// The newest it serves.
-    pub max: Microversion,
-}
-
-impl Versions {
-    /// Reads the version document of `GET /`
-    /// (`{"versions": [{"id": "v1.0", "min_version": "1.0", "max_version": "1.39"}]}`).
-    pub fn parse(doc: &Value) -> Option<Versions> {
-        let v = doc
-            .get("versions")?
-            .as_array()?
-            .iter()
-            .find(|v| v["id"] == "v1.0")?;
-        Some(Versions {
-            min: Microversion::parse(v["min_version"].as_str()?)?,
-            max: Microversion::parse(v["max_version"].as_str()?)?,
-        })
-    }
-
-    /// The microversion to ask for a call that needs `needed`; `None` when the server is older.
-    pub fn negotiate(&self, needed: Microversion) -> Option<Microversion> {
-        (needed <= self.max).then_some(needed.max(self.min))
-    }
-}
-
-/// The `User-Agent` of every request: `hugeprep/VERSION`.
-pub const USER_AGENT: &str = concat!("hugeprep/", env!("CARGO_PKG_VERSION"));
+use super::keystone::{catalog_endpoint, token_expiry};
+use super::microversion::{
+    Microversion, Versions, CREATE_PROVIDER, ENSURE_CLASS, FIND_PROVIDER, PUT_INVENTORIES, USAGES,
+};
 
 /// How long before a Keystone token's `expires_at` it is renewed.
 pub const RENEW_BEFORE_EXPIRY: Duration = Duration::from_secs(300);
@@ -595,48 +535,6 @@ fn expect(status: StatusCode, body: &Value, url: &str, method: &str) -> Result<(
     })
 }
 
-/// When a Keystone v3 token expires: its `expires_at` (`2026-11-27T01:00:00.000000Z`).
-pub fn token_expiry(token: &Value) -> Option<SystemTime> {
-    parse_utc(token.pointer("/token/expires_at")?.as_str()?)
-}
-
-/// Parses an ISO 8601 UTC time as Keystone writes it: `YYYY-MM-DDTHH:MM:SS[.frac](Z|+00:00)`.
-pub fn parse_utc(text: &str) -> Option<SystemTime> {
-    let text = text
-        .strip_suffix('Z')
-        .or_else(|| text.strip_suffix("+00:00"))
-        .unwrap_or(text);
-    let (date, time) = text.split_once('T')?;
-    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
-    let mut t = hms.splitn(3, ':').map(|p| p.parse::<u64>().ok());
-    let (h, min, sec) = (t.next()??, t.next()??, t.next()??);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || h > 23 || min > 59 || sec > 60 {
-        return None;
-    }
-    // Days from the civil date (Howard Hinnant's algorithm), proleptic Gregorian.
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
-    let nanos: u32 = if frac.is_empty() {
-        0
-    } else {
-        let digits: String = frac.chars().take(9).collect();
-        let n: u32 = digits.parse().ok()?;
-        n * 10u32.pow(9 - digits.len() as u32)
-    };
-    Some(
-        SystemTime::UNIX_EPOCH
-            + Duration::from_secs(days * 86_400 + h * 3600 + min * 60 + sec)
-            + Duration::from_nanos(u64::from(nanos)),
-    )
-}
-
 /// Percent-encodes a query value (RFC 3986 unreserved characters stay).
 fn query_escape(s: &str) -> String {
     let mut out = String::new();
@@ -650,90 +548,12 @@ fn query_escape(s: &str) -> String {
     out
 }
 
-/// Placement's URL in a Keystone v3 token's catalog, for `interface` and `region` (any
-/// region when `None`).
-pub fn catalog_endpoint(token: &Value, interface: &str, region: Option<&str>) -> Option<String> {
-    let catalog = token.pointer("/token/catalog")?.as_array()?;
-    catalog
-        .iter()
-        .filter(|s| s["type"] == "placement")
-        .flat_map(|s| s["endpoints"].as_array().into_iter().flatten())
-        .find(|e| {
-            e["interface"] == interface
-                && region.map_or(true, |r| e["region_id"] == r || e["region"] == r)
-        })
-        .and_then(|e| e["url"].as_str())
-        .map(|u| u.trim_end_matches('/').to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn catalog_gives_the_interface_and_region_asked() {
-        let token = json!({"token": {"catalog": [
-            {"type": "compute", "endpoints": [{"interface": "internal", "region_id": "r1", "url": "http://nova"}]},
-            {"type": "placement", "endpoints": [
-                {"interface": "public", "region_id": "r1", "url": "https://placement.example/"},
-                {"interface": "internal", "region_id": "r1", "url": "http://placement-r1:8778"},
-                {"interface": "internal", "region_id": "r2", "url": "http://placement-r2:8778"},
-            ]},
-        ]}});
-        assert_eq!(
-            catalog_endpoint(&token, "internal", Some("r2")).as_deref(),
-            Some("http://placement-r2:8778")
-        );
-        assert_eq!(
-            catalog_endpoint(&token, "public", None).as_deref(),
-            Some("https://placement.example")
-        );
-        assert_eq!(catalog_endpoint(&token, "admin", None), None);
+    fn query_values_are_percent_encoded() {
         assert_eq!(query_escape("host-a:hugeprep x"), "host-a%3Ahugeprep%20x");
-    }
-
-    #[test]
-    fn each_call_asks_the_lowest_microversion_the_server_serves() {
-        let doc = json!({"versions": [{"id": "v1.0", "status": "CURRENT",
-            "min_version": "1.0", "max_version": "1.39"}]});
-        let v = Versions::parse(&doc).unwrap();
-        assert_eq!(v.negotiate(USAGES), Some(Microversion(1, 0)));
-        assert_eq!(v.negotiate(ENSURE_CLASS), Some(Microversion(1, 7)));
-        assert_eq!(v.negotiate(PUT_INVENTORIES), Some(Microversion(1, 26)));
-        // A Queens Placement (1.17) finds providers but cannot write these inventories.
-        let queens = Versions {
-            min: Microversion(1, 0),
-            max: Microversion(1, 17),
-        };
-        assert_eq!(queens.negotiate(FIND_PROVIDER), Some(Microversion(1, 14)));
-        assert_eq!(queens.negotiate(CREATE_PROVIDER), None);
-        assert_eq!(queens.negotiate(PUT_INVENTORIES), None);
-        assert!(Microversion(1, 9) < Microversion(1, 10));
-        assert_eq!(Microversion::parse("1.39"), Some(Microversion(1, 39)));
-        assert_eq!(Versions::parse(&json!({"versions": []})), None);
-    }
-
-    #[test]
-    fn keystone_expiry_times_parse() {
-        let t = parse_utc("2026-11-27T01:00:00.000000Z").unwrap();
-        let secs = t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs();
-        assert_eq!(secs, 1_795_741_200);
-        let t = parse_utc("1970-01-01T00:00:01.5+00:00").unwrap();
-        assert_eq!(
-            t.duration_since(SystemTime::UNIX_EPOCH).unwrap(),
-            Duration::from_millis(1500)
-        );
-        assert_eq!(
-            parse_utc("2000-03-01T00:00:00Z")
-                .unwrap()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap()
-                .as_secs(),
-            951_868_800
-        );
-        assert!(parse_utc("2026-13-01T00:00:00Z").is_none());
-        assert!(parse_utc("yesterday").is_none());
-        let token = json!({"token": {"expires_at": "2026-11-27T01:00:00.000000Z"}});
-        assert!(token_expiry(&token).is_some());
     }
 }

@@ -16,6 +16,9 @@ use hyper_util::rt::TokioIo;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 
+/// The `User-Agent` of every request: `hugeprep/VERSION`.
+pub const USER_AGENT: &str = concat!("hugeprep/", env!("CARGO_PKG_VERSION"));
+
 /// Why a request got no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -208,7 +211,7 @@ impl Http {
             .iter()
             .any(|(k, _)| k == axum::http::header::USER_AGENT)
         {
-            req = req.header(axum::http::header::USER_AGENT, super::client::USER_AGENT);
+            req = req.header(axum::http::header::USER_AGENT, USER_AGENT);
         }
         for (k, v) in headers {
             req = req.header(k, v);

@@ -7,6 +7,8 @@ pub mod config;
 pub mod error;
 pub mod http;
 pub mod inventory;
+pub mod keystone;
+pub mod microversion;
 pub mod publisher;
 pub mod status;
 

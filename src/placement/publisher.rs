@@ -70,6 +70,7 @@ pub struct Publisher {
 impl Publisher {
     /// Stops it after the exchange in flight, if any.
     pub fn stop(&self) {
+        // Fails only when the publisher's task has ended already: it is stopped.
         let _ = self.stop.send(true);
     }
 }

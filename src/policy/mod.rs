@@ -15,16 +15,18 @@ mod clearing;
 mod confidence;
 mod error;
 pub mod pool;
+mod pool_error;
 mod recycle;
 mod resolution;
+mod rule;
 mod schema;
+mod target;
 pub mod tenants;
 mod validate;
 
 pub use clearing::{
-    CalibrationMode, ClearingPolicy, IdMatch, NtMinExtent, Rule, Threads, BUILTIN_FALLBACK_RULE,
-    CALIBRATION_BUDGET, EMBEDDED_CLEARING_POLICY, EMBEDDED_CLEARING_POLICY_PATH,
-    FALLBACK_LLC_BYTES,
+    ClearingPolicy, BUILTIN_FALLBACK_RULE, CALIBRATION_BUDGET, EMBEDDED_CLEARING_POLICY,
+    EMBEDDED_CLEARING_POLICY_PATH,
 };
 pub use confidence::{
     Confidence, Evidence, Judgement, Margins, GUESS_MARGINS, KNOWN_MODEL_MARGINS,
@@ -35,3 +37,4 @@ pub use pool::{PoolPolicy, PoolPolicyError, Verification};
 pub use resolution::{
     CalibrationOutcome, DecidedBy, Resolution, Timings, Verdict, CALIBRATION_TOLERANCE,
 };
+pub use rule::{CalibrationMode, IdMatch, NtMinExtent, Rule, Threads, FALLBACK_LLC_BYTES};

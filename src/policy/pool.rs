@@ -5,28 +5,16 @@
 use serde::{Deserialize, Serialize};
 
 use crate::page_size::PageSize;
-use crate::units::{format_bytes, parse_bytes};
+use crate::units::format_bytes;
 
+pub use super::pool_error::PoolPolicyError;
+use super::recycle;
 pub use super::recycle::Recycle;
+use super::target::{default_file_size, field_bytes, round_down};
+pub use super::target::{Flavor, FlavorSpec, Target, TargetSpec, MAX_FLAVORS, MAX_FLAVOR_COUNT};
 
 /// The embedded default policy (keeps nothing warm).
 pub const EMBEDDED: &str = include_str!("../../policies/pool.toml");
-
-/// A policy file that does not parse or names impossible values.
-#[derive(Debug, thiserror::Error)]
-pub enum PoolPolicyError {
-    /// The TOML is malformed or has unknown keys.
-    #[error("pool policy: {0}")]
-    Toml(#[from] toml::de::Error),
-    /// A byte size field does not parse.
-    #[error("pool policy field {field}: {message}")]
-    Field {
-        /// The field, e.g. `target[0].warm`.
-        field: String,
-        /// What is wrong with it.
-        message: String,
-    },
-}
 
 /// How a scrubbed file is checked before it is trusted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -37,48 +25,6 @@ pub enum Verification {
     Sample,
     /// Every byte.
     Full,
-}
-
-/// One warm target as written in TOML.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TargetSpec {
-    /// Page size of the warm files.
-    pub page_size: PageSize,
-    /// NUMA node; `None` applies to every node.
-    #[serde(default)]
-    pub node: Option<u32>,
-    /// Bytes to keep warm, e.g. `"4G"`; may be left out when `flavors` are given (then the
-    /// flavors' sum).
-    #[serde(default)]
-    pub warm: String,
-    /// File sizes to keep (a mix of VM sizes), e.g. `["1G", "2G"]`; empty: files of
-    /// `min(warm, 16G)`, so a lease of the whole target (up to 16 GiB) is one warm file.
-    #[serde(default)]
-    pub sizes: Vec<String>,
-    /// VM sizes to keep warm as files of exactly that size, e.g.
-    /// `[{ size = "4G", count = 4 }]`; with flavors the pool does not learn its shape.
-    #[serde(default)]
-    pub flavors: Vec<FlavorSpec>,
-}
-
-/// One flavor as written in TOML or JSON: `count` warm files of `size`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FlavorSpec {
-    /// File size, e.g. `"4G"`: a positive whole number of pages.
-    pub size: String,
-    /// How many warm files of that size.
-    pub count: u32,
-}
-
-/// A validated flavor: `count` warm files of `size` bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Flavor {
-    /// Bytes per file, a whole number of pages.
-    pub size: u64,
-    /// Files.
-    pub count: u32,
 }
 
 /// How the pool chooses the sizes of its warm files (see `docs/pool.md`, "Shape").
@@ -199,21 +145,6 @@ impl Default for ReservePolicy {
     }
 }
 
-/// A validated warm target.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Target {
-    /// Page size of the warm files.
-    pub page_size: PageSize,
-    /// Node, or `None` for every node.
-    pub node: Option<u32>,
-    /// Bytes to keep warm (a whole number of pages).
-    pub warm: u64,
-    /// File sizes to create when refilling, whole pages each, never empty.
-    pub sizes: Vec<u64>,
-    /// Flavors to keep warm (their sum is at most `warm`); empty: sizes or learned demand.
-    pub flavors: Vec<Flavor>,
-}
-
 /// A validated pool policy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PoolPolicy {
@@ -245,24 +176,6 @@ pub struct PoolPolicy {
     pub tenants: super::tenants::Tenants,
 }
 
-fn field_bytes(field: String, text: &str) -> Result<u64, PoolPolicyError> {
-    parse_bytes(text).map_err(|e| PoolPolicyError::Field {
-        field,
-        message: e.to_string(),
-    })
-}
-
-fn round_down(bytes: u64, page: PageSize) -> u64 {
-    bytes / page.bytes() * page.bytes()
-}
-
-/// The file size kept when a target names none: the whole target up to 16 GiB, so that the
-/// quick start's `--warm 4G` serves `hugeprep lease vm1 4G` from one warm file (files of
-/// 1 GiB made such a lease grow one file by 3 GiB of cold pages).
-fn default_file_size(warm: u64, page: PageSize) -> u64 {
-    warm.min(round_down(16 << 30, page).max(page.bytes()))
-}
-
 impl PoolPolicySpec {
     /// Validates sizes and fills defaults.
     pub fn validate(&self) -> Result<PoolPolicy, PoolPolicyError> {
@@ -272,7 +185,7 @@ impl PoolPolicySpec {
             targets.push(t.validate(&format!("target[{i}]"))?);
         }
         let recycle_owner_uids =
-            super::recycle::resolve_names(self.recycle_roles.keys(), self.recycle_owners.iter())
+            recycle::resolve_names(self.recycle_roles.keys(), self.recycle_owners.iter())
                 .map_err(|(field, message)| PoolPolicyError::Field { field, message })?;
         let limit = match &self.reserve_limit {
             Some(text) => Some(field_bytes("reserve_limit".into(), text)?),
@@ -308,95 +221,6 @@ impl PoolPolicySpec {
             recycle_owner_uids,
             recycle_roles: self.recycle_roles.clone(),
             tenants: self.limits.validate()?,
-        })
-    }
-}
-
-/// The most flavors one target may name, and files one flavor may ask for.
-pub const MAX_FLAVORS: usize = 64;
-/// See [`MAX_FLAVORS`].
-pub const MAX_FLAVOR_COUNT: u32 = 4096;
-
-impl TargetSpec {
-    /// Validates one target; errors name the field under `prefix` (e.g. `target[0]`).
-    pub fn validate(&self, prefix: &str) -> Result<Target, PoolPolicyError> {
-        let t = self;
-        let whole_pages = |field: String, s: &str| -> Result<u64, PoolPolicyError> {
-            let bytes = field_bytes(field.clone(), s)?;
-            if bytes == 0 || bytes % t.page_size.bytes() != 0 {
-                return Err(PoolPolicyError::Field {
-                    field,
-                    message: format!(
-                        "{s} is not a positive multiple of the target's page_size {}",
-                        t.page_size
-                    ),
-                });
-            }
-            Ok(bytes)
-        };
-        if t.flavors.len() > MAX_FLAVORS {
-            return Err(PoolPolicyError::Field {
-                field: format!("{prefix}.flavors"),
-                message: format!("{} flavors: at most {MAX_FLAVORS}", t.flavors.len()),
-            });
-        }
-        let mut flavors = Vec::new();
-        let mut flavor_bytes: u64 = 0;
-        for (j, f) in t.flavors.iter().enumerate() {
-            let size = whole_pages(format!("{prefix}.flavors[{j}].size"), &f.size)?;
-            if f.count == 0 || f.count > MAX_FLAVOR_COUNT {
-                return Err(PoolPolicyError::Field {
-                    field: format!("{prefix}.flavors[{j}].count"),
-                    message: format!("{}: must be 1 to {MAX_FLAVOR_COUNT}", f.count),
-                });
-            }
-            flavor_bytes = size
-                .checked_mul(u64::from(f.count))
-                .and_then(|b| b.checked_add(flavor_bytes))
-                .ok_or_else(|| PoolPolicyError::Field {
-                    field: format!("{prefix}.flavors[{j}]"),
-                    message: "the flavors' sum overflows".into(),
-                })?;
-            flavors.push(Flavor {
-                size,
-                count: f.count,
-            });
-        }
-        let warm = if t.warm.is_empty() {
-            if flavors.is_empty() {
-                return Err(PoolPolicyError::Field {
-                    field: format!("{prefix}.warm"),
-                    message: "missing: give warm bytes or flavors".into(),
-                });
-            }
-            flavor_bytes
-        } else {
-            let warm = round_down(field_bytes(format!("{prefix}.warm"), &t.warm)?, t.page_size);
-            if warm < flavor_bytes {
-                return Err(PoolPolicyError::Field {
-                    field: format!("{prefix}.warm"),
-                    message: format!(
-                        "{} is less than the flavors' sum {}",
-                        format_bytes(warm),
-                        format_bytes(flavor_bytes)
-                    ),
-                });
-            }
-            warm
-        };
-        let mut sizes = Vec::new();
-        for (j, s) in t.sizes.iter().enumerate() {
-            sizes.push(whole_pages(format!("{prefix}.sizes[{j}]"), s)?);
-        }
-        if sizes.is_empty() && warm > 0 {
-            sizes.push(default_file_size(warm, t.page_size));
-        }
-        Ok(Target {
-            page_size: t.page_size,
-            node: t.node,
-            warm,
-            sizes,
-            flavors,
         })
     }
 }
@@ -442,6 +266,22 @@ impl PoolPolicy {
                     .iter()
                     .find(|t| t.page_size == page_size && t.node.is_none())
             })
+    }
+
+    /// A lease's own `recycle` made at least as strict as the rule for the API role that
+    /// asks for it (see [`PoolPolicy::recycle_for`]).
+    pub fn recycle_for_role(&self, role: &str, lease: Option<Recycle>) -> Option<Recycle> {
+        recycle::for_role(&self.recycle_roles, role, lease)
+    }
+
+    /// How a lease's memory comes back: the lease's own choice, else its owner's (by the
+    /// lease's uid, resolved at load), else the policy's. `kernel` anywhere wins: a lease
+    /// cannot ask for less than its owner's rule.
+    pub fn recycle_for(&self, owner_uid: Option<u32>, lease: Option<Recycle>) -> Recycle {
+        let by_owner = owner_uid
+            .and_then(|uid| self.recycle_owner_uids.get(&uid))
+            .copied();
+        recycle::strictest(lease, by_owner, self.recycle)
     }
 
     /// Bytes to keep warm for `(node, page_size)`.
@@ -553,7 +393,7 @@ mod tests {
             }
         }
         // Each known role is a role of the API.
-        for role in super::super::recycle::ROLES {
+        for role in recycle::ROLES {
             serde_json::from_str::<crate::api::access::Role>(&format!("\"{role}\"")).unwrap();
         }
     }
@@ -627,5 +467,31 @@ mod tests {
         assert!(err.to_string().contains("target[0].sizes[0]"), "{err}");
         let err = PoolPolicy::from_toml("colour = 1\n").unwrap_err();
         assert!(err.to_string().contains("colour"), "{err}");
+    }
+
+    /// The hook names its owner by uid, a client by name: both match a rule written by name.
+    #[test]
+    fn an_owner_rule_matches_the_uid_whichever_way_it_was_named() {
+        let root = "root".to_string();
+        let zero = "0".to_string();
+        let owners = [(&root, &Recycle::Kernel)];
+        let uids = recycle::resolve_names([], owners).unwrap();
+        assert_eq!(uids.get(&0), Some(&Recycle::Kernel));
+        let mut policy = PoolPolicy::embedded();
+        policy.recycle_owner_uids = uids;
+        assert_eq!(policy.recycle_for(Some(0), None), Recycle::Kernel);
+        assert_eq!(
+            policy.recycle_for(Some(0), Some(Recycle::Proven)),
+            Recycle::Kernel
+        );
+        assert_eq!(policy.recycle_for(Some(65534), None), Recycle::Proven);
+        // A rule written by uid.
+        let by_number = recycle::resolve_names([], [(&zero, &Recycle::Kernel)]).unwrap();
+        assert_eq!(by_number.get(&0), Some(&Recycle::Kernel));
+        // The strictest of a name and its uid.
+        let both =
+            recycle::resolve_names([], [(&root, &Recycle::Proven), (&zero, &Recycle::Kernel)])
+                .unwrap();
+        assert_eq!(both.get(&0), Some(&Recycle::Kernel));
     }
 }

@@ -7,8 +7,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::pool::PoolPolicy;
-
 /// How a released lease's memory comes back to the pool (see `docs/security.md`).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, clap::ValueEnum,
@@ -100,57 +98,25 @@ pub fn resolve_names<'a>(
     Ok(by_uid)
 }
 
-impl PoolPolicy {
-    /// A lease's own `recycle` made at least as strict as the rule for the API role that
-    /// asks for it (see [`PoolPolicy::recycle_for`]).
-    pub fn recycle_for_role(&self, role: &str, lease: Option<Recycle>) -> Option<Recycle> {
-        match self.recycle_roles.get(role) {
-            Some(Recycle::Kernel) => Some(Recycle::Kernel),
-            _ => lease,
-        }
-    }
-
-    /// How a lease's memory comes back: the lease's own choice, else its owner's (by the
-    /// lease's uid, resolved at load), else the policy's. `kernel` anywhere wins: a lease
-    /// cannot ask for less than its owner's rule.
-    pub fn recycle_for(&self, owner_uid: Option<u32>, lease: Option<Recycle>) -> Recycle {
-        let by_owner = owner_uid
-            .and_then(|uid| self.recycle_owner_uids.get(&uid))
-            .copied();
-        [lease, by_owner, Some(self.recycle)]
-            .into_iter()
-            .flatten()
-            .max_by_key(|r| *r == Recycle::Kernel)
-            .unwrap_or_default()
+/// A lease's own `recycle` made at least as strict as the rule in `roles` (the pool
+/// policy's `recycle_roles`) for the API role that asks for it.
+pub fn for_role(
+    roles: &BTreeMap<String, Recycle>,
+    role: &str,
+    lease: Option<Recycle>,
+) -> Option<Recycle> {
+    match roles.get(role) {
+        Some(Recycle::Kernel) => Some(Recycle::Kernel),
+        _ => lease,
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The hook names its owner by uid, a client by name: both match a rule written by name.
-    #[test]
-    fn an_owner_rule_matches_the_uid_whichever_way_it_was_named() {
-        let root = "root".to_string();
-        let zero = "0".to_string();
-        let owners = [(&root, &Recycle::Kernel)];
-        let uids = resolve_names([], owners).unwrap();
-        assert_eq!(uids.get(&0), Some(&Recycle::Kernel));
-        let mut policy = PoolPolicy::embedded();
-        policy.recycle_owner_uids = uids;
-        assert_eq!(policy.recycle_for(Some(0), None), Recycle::Kernel);
-        assert_eq!(
-            policy.recycle_for(Some(0), Some(Recycle::Proven)),
-            Recycle::Kernel
-        );
-        assert_eq!(policy.recycle_for(Some(65534), None), Recycle::Proven);
-        // A rule written by uid.
-        let by_number = resolve_names([], [(&zero, &Recycle::Kernel)]).unwrap();
-        assert_eq!(by_number.get(&0), Some(&Recycle::Kernel));
-        // The strictest of a name and its uid.
-        let both =
-            resolve_names([], [(&root, &Recycle::Proven), (&zero, &Recycle::Kernel)]).unwrap();
-        assert_eq!(both.get(&0), Some(&Recycle::Kernel));
-    }
+/// How a lease's memory comes back: the lease's own choice, else its owner's rule, else
+/// the policy's. `kernel` anywhere wins: a lease cannot ask for less than its owner's rule.
+pub fn strictest(lease: Option<Recycle>, by_owner: Option<Recycle>, policy: Recycle) -> Recycle {
+    [lease, by_owner, Some(policy)]
+        .into_iter()
+        .flatten()
+        .max_by_key(|r| *r == Recycle::Kernel)
+        .unwrap_or_default()
 }

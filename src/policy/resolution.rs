@@ -2,8 +2,8 @@
 
 use serde::Serialize;
 
-use super::clearing::{CalibrationMode, Threads};
 use super::confidence::{Confidence, Evidence, Margins, GUESS_MARGINS};
+use super::rule::{CalibrationMode, Threads};
 use crate::clear::{ClearPlan, Method};
 
 /// How much slower than the fastest measured method the rule's method may be and still be

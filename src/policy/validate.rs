@@ -6,9 +6,9 @@ use std::num::NonZeroUsize;
 
 use toml::Spanned;
 
-use super::clearing::{CalibrationMode, ClearingPolicy, IdMatch, NtMinExtent, Rule, Threads};
 use super::confidence::Confidence;
 use super::error::{Document, PolicyError};
+use super::rule::{CalibrationMode, Defaults, IdMatch, NtMinExtent, Rule, Threads};
 use super::schema::{RawDefaults, RawPolicy, RawRule, Scalar};
 use crate::clear::Method;
 use crate::cpu::{Feature, Features, Vendor};
@@ -20,12 +20,11 @@ const MAX_FAMILY: u32 = 0xf + 0xff;
 const MAX_MODEL: u32 = 0xff;
 const MAX_STEPPING: u32 = 0xf;
 
-/// Values rules fall back to (`[defaults]`, else built-in: `llc`, 2 MiB, `all`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Defaults {
-    pub nt_min_extent: NtMinExtent,
-    pub fence_interval: usize,
-    pub threads: Threads,
+/// A policy file's settings once every value is checked.
+pub(super) struct Validated {
+    pub calibration: CalibrationMode,
+    pub defaults: Defaults,
+    pub rules: Vec<Rule>,
 }
 
 /// Turns the raw file into rules, with errors that name the line and field.
@@ -43,7 +42,7 @@ impl Validator<'_> {
         Err(self.doc.error(span.start, Some(field.to_string()), message))
     }
 
-    pub fn policy(&self, raw: RawPolicy) -> Result<ClearingPolicy, PolicyError> {
+    pub fn policy(&self, raw: RawPolicy) -> Result<Validated, PolicyError> {
         let calibration = match &raw.calibration {
             None => CalibrationMode::default(),
             Some(c) => match c.get_ref().parse() {
@@ -77,9 +76,7 @@ impl Validator<'_> {
             }
             rules.push(rule);
         }
-        Ok(ClearingPolicy {
-            origin: self.doc.path.to_path_buf(),
-            embedded: false,
+        Ok(Validated {
             calibration,
             defaults,
             rules,

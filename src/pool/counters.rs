@@ -149,6 +149,7 @@ impl Counters {
     /// A release counted as proven takes the kernel's path after all (a check after the
     /// proof failed): it moves from the proven count to `reason`'s.
     pub(super) fn proven_then_kernel_path(&self, reason: &Unproven) {
+        // `Err` is a count at 0 already (`checked_sub`): it stays at 0 rather than wrap.
         let _ = self
             .proven
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));

@@ -257,6 +257,8 @@ impl Probe {
                 source: std::io::Error::other(e.to_string()),
             })?;
         let out = self.run(tid);
+        // The run's outcome is what counts: an entry left behind is replaced by this
+        // thread's next update (`MapFlags::ANY`) and names a file only this probe opens.
         let _ = self.targets.delete(&tid.to_ne_bytes());
         let out = out?;
         let report = Report::parse(&out).ok_or(BpfError::NoReport {

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use super::{Case, Result, Starter, VmStartBenchError, Vmm, World};
 use crate::bench::cgroup::VmmCgroup;
 use crate::client::Client;
-use crate::pool::LeaseRequest;
 use crate::vmm::{cloud_hypervisor as handoff, pvh_guest, GuestMemoryFile};
 
 /// How long a start may take (a liveness bound; a first touch since boot is ~25x slower).
@@ -122,12 +121,7 @@ impl ChStarter {
     fn leased(&self, world: &World, tag: &str) -> Result<f64> {
         let client = Client::new(world.daemon.socket());
         let start = Instant::now();
-        let lease = client.blocking(client.lease(&LeaseRequest {
-            name: format!("ch-{tag}"),
-            size: world.size,
-            page_size: Some(world.page_size),
-            ..LeaseRequest::default()
-        }))?;
+        let lease = client.blocking(client.lease(&world.lease_request(format!("ch-{tag}"))))?;
         let lease_seconds = start.elapsed().as_secs_f64();
         let memory = handoff::memory_args(&GuestMemoryFile {
             id: "mem0",

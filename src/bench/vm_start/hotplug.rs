@@ -12,19 +12,19 @@
 //! QEMU starts untimed before each plug and quits after it; the lease is then released and
 //! the pool settles before the next case.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::holdback::Holdback;
+use super::table;
 use super::world::page_world;
-use super::{check, Result, VmStartBenchConfig, VmStartBenchError, World};
+use super::{check, Result, VmStartBenchConfig, World};
 use crate::bench::qemu::{vm_args, QemuVm};
+use crate::bench::turns::turns;
 use crate::bench::Summary;
 use crate::client::Client;
 use crate::page_size::PageSize;
-use crate::pool::LeaseRequest;
 use crate::units::format_bytes;
 use crate::vmm::qemu_hotplug::{self, Hotplug, HotplugDevice};
 use crate::vmm::GuestMemoryFile;
@@ -130,23 +130,21 @@ pub fn run(
     for &(size, ps) in pairs {
         let name = format!("{} on {ps} pages", format_bytes(size));
         if size % ps.bytes() != 0 {
-            let why = format!("{name}: not a whole number of pages");
-            log(&format!("skipped {why}"));
-            skipped.push(why);
+            table::skip(
+                &mut skipped,
+                log,
+                format!("{name}: not a whole number of pages"),
+            );
             continue;
         }
         let (top_up, one_copy) = match super::world::top_up(cfg, size, ps) {
             Ok((t, false)) => (t, false),
             Ok((_, true)) => {
-                let why = format!("{name}: the machine holds one copy only (warm pool and a fresh file are needed)");
-                log(&format!("skipped {why}"));
-                skipped.push(why);
+                table::skip(&mut skipped, log, format!("{name}: the machine holds one copy only (warm pool and a fresh file are needed)"));
                 continue;
             }
             Err(why) => {
-                let why = format!("{name}: {why}");
-                log(&format!("skipped {why}"));
-                skipped.push(why);
+                table::skip(&mut skipped, log, format!("{name}: {why}"));
                 continue;
             }
         };
@@ -167,48 +165,33 @@ fn run_world(cfg: &VmStartBenchConfig, world: &World, log: &dyn Fn(&str)) -> Res
     let name = format!("{} {}", format_bytes(world.size), world.page_size);
     let cases = HotplugCase::ALL;
     let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(cfg.reps); cases.len()];
-    for (rep, timed) in std::iter::once((0, false)).chain((0..cfg.reps).map(|r| (r, true))) {
-        for i in 0..cases.len() {
-            if cfg
-                .cancel
-                .as_ref()
-                .is_some_and(|c| c.load(Ordering::Relaxed))
-            {
-                return Err(VmStartBenchError::Cancelled);
-            }
-            let k = if timed { (rep + i) % cases.len() } else { i };
-            let case = cases[k];
-            let leased = matches!(case, HotplugCase::Hugeprep | HotplugCase::HugeprepVirtioMem);
-            let held = if leased {
-                world.size / world.page_size.bytes()
-            } else {
-                0
-            };
-            let holdback = Holdback::reserve(&world.scratch, held, world.page_size)?;
-            let seconds = plug_once(cfg, world, case, &format!("{rep}-{k}"))?;
-            world.settle()?;
-            drop(holdback);
-            let when = if timed {
-                format!("rep {}/{}", rep + 1, cfg.reps)
-            } else {
-                "warm-up".into()
-            };
-            log(&format!(
-                "{name} {when:<8} {:<44} {seconds:.4} s",
-                case.label(world.threads)
-            ));
-            if timed {
-                samples[k].push(seconds);
-            }
+    for turn in turns(cfg.reps, cases.len()) {
+        cfg.check_cancelled()?;
+        let case = cases[turn.case];
+        let leased = matches!(case, HotplugCase::Hugeprep | HotplugCase::HugeprepVirtioMem);
+        let held = if leased {
+            world.size / world.page_size.bytes()
+        } else {
+            0
+        };
+        let holdback = Holdback::reserve(&world.scratch, held, world.page_size)?;
+        let tag = format!("{}-{}", turn.rep, turn.case);
+        let seconds = plug_once(cfg, world, case, &tag)?;
+        world.settle()?;
+        drop(holdback);
+        log(&format!(
+            "{name} {:<8} {:<44} {seconds:.4} s",
+            turn.when(cfg.reps),
+            case.label(world.threads)
+        ));
+        if turn.timed {
+            samples[turn.case].push(seconds);
         }
     }
-    let of = |c: HotplugCase| samples[cases.iter().position(|&x| x == c).unwrap_or(0)].clone();
-    let pair = |a: &[f64], b: &[f64], f: fn(f64, f64) -> f64| {
-        Summary::of(&a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect::<Vec<_>>())
-    };
+    let of = |c: HotplugCase| table::samples_of(&cases, &samples, c);
     let hp = of(HotplugCase::Hugeprep);
-    let over = pair(&hp, &of(HotplugCase::Prealloc), |a, b| a / b);
-    let above = pair(&hp, &of(HotplugCase::Floor), |a, b| a - b);
+    let over = table::paired(hp, of(HotplugCase::Prealloc), |a, b| a / b);
+    let above = table::paired(hp, of(HotplugCase::Floor), |a, b| a - b);
     Ok(HotplugResult {
         size: world.size,
         page_size: world.page_size,
@@ -251,16 +234,8 @@ fn plug_once(cfg: &VmStartBenchConfig, world: &World, case: HotplugCase, tag: &s
     let result = (|| {
         let (path, node, device) = match case {
             HotplugCase::Hugeprep | HotplugCase::HugeprepVirtioMem => {
-                let lease = client.blocking(client.lease(&LeaseRequest {
-                    recycle: None,
-                    name: format!("plug-{tag}"),
-                    size: world.size,
-                    page_size: Some(world.page_size),
-                    node: None,
-                    owner: None,
-                    pid: None,
-                    pin: false,
-                }))?;
+                let lease =
+                    client.blocking(client.lease(&world.lease_request(format!("plug-{tag}"))))?;
                 lease_id = Some(lease.id);
                 let device = if case == HotplugCase::Hugeprep {
                     HotplugDevice::PcDimm
@@ -305,38 +280,29 @@ fn plug_once(cfg: &VmStartBenchConfig, world: &World, case: HotplugCase, tag: &s
 impl HotplugReport {
     /// The table: per size and case, seconds to plug, median (min-max), and the ratios.
     pub fn table(&self) -> String {
-        let load = |l: Option<f64>| l.map_or("-".into(), |l| format!("{l:.1}"));
-        let mut out = format!(
-            "memory hot-plug into a paused QEMU (object-add + device_add), {} threads, {} reps; seconds, median (min-max)\nload average {} before, {} after\n",
+        let mut out = table::head(
+            "memory hot-plug into a paused QEMU (object-add + device_add)",
             self.threads,
             self.reps,
-            load(self.load_average.0),
-            load(self.load_average.1)
+            self.load_average,
         );
-        let s = |x: &Summary| format!("{:.4} ({:.4}-{:.4})", x.median, x.min, x.max);
         for r in &self.results {
-            out.push_str(&format!(
-                "\n{} of {} pages\n",
-                format_bytes(r.size),
-                r.page_size
-            ));
+            out.push_str(&table::size_head(r.size, r.page_size));
             for c in &r.cases {
-                out.push_str(&format!("{:<48} {}\n", c.label, s(&c.seconds)));
+                out.push_str(&format!("{:<48} {}\n", c.label, table::cell(&c.seconds)));
             }
             if let Some(x) = &r.hugeprep_over_prealloc {
                 out.push_str(&format!(
                     "hugeprep / prealloc: {} (target <= {TARGET}: {})\n",
-                    s(x),
-                    if r.target_met { "met" } else { "NOT met" }
+                    table::cell(x),
+                    table::met(r.target_met)
                 ));
             }
             if let Some(x) = &r.hugeprep_above_floor {
-                out.push_str(&format!("hugeprep - floor: {} s\n", s(x)));
+                out.push_str(&format!("hugeprep - floor: {} s\n", table::cell(x)));
             }
         }
-        for s in &self.skipped {
-            out.push_str(&format!("skipped: {s}\n"));
-        }
+        table::lines(&mut out, "skipped", &self.skipped);
         out
     }
 }

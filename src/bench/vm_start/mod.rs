@@ -36,6 +36,7 @@ pub mod migrate;
 mod qemu;
 mod report;
 pub mod storm;
+mod table;
 mod world;
 
 use std::path::PathBuf;
@@ -48,6 +49,7 @@ use serde::Serialize;
 use super::cgroup::{VmmCgroup, VmmCgroupError, VmmCgroups};
 use super::daemon::BenchDaemonError;
 use super::qemu::QemuError;
+use super::turns::turns;
 use crate::clear::ClearPlan;
 use crate::client::ClientError;
 use crate::hugetlb::{FileError, MountError, PoolError};
@@ -310,6 +312,16 @@ fn vmm_cgroups(
     }
 }
 
+impl VmStartBenchConfig {
+    /// `Err(Cancelled)` once [`VmStartBenchConfig::cancel`] is set: checked before each run.
+    fn check_cancelled(&self) -> Result<()> {
+        match &self.cancel {
+            Some(c) if c.load(Ordering::Relaxed) => Err(VmStartBenchError::Cancelled),
+            _ => Ok(()),
+        }
+    }
+}
+
 fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
@@ -464,59 +476,46 @@ fn run_size(
     let mut samples = vec![Vec::with_capacity(cfg.reps); runs.len()];
     let mut recycles = vec![Vec::with_capacity(cfg.reps); runs.len()];
     let mut lease_calls = vec![Vec::with_capacity(cfg.reps); runs.len()];
-    for (rep, timed) in std::iter::once((0, false)).chain((0..cfg.reps).map(|r| (r, true))) {
-        for i in 0..runs.len() {
-            if cfg
-                .cancel
-                .as_ref()
-                .is_some_and(|c| c.load(Ordering::Relaxed))
-            {
-                return Err(VmStartBenchError::Cancelled);
-            }
-            let k = if timed { (rep + i) % runs.len() } else { i };
-            let (s, case) = runs[k];
-            let (w, starter) = &mut starters[s];
-            let world = &worlds[*w].world;
-            let (ps, one_copy) = (world.page_size, world.one_copy);
-            // The fresh pages stay reserved while hugeprep's cases run: the pool cannot
-            // refill behind the lease while the start is timed (with one copy there are none
-            // to refill with).
-            let held = if case.leased() && !one_copy {
-                size / ps.bytes()
-            } else {
-                0
-            };
-            let holdback = Holdback::reserve(&world.scratch, held, ps)?;
-            if one_copy && !case.leased() {
-                world.set_warm(&world.policy, 0)?;
-            }
-            let seconds = starter.start(world, case, &format!("{rep}-{k}"))?;
-            let lease_call = starter.last_lease_seconds();
-            if one_copy && !case.leased() {
-                world.set_warm(&world.policy, size)?;
-            }
-            // The lease was released as the VM stopped: until the pool is warm again is
-            // what recycling it costs (a scrub, or a refill of what QEMU punched out).
-            let released = std::time::Instant::now();
-            world.settle()?;
-            let recycle = released.elapsed().as_secs_f64();
-            drop(holdback);
-            let label = case.label(starter.vmm(), cfg.threads);
-            let vmm = starter.vmm().name();
-            if timed {
-                samples[k].push(seconds);
-                recycles[k].push(recycle);
-                lease_calls[k].extend(lease_call);
-                log(&format!(
-                    "{size_name} {ps} rep {}/{}  {vmm:<8} {label:<44} {seconds:.3} s",
-                    rep + 1,
-                    cfg.reps,
-                ));
-            } else {
-                log(&format!(
-                    "{size_name} {ps} warm-up  {vmm:<8} {label:<44} {seconds:.3} s"
-                ));
-            }
+    for turn in turns(cfg.reps, runs.len()) {
+        cfg.check_cancelled()?;
+        let (rep, k) = (turn.rep, turn.case);
+        let (s, case) = runs[k];
+        let (w, starter) = &mut starters[s];
+        let world = &worlds[*w].world;
+        let (ps, one_copy) = (world.page_size, world.one_copy);
+        // The fresh pages stay reserved while hugeprep's cases run: the pool cannot
+        // refill behind the lease while the start is timed (with one copy there are none
+        // to refill with).
+        let held = if case.leased() && !one_copy {
+            size / ps.bytes()
+        } else {
+            0
+        };
+        let holdback = Holdback::reserve(&world.scratch, held, ps)?;
+        if one_copy && !case.leased() {
+            world.set_warm(&world.policy, 0)?;
+        }
+        let seconds = starter.start(world, case, &format!("{rep}-{k}"))?;
+        let lease_call = starter.last_lease_seconds();
+        if one_copy && !case.leased() {
+            world.set_warm(&world.policy, size)?;
+        }
+        // The lease was released as the VM stopped: until the pool is warm again is
+        // what recycling it costs (a scrub, or a refill of what QEMU punched out).
+        let released = std::time::Instant::now();
+        world.settle()?;
+        let recycle = released.elapsed().as_secs_f64();
+        drop(holdback);
+        let label = case.label(starter.vmm(), cfg.threads);
+        let vmm = starter.vmm().name();
+        let when = turn.when(cfg.reps);
+        log(&format!(
+            "{size_name} {ps} {when}  {vmm:<8} {label:<44} {seconds:.3} s"
+        ));
+        if turn.timed {
+            samples[k].push(seconds);
+            recycles[k].push(recycle);
+            lease_calls[k].extend(lease_call);
         }
     }
     let runs: Vec<report::Run> = runs

@@ -8,7 +8,6 @@ use super::{Case, Result, Starter, VmStartBenchConfig, VmStartBenchError, Vmm, W
 use crate::bench::qemu::{self as launcher, QemuConfig, QemuVm};
 use crate::client::Client;
 use crate::hugetlb::BackingFile;
-use crate::pool::LeaseRequest;
 use crate::vmm::{qemu as handoff, GuestMemoryFile};
 
 /// How long QEMU may take to become ready (a first touch since boot is ~25x slower).
@@ -97,16 +96,7 @@ impl QemuStarter {
     fn leased(&mut self, world: &World, handoff: Handoff, tag: &str) -> Result<f64> {
         let client = Client::new(world.daemon.socket());
         let start = Instant::now();
-        let lease = client.blocking(client.lease(&LeaseRequest {
-            recycle: None,
-            name: format!("qemu-{tag}"),
-            size: world.size,
-            page_size: Some(world.page_size),
-            node: None,
-            owner: None,
-            pid: None,
-            pin: false,
-        }))?;
+        let lease = client.blocking(client.lease(&world.lease_request(format!("qemu-{tag}"))))?;
         let lease_seconds = start.elapsed().as_secs_f64();
         self.lease_seconds = Some(lease_seconds);
         let memory = GuestMemoryFile {

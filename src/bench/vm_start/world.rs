@@ -9,7 +9,7 @@ use crate::bench::cgroup::{VmmCgroup, VmmCgroups};
 use crate::bench::daemon::BenchDaemon;
 use crate::hugetlb::{MountOptions, OwnedMount, PoolTopUp};
 use crate::page_size::PageSize;
-use crate::pool::{PoolPolicy, Verification};
+use crate::pool::{LeaseRequest, PoolPolicy, Verification};
 
 /// One size's world: fresh files on `scratch`, hugeprep's pool on its own mount.
 pub(crate) struct World {
@@ -41,6 +41,17 @@ impl World {
     /// A fresh cgroup for one VMM, when the host has cgroup v2.
     pub fn vmm_cgroup(&self, tag: &str) -> Result<Option<VmmCgroup>> {
         vmm_cgroup(self.cgroups.as_ref(), tag)
+    }
+
+    /// The lease of one case: the world's size and page size, named `name`, the rest the
+    /// daemon's defaults.
+    pub fn lease_request(&self, name: String) -> LeaseRequest {
+        LeaseRequest {
+            name,
+            size: self.size,
+            page_size: Some(self.page_size),
+            ..LeaseRequest::default()
+        }
     }
 
     /// Waits until the pool is warm again (between starts, untimed).

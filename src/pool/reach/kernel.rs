@@ -97,6 +97,8 @@ pub fn check_model(probe: &Probe, file: &File) -> Result<Option<()>, String> {
     )
     .map_err(|e| format!("O_PATH open of the quiet file: {e}"))?;
     let held = probe.report(file, false);
+    // The descriptor is gone whatever close says (Linux frees it even on EINTR), and the
+    // probe's report was taken while it was open.
     let _ = nix::unistd::close(o_path);
     let held = match held {
         Ok(r) => r,

@@ -359,6 +359,7 @@ impl Hook {
                 }
             }
             if *made {
+                // As for the links: attempted, and the prepare's own error is reported.
                 let _ = parent.rmdir(name);
             }
         }

@@ -18,19 +18,19 @@
 mod report;
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::holdback::Holdback;
+use super::table;
 use super::world::{page_world, PageWorld};
 use super::{check, mem_available, Result, VmStartBenchConfig, VmStartBenchError, World};
 use crate::bench::qemu::{vm_args, QemuConfig, QemuVm};
+use crate::bench::turns::turns;
 use crate::client::Client;
 use crate::hugetlb::{BackingFile, PoolTopUp};
 use crate::page_size::PageSize;
-use crate::pool::LeaseRequest;
 use crate::units::format_bytes;
 use crate::vmm::{qemu as handoff, GuestMemoryFile};
 
@@ -119,17 +119,17 @@ pub fn run(
     for &(size, ps) in pairs {
         let name = format!("{} on {ps} pages", format_bytes(size));
         if size % ps.bytes() != 0 {
-            let why = format!("{name}: not a whole number of pages");
-            log(&format!("skipped {why}"));
-            skipped.push(why);
+            table::skip(
+                &mut skipped,
+                log,
+                format!("{name}: not a whole number of pages"),
+            );
             continue;
         }
         let top_up = match three_copies(cfg, size, ps) {
             Ok(t) => t,
             Err(why) => {
-                let why = format!("{name}: {why}");
-                log(&format!("skipped {why}"));
-                skipped.push(why);
+                table::skip(&mut skipped, log, format!("{name}: {why}"));
                 continue;
             }
         };
@@ -211,44 +211,31 @@ fn run_world(
     let source = SourceMemory::fill(world)?;
     let cases = MigrateCase::ALL;
     let mut samples: Vec<Vec<Sample>> = vec![Vec::with_capacity(cfg.reps); cases.len()];
-    for (rep, timed) in std::iter::once((0, false)).chain((0..cfg.reps).map(|r| (r, true))) {
-        for i in 0..cases.len() {
-            if cfg
-                .cancel
-                .as_ref()
-                .is_some_and(|c| c.load(Ordering::Relaxed))
-            {
-                return Err(VmStartBenchError::Cancelled);
-            }
-            let k = if timed { (rep + i) % cases.len() } else { i };
-            let case = cases[k];
-            // While the lease is timed the pool cannot refill behind it.
-            let held = if case == MigrateCase::Hugeprep {
-                world.size / world.page_size.bytes()
-            } else {
-                0
-            };
-            let holdback = Holdback::reserve(&world.scratch, held, world.page_size)?;
-            let sample =
-                migrate_once(&cfg.qemu, world, source.path(), case, &format!("{rep}-{k}"))?;
-            world.settle()?;
-            drop(holdback);
-            let when = if timed {
-                format!("rep {}/{}", rep + 1, cfg.reps)
-            } else {
-                "warm-up".into()
-            };
-            log(&format!(
-                "{name} {when:<8} {:<40} ready {:.4} s, total {:.3} s, downtime {:.3} s, loaded {:.3} s",
-                case.label(world.threads),
-                sample.ready,
-                sample.total,
-                sample.downtime,
-                sample.loaded
-            ));
-            if timed {
-                samples[k].push(sample);
-            }
+    for turn in turns(cfg.reps, cases.len()) {
+        cfg.check_cancelled()?;
+        let case = cases[turn.case];
+        // While the lease is timed the pool cannot refill behind it.
+        let held = if case == MigrateCase::Hugeprep {
+            world.size / world.page_size.bytes()
+        } else {
+            0
+        };
+        let holdback = Holdback::reserve(&world.scratch, held, world.page_size)?;
+        let tag = format!("{}-{}", turn.rep, turn.case);
+        let sample = migrate_once(&cfg.qemu, world, source.path(), case, &tag)?;
+        world.settle()?;
+        drop(holdback);
+        log(&format!(
+            "{name} {:<8} {:<40} ready {:.4} s, total {:.3} s, downtime {:.3} s, loaded {:.3} s",
+            turn.when(cfg.reps),
+            case.label(world.threads),
+            sample.ready,
+            sample.total,
+            sample.downtime,
+            sample.loaded
+        ));
+        if turn.timed {
+            samples[turn.case].push(sample);
         }
     }
     drop(source);
@@ -291,16 +278,8 @@ fn migrate_once(
     let start = Instant::now();
     let (args, lease) = match case {
         MigrateCase::Hugeprep => {
-            let lease = client.blocking(client.lease(&LeaseRequest {
-                recycle: None,
-                name: format!("migrate-{tag}"),
-                size: world.size,
-                page_size: Some(world.page_size),
-                node: None,
-                owner: None,
-                pid: None,
-                pin: false,
-            }))?;
+            let lease =
+                client.blocking(client.lease(&world.lease_request(format!("migrate-{tag}"))))?;
             let mut args = vm_args(&dst_qmp);
             args.extend(handoff::machine_args(&GuestMemoryFile {
                 id: "mem0",

@@ -3,11 +3,11 @@
 
 use serde::Serialize;
 
+use super::super::table;
 use super::super::{VmStartBenchConfig, World};
 use super::{MigrateCase, Sample};
 use crate::bench::Summary;
 use crate::page_size::PageSize;
-use crate::units::format_bytes;
 
 /// The target: a warm destination is ready within this many seconds of the floor's.
 pub const READY_TARGET_S: f64 = 0.005;
@@ -78,24 +78,13 @@ fn field(samples: &[Sample], f: impl Fn(&Sample) -> f64) -> Vec<f64> {
     samples.iter().map(f).collect()
 }
 
-fn paired(a: &[f64], b: &[f64], f: impl Fn(f64, f64) -> f64) -> Option<Summary> {
-    let v: Vec<f64> = a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
-    Summary::of(&v)
-}
-
 /// Summarises one world; `samples[i]` were measured for `cases[i]`.
 pub(super) fn world_result(
     world: &World,
     cases: &[MigrateCase],
     samples: Vec<Vec<Sample>>,
 ) -> MigrateResult {
-    let of = |case: MigrateCase| {
-        cases
-            .iter()
-            .position(|&c| c == case)
-            .map(|i| samples[i].as_slice())
-            .unwrap_or(&[])
-    };
+    let of = |case: MigrateCase| table::samples_of(cases, &samples, case);
     let results: Vec<MigrateCaseResult> = cases
         .iter()
         .zip(&samples)
@@ -119,21 +108,22 @@ pub(super) fn world_result(
         of(MigrateCase::Prealloc),
         of(MigrateCase::Floor),
     );
-    let ready_above_floor = paired(
+    let ready_above_floor = table::paired(
         &field(hp, |x| x.ready),
         &field(floor, |x| x.ready),
         |a, b| a - b,
     );
-    let total_over_floor = paired(
+    let total_over_floor = table::paired(
         &field(hp, |x| x.total),
         &field(floor, |x| x.total),
         |a, b| a / b,
     );
-    let total_over_prealloc = paired(&field(hp, |x| x.total), &field(pre, |x| x.total), |a, b| {
-        a / b
-    });
+    let total_over_prealloc =
+        table::paired(&field(hp, |x| x.total), &field(pre, |x| x.total), |a, b| {
+            a / b
+        });
     let prealloc_ready_over_hugeprep =
-        paired(&field(pre, |x| x.ready), &field(hp, |x| x.ready), |a, b| {
+        table::paired(&field(pre, |x| x.ready), &field(hp, |x| x.ready), |a, b| {
             a / b
         });
     MigrateResult {
@@ -172,20 +162,17 @@ impl MigrateReport {
     /// The table: per size and case, ready, total, downtime and loaded, median (range), then
     /// hugeprep against the floor and the targets.
     pub fn table(&self) -> String {
-        let load = |l: Option<f64>| l.map_or("-".into(), |l| format!("{l:.1}"));
-        let mut out = format!(
-            "incoming live migration over a unix socket into a destination started -incoming defer, {} threads, {} reps; seconds, median (min-max)\nload average {} before, {} after\n",
+        let mut out = table::head(
+            "incoming live migration over a unix socket into a destination started -incoming defer",
             self.threads,
             self.reps,
-            load(self.load_average.0),
-            load(self.load_average.1)
+            self.load_average,
         );
-        let s = |x: &Summary| format!("{:.4} ({:.4}-{:.4})", x.median, x.min, x.max);
+        let s = table::cell;
         for r in &self.results {
+            out.push_str(&table::size_head(r.size, r.page_size));
             out.push_str(&format!(
-                "\n{} of {} pages\n{:<40} {:>26} {:>26} {:>26} {:>26}\n",
-                format_bytes(r.size),
-                r.page_size,
+                "{:<40} {:>26} {:>26} {:>26} {:>26}\n",
                 "destination",
                 "ready (migrate-incoming)",
                 "total-time",
@@ -206,14 +193,14 @@ impl MigrateReport {
                 out.push_str(&format!(
                     "hugeprep ready - floor ready: {} s (target <= {READY_TARGET_S}: {})\n",
                     s(x),
-                    if r.ready_target_met { "met" } else { "NOT met" }
+                    table::met(r.ready_target_met)
                 ));
             }
             if let Some(x) = &r.total_over_floor {
                 out.push_str(&format!(
                     "hugeprep total / floor total: {} (target <= 1: {})\n",
                     s(x),
-                    if r.total_target_met { "met" } else { "NOT met" }
+                    table::met(r.total_target_met)
                 ));
             }
             if let Some(x) = &r.total_over_prealloc {
@@ -223,12 +210,8 @@ impl MigrateReport {
                 out.push_str(&format!("prealloc ready / hugeprep ready: {}\n", s(x)));
             }
         }
-        for s in &self.skipped {
-            out.push_str(&format!("skipped: {s}\n"));
-        }
-        for s in &self.not_measured {
-            out.push_str(&format!("not measured: {s}\n"));
-        }
+        table::lines(&mut out, "skipped", &self.skipped);
+        table::lines(&mut out, "not measured", &self.not_measured);
         out
     }
 }

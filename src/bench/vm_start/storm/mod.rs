@@ -22,11 +22,10 @@ mod qemu;
 mod report;
 mod world;
 
-use std::sync::atomic::Ordering;
-
 use super::{Result, VmStartBenchConfig, VmStartBenchError, Vmm};
 use crate::bench::cgroup::VmmCgroups;
 use crate::bench::daemon::BenchDaemon;
+use crate::bench::turns::turns;
 use crate::bench::Summary;
 use crate::hugetlb::{MountOptions, OwnedMount, PoolTopUp};
 use crate::pool::{PoolPolicy, Verification};
@@ -224,62 +223,48 @@ fn run_count(
     let n = runs.len();
     let mut all_ready: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut per_vm: Vec<Vec<f64>> = vec![Vec::new(); n];
-    for (rep, timed) in std::iter::once((0, false)).chain((0..cfg.reps).map(|r| (r, true))) {
-        for i in 0..n {
-            if cfg
-                .cancel
-                .as_ref()
-                .is_some_and(|c| c.load(Ordering::Relaxed))
-            {
-                return Err(VmStartBenchError::Cancelled);
-            }
-            let k = if timed { (rep + i) % n } else { i };
-            let (vmm, case, refill) = runs[k];
-            world
-                .daemon
-                .pool()
-                .set_start_gate(refill != Refill::FreeUngated);
-            let warm = case.warm_vms(count);
-            // Fresh-file cases keep the pool warm for all: it holds the pages the fresh files
-            // must not take, and the next warm storm finds it ready.
-            world.set_warm(if case == StormCase::HalfWarm {
-                warm
-            } else {
-                count
-            })?;
-            // Every free page but the cold leases' is held back: no refill during the storm.
-            let cold_pages = (count - warm) as u64 * vm_pages;
-            let needed = if case == StormCase::Warm || case == StormCase::HalfWarm {
-                cold_pages
-            } else {
-                all_pages
-            };
-            let free = crate::hugetlb::pool::available(None, ps)?;
-            let held = match refill {
-                Refill::HeldBack => free.saturating_sub(needed),
-                Refill::Free | Refill::FreeUngated => 0,
-            };
-            let holdback = Holdback::reserve(&world.scratch, held, ps)?;
-            let seconds = world.storm(vmm, case, rep * n + k)?;
-            drop(holdback);
-            let slowest = seconds.iter().copied().fold(0.0, f64::max);
-            let label = label_of(case, vmm, cfg.threads, refill);
-            let vmm_name = format!("{vmm:?}").to_lowercase();
-            if timed {
-                all_ready[k].push(slowest);
-                per_vm[k].extend(&seconds);
-                log(&format!(
-                    "{count} x {} {ps} rep {}/{}  {vmm_name:<8} {label:<36} all ready {slowest:.3} s",
-                    format_bytes(size),
-                    rep + 1,
-                    cfg.reps
-                ));
-            } else {
-                log(&format!(
-                    "{count} x {} {ps} warm-up  {vmm_name:<8} {label:<36} all ready {slowest:.3} s",
-                    format_bytes(size)
-                ));
-            }
+    for turn in turns(cfg.reps, n) {
+        cfg.check_cancelled()?;
+        let (rep, k) = (turn.rep, turn.case);
+        let (vmm, case, refill) = runs[k];
+        world
+            .daemon
+            .pool()
+            .set_start_gate(refill != Refill::FreeUngated);
+        let warm = case.warm_vms(count);
+        // Fresh-file cases keep the pool warm for all: it holds the pages the fresh files
+        // must not take, and the next warm storm finds it ready.
+        world.set_warm(if case == StormCase::HalfWarm {
+            warm
+        } else {
+            count
+        })?;
+        // Every free page but the cold leases' is held back: no refill during the storm.
+        let cold_pages = (count - warm) as u64 * vm_pages;
+        let needed = if case == StormCase::Warm || case == StormCase::HalfWarm {
+            cold_pages
+        } else {
+            all_pages
+        };
+        let free = crate::hugetlb::pool::available(None, ps)?;
+        let held = match refill {
+            Refill::HeldBack => free.saturating_sub(needed),
+            Refill::Free | Refill::FreeUngated => 0,
+        };
+        let holdback = Holdback::reserve(&world.scratch, held, ps)?;
+        let seconds = world.storm(vmm, case, rep * n + k)?;
+        drop(holdback);
+        let slowest = seconds.iter().copied().fold(0.0, f64::max);
+        let label = label_of(case, vmm, cfg.threads, refill);
+        let vmm_name = format!("{vmm:?}").to_lowercase();
+        log(&format!(
+            "{count} x {} {ps} {}  {vmm_name:<8} {label:<36} all ready {slowest:.3} s",
+            format_bytes(size),
+            turn.when(cfg.reps),
+        ));
+        if turn.timed {
+            all_ready[k].push(slowest);
+            per_vm[k].extend(&seconds);
         }
     }
     world.set_warm(0)?;

@@ -30,56 +30,19 @@
 //! # std::fs::remove_dir_all(&dir).unwrap();
 //! ```
 
-use std::fs::{self, File, OpenOptions};
+mod error;
+mod file;
+
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// A journal operation failed; the state change it guarded must not happen.
-#[derive(Debug, thiserror::Error)]
-pub enum JournalError {
-    /// A file system call failed.
-    #[error("journal: {op} {path}: {source}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The kernel's answer.
-        source: io::Error,
-    },
-    /// A record key that would escape the journal directory.
-    #[error("journal: invalid record key {key:?}")]
-    Key {
-        /// The key.
-        key: String,
-    },
-    /// The directory holds records of a format this build does not read (written by a
-    /// newer hugeprep); nothing in it was changed.
-    #[error("journal {dir}: format {found} was written by a newer hugeprep; this build reads formats up to {supported}. Nothing was changed: run the newer build again (its records, leases among them, are all still there)")]
-    Format {
-        /// The journal directory.
-        dir: PathBuf,
-        /// The format its `format` file names (or the file's text when it names none).
-        found: String,
-        /// The newest format this build reads.
-        supported: u32,
-    },
-    /// A record could not be encoded.
-    #[error("journal: encoding record {key}: {source}")]
-    Encode {
-        /// The record's key.
-        key: String,
-        /// The encoder's message.
-        source: serde_json::Error,
-    },
-}
-
-/// Result of journal operations.
-pub type Result<T> = std::result::Result<T, JournalError>;
+pub use error::{JournalError, Result};
+use file::{create, io_err, sync_dir, write_in_place, write_synced, RECORD_BLOCK};
 
 /// The format of the records this build writes, recorded in `<dir>/format`. Raise it when a
 /// record changes so that an older build would misread it, and read the older formats in
@@ -90,8 +53,6 @@ const FORMAT_FILE: &str = "format";
 const RECORDS: &str = "records";
 const CLEAN_MARKER: &str = "clean-shutdown";
 const BOOT_ID: &str = "boot-id";
-/// A [`Lifetime::Boot`] record up to this size is replaced in place (one page).
-const RECORD_BLOCK: usize = 4096;
 const KERNEL_BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 /// How long the state a journal's records describe lives, which decides what a write must
@@ -111,62 +72,6 @@ pub struct Journal {
     dir: PathBuf,
     records: PathBuf,
     lifetime: Lifetime,
-}
-
-fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> JournalError + 'a {
-    move |source| JournalError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync", dir))
-}
-
-fn create(path: &Path) -> Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(io_err("create", path))
-}
-
-/// Replaces a [`Lifetime::Boot`] record in place: the record padded with spaces (which JSON
-/// ignores) to one whole block, written at offset 0 by one `pwrite`. A process dies before
-/// or after a one-page write, never inside it, so a crash of the daemon leaves the old or
-/// the new record; and no inode is made or renamed per state change (on ext4, allocating
-/// inodes among recently deleted ones cost a tenth of the daemon's CPU under load).
-/// Gives `bytes` back when the old record is longer than a block (written by the rename
-/// path), which the caller then replaces by a rename.
-fn write_in_place(path: &Path, bytes: Vec<u8>) -> Result<Option<Vec<u8>>> {
-    let f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(path)
-        .map_err(io_err("open", path))?;
-    let old = f.metadata().map_err(io_err("stat", path))?.len();
-    if old > RECORD_BLOCK as u64 {
-        return Ok(Some(bytes));
-    }
-    let mut block = bytes;
-    block.resize(RECORD_BLOCK, b' ');
-    f.write_all_at(&block, 0).map_err(io_err("write", path))?;
-    Ok(None)
-}
-
-/// Writes `bytes` to a new file at `path` and `fsync`s it.
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = create(path)?;
-    f.write_all(bytes).map_err(io_err("write", path))?;
-    f.sync_all().map_err(io_err("fsync", path))
 }
 
 fn check_key(key: &str) -> Result<()> {
