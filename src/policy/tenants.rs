@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::pool::PoolPolicyError;
+use super::pool_error::PoolPolicyError;
 use crate::page_size::PageSize;
 use crate::units::parse_bytes;
 
