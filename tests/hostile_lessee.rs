@@ -665,7 +665,30 @@ struct Phases {
     bound_waits: u32,
 }
 
+/// As [`run`], adding each phase's time to `ph`. A panic inside (a settle that times out,
+/// a daemon that stopped answering) is a failure like any other: its caller prints the
+/// replay.
 fn run_timed(
+    env: &Env,
+    d: &Daemon,
+    seq: &Sequence,
+    tag: &str,
+    ph: &mut Phases,
+) -> Result<Outcome, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_phases(env, d, seq, tag, ph)
+    }))
+    .unwrap_or_else(|panic| {
+        let text = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        Err(format!("panicked: {text}"))
+    })
+}
+
+fn run_phases(
     env: &Env,
     d: &Daemon,
     seq: &Sequence,
