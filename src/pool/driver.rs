@@ -74,7 +74,10 @@ impl Pool {
         removed: std::result::Result<(), ActionError>,
     ) {
         let outcome = match removed {
-            Ok(()) => st.core.deleted(id).map(Some),
+            Ok(()) => {
+                st.pages_returned();
+                st.core.deleted(id).map(Some)
+            }
             Err(err) => {
                 tracing::error!(id, %err, "cannot delete pool file");
                 st.core.delete_failed(id, self.size_on_mount(st, id))

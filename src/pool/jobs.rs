@@ -61,7 +61,9 @@ impl Pool {
         match journaled {
             Ok(()) => {
                 tracing::info!(id, size = %format_bytes(size), "warm file cut to a size in demand");
-                if let Err(err) = self.lock().core.cut_done(id, warm.clone()) {
+                let mut st = self.lock();
+                st.pages_returned();
+                if let Err(err) = st.core.cut_done(id, warm.clone()) {
                     tracing::error!(%err, "pool core refused a cut's end");
                 }
             }
@@ -197,12 +199,15 @@ impl Pool {
         // proof changes nothing: the journal says dirty until it passes.
         let reason = match self.proof(id, released.as_ref(), &file) {
             Proved::Yes => None,
-            Proved::Held(reason) => {
+            // A file its lessee cut to nothing has no page to recycle: waiting for its
+            // holder gains nothing, and the kernel's path costs nothing more.
+            Proved::Held(reason) if file.size() > 0 => {
                 if self.set_aside(id, released.as_ref(), file.size(), &reason) {
                     return;
                 }
                 Some(reason)
             }
+            Proved::Held(reason) => Some(reason),
             Proved::No(reason) => Some(reason),
         };
         self.lock().aside.remove(id);
@@ -322,6 +327,9 @@ impl Pool {
                     "scrubbed and verified"
                 );
                 st.last_scrub = Some(report);
+                // The scrub cut the file to its size in demand, and every page a lessee
+                // allocated past its end with it.
+                st.pages_returned();
                 if let Err(err) = st.core.scrubbed(id, warm) {
                     tracing::error!(%err, "pool core refused a scrub's end");
                 }

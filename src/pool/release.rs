@@ -53,7 +53,7 @@ impl Pool {
         }
         st.lessee_grace = self.lessee_grace_until();
         self.changed.notify_all();
-        tracing::info!(lease = lease_id, name = %info.name, "released");
+        tracing::info!(lease = lease_id, name = %info.name, file = id, "released");
         Ok(info)
     }
 

@@ -15,6 +15,8 @@ pub(super) struct State {
     /// Every pool file, in its phase (see [`super::core`]): changed only by its transitions.
     pub(super) core: Core,
     pub(super) refill_turn: usize,
+    /// Until then refills wait: the kernel could not supply the last one (see
+    /// [`State::pages_returned`]).
     pub(super) refill_backoff: Option<Instant>,
     /// Until then the worker starts no refill or background scrub: the lessee's VMM is
     /// starting (see [`LESSEE_GRACE`]).
@@ -69,6 +71,16 @@ pub struct Promised {
 }
 
 impl State {
+    /// The daemon itself gave pages back (a file deleted, cut or scrubbed shorter): the
+    /// refill backoff, set when the kernel had too few free pages, no longer describes the
+    /// supply, so the next refill looks again at once. Without this a VM's memory that took
+    /// the kernel's path came back warm only when the backoff ran out (up to
+    /// `REFILL_BACKOFF` later), and a VM started meanwhile was served cold. It cannot spin:
+    /// each give-back clears it once, and a refill that still finds too little sets it again.
+    pub(super) fn pages_returned(&mut self) {
+        self.refill_backoff = None;
+    }
+
     /// What faults in progress of the kind were promised (see `faulting`). Read before the
     /// kernel's counters: a fault's progress is recorded after the kernel's counter moved,
     /// so the two read in this order never count a page as free twice.

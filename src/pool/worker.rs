@@ -136,17 +136,13 @@ impl Pool {
         // honest release never waits behind a tenant's held files.
         let now = Instant::now();
         st.prune_aside();
+        // Among each, fair between principals, then in release order (`core::order`): a
+        // tenant that releases many files keeps no other principal's release waiting.
         let dirty = st
             .core
-            .files()
-            .filter(|e| e.is_idle(&FileState::Dirty))
-            .find(|e| !st.aside.contains(e.rec().id))
-            .or_else(|| {
-                st.core
-                    .files()
-                    .filter(|e| e.is_idle(&FileState::Dirty))
-                    .find(|e| !st.aside.waiting(e.rec().id, now))
-            })
+            .next_dirty(|id| !st.aside.contains(id))
+            .or_else(|| st.core.next_dirty(|id| !st.aside.waiting(id, now)))
+            .and_then(|id| st.core.get(id))
             .map(|e| e.rec().clone());
         if let Some(rec) = dirty.filter(|_| incomplete || !held) {
             return self.dirty_job(st, &rec);

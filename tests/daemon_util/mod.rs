@@ -41,6 +41,22 @@ impl Env {
         })
     }
 
+    /// As [`Env::new`], with `reserve_bytes` (at least `mount_bytes`) of 2 MiB pages
+    /// reserved: room for worlds [`Env::beside`] it.
+    #[allow(dead_code)]
+    pub fn reserving(name: &str, mount_bytes: u64, reserve_bytes: u64) -> Env {
+        let pages = reserve_bytes.max(mount_bytes) / PageSize::Size2M.bytes();
+        let reservation = HugepageReservation::ensure_free(PageSize::Size2M, pages)
+            .expect("reading/writing the hugepage pool (run as root)")
+            .unwrap_or_else(|| {
+                panic!("{name}: the kernel cannot supply {reserve_bytes} bytes of 2 MiB pages")
+            });
+        let mut env = Env::with_mount(name, &format!("pagesize=2M,size={mount_bytes}"));
+        env.mount_bytes = mount_bytes;
+        env._reservation = Some(reservation);
+        env
+    }
+
     /// As [`Env::new`] with pages of `page_size`; `None` when the kernel cannot supply them
     /// (1 GiB pages need contiguous memory, which a long-running host may lack).
     pub fn try_with_page_size(name: &str, page_size: PageSize, mount_bytes: u64) -> Option<Env> {

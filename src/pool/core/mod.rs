@@ -24,6 +24,7 @@
 
 pub(crate) mod choice;
 mod invariants;
+mod order;
 pub mod recovery;
 mod transitions;
 
@@ -82,6 +83,9 @@ pub(crate) struct Entry {
     released: Option<Released>,
     /// Leased by this daemon run (its opens watched since its lease path was linked).
     watched: bool,
+    /// While dirty: its place in the order of releases (0: recovered, before any release of
+    /// this run). See `order`.
+    released_at: u64,
 }
 
 /// Where a file is in its life: the pair (journaled state, work in progress) as one type.
@@ -136,6 +140,7 @@ impl Entry {
             busy,
             released: None,
             watched: false,
+            released_at: 0,
         }
     }
 
@@ -217,6 +222,16 @@ pub enum CoreError {
         /// Its phase.
         phase: Option<Phase>,
     },
+    /// A size that is zero or not a whole number of the file's pages.
+    #[error("pool core: {event} of file {id} at size {size}, not a whole number of pages")]
+    Size {
+        /// The event.
+        event: &'static str,
+        /// The file.
+        id: u64,
+        /// The size asked for.
+        size: u64,
+    },
     /// A lease of this name is live or being taken.
     #[error("pool core: name {name:?} in use")]
     Name {
@@ -232,6 +247,10 @@ pub(crate) struct Core {
     /// Names of leases being taken (not journaled yet), with their file.
     pending: BTreeMap<String, u64>,
     next_id: u64,
+    /// Releases so far (the order of dirty files, see `order`).
+    releases: u64,
+    /// Whose released file the worker takes next.
+    turns: order::Turns,
 }
 
 impl Core {
@@ -244,6 +263,8 @@ impl Core {
                 .collect(),
             pending: BTreeMap::new(),
             next_id,
+            releases: 0,
+            turns: order::Turns::default(),
         };
         core.assert_valid("recovered");
         core
@@ -281,6 +302,38 @@ impl Core {
                 FileState::Leased(l) => l.name == name,
                 _ => false,
             })
+    }
+
+    /// The released file the worker takes next among the idle dirty files `eligible`
+    /// says it may take: fair between principals, then in release order (see `order`).
+    pub(crate) fn next_dirty(&self, eligible: impl Fn(u64) -> bool) -> Option<u64> {
+        self.turns.pick(
+            self.files
+                .values()
+                .filter(|e| e.is_idle(&FileState::Dirty) && eligible(e.rec.id))
+                .map(|e| order::Waiting {
+                    id: e.rec.id,
+                    released: e.released_at,
+                    principal: e.released.as_ref().and_then(|r| r.principal.as_deref()),
+                }),
+        )
+    }
+
+    /// The next place in the order of releases.
+    fn next_release(&mut self) -> u64 {
+        self.releases += 1;
+        self.releases
+    }
+
+    /// A dirty file leaves for a scrub or a deletion: its principal's turn.
+    fn serve(&mut self, id: u64) {
+        let Some(e) = self.files.get(&id) else {
+            return;
+        };
+        if e.is_idle(&FileState::Dirty) {
+            let principal = e.released.as_ref().and_then(|r| r.principal.clone());
+            self.turns.served(principal.as_deref());
+        }
     }
 
     /// Whether any file is being worked on (a clean shutdown waits until none is).

@@ -157,7 +157,10 @@ impl Core {
     /// A lease of a warm file failed after it may have been resized, linked or handed to its
     /// owner: the file is dirty at `size` (what is on the mount), proven like any release.
     pub(crate) fn abort_warm(&mut self, id: u64, size: u64, released: Released) -> Result<Action> {
+        self.expect("abort-warm", id, &[Phase::Leasing])?;
+        let at = self.next_release();
         let e = self.expect("abort-warm", id, &[Phase::Leasing])?;
+        e.released_at = at;
         e.rec.size = size;
         e.rec.state = FileState::Dirty;
         e.busy = None;
@@ -228,6 +231,9 @@ impl Core {
                 phase: e.phase(),
             });
         }
+        let at = self.next_release();
+        let e = self.expect("release-done", id, &[Phase::Releasing])?;
+        e.released_at = at;
         e.busy = None;
         self.assert_valid("release-done");
         Ok(())
@@ -236,6 +242,8 @@ impl Core {
     /// The worker keeps a dirty file at `size`: it is proven and scrubbed; the record to
     /// journal first. A failed write gives it up ([`Core::begin_delete`]).
     pub(crate) fn begin_scrub(&mut self, id: u64, size: u64) -> Result<Action> {
+        self.expect("begin-scrub", id, &[Phase::Dirty])?;
+        self.serve(id);
         let e = self.expect("begin-scrub", id, &[Phase::Dirty])?;
         e.rec.state = FileState::Scrubbing;
         e.rec.size = size;
@@ -306,8 +314,19 @@ impl Core {
 
     /// A released file's proof found it still held: dirty again at `size` (what the journal
     /// says: the scrubbing record is written only once the proof passes), to wait aside.
+    /// Refused for a size of no pages (the file then takes the kernel's path).
     pub(crate) fn held_aside(&mut self, id: u64, size: u64) -> Result<()> {
         let e = self.expect("held-aside", id, &[Phase::Scrubbing])?;
+        // A lessee may cut its file to nothing and keep it open: such a file holds no page
+        // to wait for, and a record of no pages is none the journal can hold.
+        let page = e.rec.page_size.bytes();
+        if size == 0 || size % page != 0 {
+            return Err(CoreError::Size {
+                event: "held-aside",
+                id,
+                size,
+            });
+        }
         e.rec.state = FileState::Dirty;
         e.rec.size = size;
         e.busy = None;
@@ -340,6 +359,8 @@ impl Core {
     /// error on the way): the file to truncate and unlink, then [`Core::deleted`].
     pub(crate) fn begin_delete(&mut self, id: u64) -> Result<Action> {
         let from = [Phase::Warm, Phase::Dirty, Phase::Scrubbing, Phase::Cutting];
+        self.expect("begin-delete", id, &from)?;
+        self.serve(id);
         let e = self.expect("begin-delete", id, &from)?;
         e.busy = Some(Work::Delete);
         let action = Action::RemoveFile {

@@ -115,6 +115,8 @@ fn holding(key: u64, rec: FileRecord, next_id: u64) -> Core {
         files: [(key, Entry::new(rec, None))].into(),
         pending: BTreeMap::new(),
         next_id,
+        releases: 0,
+        turns: Default::default(),
     }
 }
 

@@ -54,6 +54,63 @@ fn release(core: &mut Core, lease_id: u64) -> u64 {
     id
 }
 
+/// Leases the warm file `id` as `name` for `principal`; the lease id.
+fn lease_warm_for(core: &mut Core, id: u64, name: &str, principal: &str) -> u64 {
+    core.take_warm(id, name).unwrap();
+    let lease_id = core.new_id();
+    let mut l = lease(lease_id, name, LeaseSource::WarmExact);
+    l.principal = Some(principal.to_string());
+    let r = core.lease_record(id, M2, l).unwrap();
+    core.leased(id, r).unwrap();
+    lease_id
+}
+
+#[test]
+fn the_worker_takes_released_files_by_turns_of_principals_then_release_order() {
+    let mut c = warm(5);
+    let a: Vec<u64> = (1..=4)
+        .map(|id| lease_warm_for(&mut c, id, &format!("a{id}"), "uid:65534"))
+        .collect();
+    let b = lease_warm_for(&mut c, 5, "b", "uid:65533");
+    // The tenant releases its files, the last leased first; then the other principal.
+    for l in a.iter().rev() {
+        release(&mut c, *l);
+    }
+    release(&mut c, b);
+    let mut order = Vec::new();
+    while let Some(id) = c.next_dirty(|_| true) {
+        c.begin_scrub(id, M2).unwrap();
+        order.push(id);
+    }
+    // By id the other principal's file (5) came last; by turns it comes second, and the
+    // tenant's own files go in the order it released them.
+    assert_eq!(order, vec![4, 5, 3, 2, 1]);
+}
+
+#[test]
+fn a_held_file_cut_to_nothing_is_not_set_aside() {
+    let mut c = warm(1);
+    let l = lease_warm(&mut c, 1, "x");
+    release(&mut c, l);
+    c.begin_scrub(1, M2).unwrap();
+    let err = c.held_aside(1, 0).unwrap_err();
+    assert!(matches!(err, CoreError::Size { size: 0, .. }), "{err}");
+    assert_eq!(phase(&c, 1), Some(Phase::Scrubbing), "nothing changed");
+    c.held_aside(1, M2).unwrap();
+    assert_eq!(phase(&c, 1), Some(Phase::Dirty));
+}
+
+#[test]
+fn files_the_worker_may_not_take_are_passed_over() {
+    let mut c = warm(2);
+    let l1 = lease_warm(&mut c, 1, "x");
+    let l2 = lease_warm(&mut c, 2, "y");
+    release(&mut c, l1);
+    release(&mut c, l2);
+    assert_eq!(c.next_dirty(|id| id != 1), Some(2));
+    assert_eq!(c.next_dirty(|_| false), None);
+}
+
 #[test]
 fn take_warm_moves_a_warm_file_to_leasing_and_claims_the_name() {
     let mut c = warm(1);
