@@ -14,7 +14,9 @@
 //! - a lessee that grows its file (`fallocate --keep-size`, `truncate`) is counted by the
 //!   pages and length it took, not the size it asked;
 //! - pages a read lease keeps past the release are charged to the lessee (429 at its limit,
-//!   across a restart too) until it lets go, or the kernel takes the lease away.
+//!   across a restart too) until it lets go, or the kernel takes the lease away;
+//! - pages it pins past the release (an io_uring fixed buffer, a `vmsplice`d pipe) stay in
+//!   their kept file, charged to it, until the pin goes; the others go back at once.
 
 mod daemon_util;
 
