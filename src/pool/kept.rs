@@ -14,6 +14,17 @@
 //! file is truncated (its pages leave every mapping and return to the kernel, but for those
 //! a pin holds) and unlinked, and the charge ends.
 //!
+//! A file whose pages someone else still references when it takes the kernel's path (an
+//! io_uring fixed buffer, a `vmsplice`d pipe, a DMA pin: the kernel's counts see them,
+//! [`super::reach::Reach::pinned_pages`]) is kept the same way, untruncated: a truncate would
+//! take those pages out of the file and leave them with their holder, charged to nobody and
+//! out of every count the daemon reads. The keeper reads the file's counts again, at most
+//! [`PROOFS_PER_TURN`] pinned files a turn (the longest unread first), and truncates and
+//! unlinks it once no page is pinned and nothing but the keeper reaches it (a mapping or an
+//! open file could pin again). It is never recycled into the pool. The pages nobody pins
+//! are punched out when it is kept (`kernel_path`). With the walk (no kernel counts) the
+//! daemon cannot see pins: such files are truncated as before.
+//!
 //! The charge outlives a restart in the file's name, `kept-<id>-n<node>-<principal in hex>`:
 //! recovery leaves such names alone and the new daemon keeps them again, charged to the
 //! same principal (a principal longer than 100 bytes, a long certificate subject, is not
@@ -34,6 +45,11 @@ use super::{FileRecord, PageSize, Pool};
 /// How often the keeper opens the kept files again.
 pub const KEEP_TURN: Duration = Duration::from_millis(250);
 
+/// How many pinned kept files the keeper reads the counts of in one turn: each read is a
+/// run of the probe over the file's pages, so a tenant that pins many files makes its own
+/// wait longer (its `leases` and `leased_bytes` bound how many), not the daemon's work.
+pub const PROOFS_PER_TURN: usize = 8;
+
 /// The prefix of a kept file's name in the pool directory (pool files are `p<id>`; recovery
 /// leaves names with this prefix alone).
 pub const KEPT_PREFIX: &str = "kept-";
@@ -53,6 +69,11 @@ struct KeptFile {
     id: u64,
     lease: u64,
     since: Instant,
+    /// Some of its pages were referenced beyond the page cache at the last look (a pin, a
+    /// pipe): only the keeper reads its counts again, [`PROOFS_PER_TURN`] files a turn.
+    pinned: bool,
+    /// When its counts were last read (the keeper reads the longest unread first).
+    proven: Instant,
 }
 
 /// The kept files.
@@ -85,6 +106,13 @@ impl Kept {
     pub(super) fn totals(&self) -> (usize, u64) {
         let files = self.lock();
         (files.len(), files.iter().map(|f| f.bytes).sum())
+    }
+
+    /// Takes kept file `path` out of the list (`None`: another turn took it).
+    fn take(&self, path: &Path) -> Option<KeptFile> {
+        let mut files = self.lock();
+        let i = files.iter().position(|f| f.path == path)?;
+        Some(files.swap_remove(i))
     }
 
     /// Whether `principal` (or, with `None`, anyone) has a file kept.
@@ -142,16 +170,18 @@ fn open_for_truncate(path: &Path) -> io::Result<fs::File> {
 
 impl Pool {
     /// The kernel's path could not truncate the released file `rec` at `path` (a read lease
-    /// on it): renames it to `kept-<id>` and keeps it, charged to `principal`, until it can
-    /// be truncated. `bytes`: its pages. Returns false when it could not be renamed (it is
-    /// then unlinked as before, its pages with their holder, charged to nobody).
+    /// on it), or must not (`pinned`: pages of it still referenced): renames it to
+    /// `kept-<id>` and keeps it, charged to `principal`, until it can be truncated with
+    /// every page coming back. `bytes`: its pages. Returns false when it could not be
+    /// renamed (it is then truncated or unlinked as before, its held pages with their
+    /// holder, charged to nobody).
     pub(super) fn keep(
         &self,
         path: &Path,
         rec: &FileRecord,
-        principal: Option<String>,
-        lease: u64,
+        (principal, lease): (Option<String>, u64),
         bytes: u64,
+        pinned: bool,
     ) -> bool {
         let kept = path.with_file_name(kept_name(rec.id, rec.node, principal.as_deref()));
         if let Err(err) = fs::rename(path, &kept) {
@@ -167,63 +197,130 @@ impl Pool {
             id: rec.id,
             lease,
             since: Instant::now(),
+            pinned,
+            proven: Instant::now(),
         });
         true
     }
 
-    /// Opens every file kept for `principal` (`None`: all) for writing; each one that opens
-    /// (its holder gave up its lease, or the kernel took it away) is truncated and unlinked,
-    /// and no longer charged. Runs without the state lock; the truncates free pages.
+    /// Tries the files kept for `principal` (`None`: the keeper's turn, all of them): each
+    /// that opens for writing (its holder gave up its lease, or the kernel took it away) and
+    /// whose pages nobody references any more is truncated and unlinked, and no longer
+    /// charged. A file whose pages are still referenced (a pin, a pipe) is marked pinned;
+    /// pinned files are read again by the keeper only, [`PROOFS_PER_TURN`] a turn, the
+    /// longest unread first, so a lease asks for one open per kept file of its principal and
+    /// no run of the probe for a file already found pinned. Runs without the state lock; the
+    /// truncates free pages.
     pub(super) fn reclaim_kept(&self, principal: Option<&str>) {
         if !self.kept.any(principal) {
             return;
         }
-        let mut opened = Vec::new();
-        {
+        let now = Instant::now();
+        let tries: Vec<PathBuf> = {
             let mut files = self.kept.lock();
-            let mut i = 0;
-            while i < files.len() {
-                let f = &files[i];
-                if principal.is_some() && f.principal.as_deref() != principal {
-                    i += 1;
-                    continue;
-                }
-                match open_for_truncate(&f.path) {
-                    Ok(file) => opened.push((files.swap_remove(i), Some(file))),
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                        opened.push((files.swap_remove(i), None));
-                    }
-                    // A lease still held (`EWOULDBLOCK`), or anything else: tried again at
-                    // the next turn.
-                    Err(_) => i += 1,
+            let mut tries: Vec<PathBuf> = files
+                .iter()
+                .filter(|f| !f.pinned)
+                .filter(|f| principal.is_none() || f.principal.as_deref() == principal)
+                .map(|f| f.path.clone())
+                .collect();
+            if principal.is_none() {
+                let mut pinned: Vec<&mut KeptFile> =
+                    files.iter_mut().filter(|f| f.pinned).collect();
+                pinned.sort_by_key(|f| f.proven);
+                for f in pinned.into_iter().take(PROOFS_PER_TURN) {
+                    f.proven = now;
+                    tries.push(f.path.clone());
                 }
             }
-        }
-        for (f, file) in opened {
-            let _lock_holder = crate::sys::priority::OutOfIdle::enter();
-            let before = node_free_pages(f.node, f.page_size);
-            let truncated = file.map(|file| file.set_len(0));
-            let after = node_free_pages(f.node, f.page_size);
-            if let Err(err) = fs::remove_file(&f.path) {
-                if err.kind() != io::ErrorKind::NotFound {
-                    tracing::warn!(file = %f.path.display(), %err, "cannot remove a kept file");
-                }
-            }
-            let returned = match (before, after) {
-                (Some(b), Some(a)) => a.saturating_sub(b) * f.page_size.bytes(),
-                _ => 0,
+            tries
+        };
+        for path in tries {
+            let file = match open_for_truncate(&path) {
+                Ok(file) => Some(file),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                // A lease still held (`EWOULDBLOCK`), or anything else: tried again at the
+                // next turn.
+                Err(_) => continue,
             };
-            tracing::info!(
-                id = f.id,
-                lease = f.lease,
-                principal = f.principal.as_deref().unwrap_or(""),
-                kept_bytes = f.bytes,
-                returned_bytes = returned,
-                kept_ms = u64::try_from(f.since.elapsed().as_millis()).unwrap_or(u64::MAX),
-                truncated = ?truncated.map(|r| r.map_err(|e| e.to_string())),
-                "a kept released file is no longer held by a lease: truncated, no longer charged"
-            );
+            if let Some(still) = file.as_ref().and_then(|f| self.still_held(&path, f)) {
+                self.still_pinned(&path, still);
+                continue;
+            }
+            let Some(f) = self.kept.take(&path) else {
+                continue;
+            };
+            self.truncate_kept(f, file);
         }
+    }
+
+    /// Whether kept file `path` (open for writing: `file`) must stay untruncated: pages of
+    /// it are pinned (`Ok`: so many), or, once it was found pinned, anything but the keeper
+    /// still reaches it (a mapping or an open file could pin again between this look and
+    /// the truncate), or its counts cannot be read (`Err`). `None`: truncate it (also
+    /// without kernel counts, where pins cannot be seen).
+    fn still_held(&self, path: &Path, file: &fs::File) -> Option<Result<u64, String>> {
+        let was_pinned = self.kept.lock().iter().any(|f| f.path == path && f.pinned);
+        match self.reach.pinned_pages(file) {
+            Ok(None) => None,
+            Ok(Some(p)) if p.pages > 0 || (was_pinned && p.reachable) => Some(Ok(p.pages)),
+            Ok(Some(_)) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// Kept file `path`'s pages are still referenced (`Ok`: so many), or its counts could
+    /// not be read (`Err`): kept, and read again at a later turn of the keeper.
+    fn still_pinned(&self, path: &Path, still: Result<u64, String>) {
+        let mut files = self.kept.lock();
+        let Some(f) = files.iter_mut().find(|f| f.path == path) else {
+            return;
+        };
+        if !f.pinned {
+            match &still {
+                Ok(pages) => tracing::warn!(
+                    id = f.id,
+                    lease = f.lease,
+                    principal = f.principal.as_deref().unwrap_or(""),
+                    held_pages = pages,
+                    "pages of a kept released file are still referenced (a pin, a pipe): kept untruncated, charged to its lessee, until nobody holds one"
+                ),
+                Err(err) => tracing::warn!(
+                    id = f.id,
+                    %err,
+                    "cannot read the kernel's counts of a kept released file: kept, read again later"
+                ),
+            }
+        }
+        f.pinned = true;
+    }
+
+    /// Truncates and unlinks kept file `f` (`file`: open for writing; `None`: gone).
+    fn truncate_kept(&self, f: KeptFile, file: Option<fs::File>) {
+        let _lock_holder = crate::sys::priority::OutOfIdle::enter();
+        let before = node_free_pages(f.node, f.page_size);
+        let truncated = file.map(|file| file.set_len(0));
+        let after = node_free_pages(f.node, f.page_size);
+        if let Err(err) = fs::remove_file(&f.path) {
+            if err.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(file = %f.path.display(), %err, "cannot remove a kept file");
+            }
+        }
+        let returned = match (before, after) {
+            (Some(b), Some(a)) => a.saturating_sub(b) * f.page_size.bytes(),
+            _ => 0,
+        };
+        tracing::info!(
+            id = f.id,
+            lease = f.lease,
+            principal = f.principal.as_deref().unwrap_or(""),
+            kept_bytes = f.bytes,
+            returned_bytes = returned,
+            pinned = f.pinned,
+            kept_ms = u64::try_from(f.since.elapsed().as_millis()).unwrap_or(u64::MAX),
+            truncated = ?truncated.map(|r| r.map_err(|e| e.to_string())),
+            "a kept released file is no longer held by a lease or a pin: truncated, no longer charged"
+        );
     }
 
     /// Keeps again the files a previous run kept (found by their names in the pool
@@ -256,6 +353,9 @@ impl Pool {
                     id,
                     lease: 0,
                     since: Instant::now(),
+                    // Whether a pin holds pages of it is read at its next try.
+                    pinned: false,
+                    proven: Instant::now(),
                 });
             }
         }

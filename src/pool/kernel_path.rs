@@ -26,6 +26,10 @@ impl Pool {
         released: Option<&Released>,
     ) -> io::Result<()> {
         if matches!(rec.state, FileState::Dirty | FileState::Scrubbing) {
+            if self.keep_pinned(path, rec, released) {
+                self.reach.forget(rec.id);
+                return Ok(());
+            }
             match self.truncate_counting(path, rec) {
                 Ok(0) => {}
                 Ok(unreturned) => {
@@ -52,9 +56,9 @@ impl Pool {
                     if self.keep(
                         path,
                         rec,
-                        released.and_then(|r| r.principal.clone()),
-                        released.map_or(0, |r| r.lease),
+                        lessee(released),
                         held * rec.page_size.bytes(),
+                        false,
                     ) {
                         tracing::warn!(
                             id = rec.id,
@@ -91,6 +95,58 @@ impl Pool {
         Ok(())
     }
 
+    /// Before the truncate: when the kernel's counts show pages of the released file still
+    /// referenced beyond the page cache and any mapping (an io_uring fixed buffer, a
+    /// `vmsplice`d pipe; a mapping alone loses its pages to the truncate), keeps it untruncated, charged to its lessee, until nobody holds one (see
+    /// `kept`): truncated, those pages would leave the file and stay with their holder,
+    /// charged to nobody. Whether it was kept. Without the counts (the walk), or when they
+    /// cannot be read, it is not: the truncate follows as before.
+    fn keep_pinned(&self, path: &Path, rec: &FileRecord, released: Option<&Released>) -> bool {
+        // For writing (the punch below): a read lease fails it at once (`O_NONBLOCK`), and
+        // the truncate below keeps such a file for its lease first.
+        let Ok(file) = fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(path)
+        else {
+            return false;
+        };
+        let pins = match self.reach.pinned_pages(&file) {
+            Ok(Some(pins)) if pins.pages > 0 => pins,
+            Ok(_) => return false,
+            Err(err) => {
+                tracing::warn!(id = rec.id, %err, "cannot read the kernel's counts of a released file before its truncate: pages a pin holds, if any, leave it charged to nobody");
+                return false;
+            }
+        };
+        let held = pins.pages;
+        // Nothing else reaches the file (no open file, no mapping: nothing can pin another
+        // page of it meanwhile) and every pinned page is known: the others go back now.
+        if let (false, Some(at)) = (pins.reachable, &pins.at) {
+            if let Err(err) = punch_all_but(&file, at, rec.page_size.bytes()) {
+                tracing::warn!(id = rec.id, %err, "cannot give back the pages of a released file that nobody pins: it is kept whole");
+            }
+        }
+        let bytes = file.metadata().map_or(0, |m| m.blocks() * 512);
+        drop(file);
+        if !self.keep(path, rec, lessee(released), bytes, true) {
+            return false;
+        }
+        self.counters.unreturned(held, rec.page_size.bytes());
+        tracing::warn!(
+            id = rec.id,
+            lease = released.map_or(0, |r| r.lease),
+            name = released.map_or("", |r| r.name.as_str()),
+            principal = released.and_then(|r| r.principal.as_deref()).unwrap_or(""),
+            held_pages = held,
+            kept_bytes = bytes,
+            page_size = %rec.page_size,
+            node = rec.node,
+            "pages of a released file are still referenced (a pin, a pipe): kept untruncated and charged to its lessee until nobody holds one, then truncated"
+        );
+        true
+    }
+
     /// Truncates the file to nothing; how many of its pages did not come back to the node's
     /// free list. Measured from the node's free count across the truncate, so another
     /// process faulting or freeing pages of the node at that moment blurs it.
@@ -112,6 +168,43 @@ impl Pool {
             _ => 0,
         })
     }
+}
+
+/// Punches every page of `file` out but those at the byte offsets `keep` (pages of
+/// `page` bytes): their pages return to the kernel, the kept ones stay in the file.
+fn punch_all_but(file: &fs::File, keep: &[u64], page: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let len = file.metadata()?.len();
+    let mut keep: Vec<u64> = keep.iter().map(|&at| at - at % page).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut from = 0;
+    for end in keep
+        .into_iter()
+        .chain(std::iter::once(len.div_ceil(page) * page))
+    {
+        if end > from {
+            nix::fcntl::fallocate(
+                file.as_raw_fd(),
+                nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                    | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                i64::try_from(from).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+                i64::try_from(end - from)
+                    .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+            )
+            .map_err(io::Error::from)?;
+        }
+        from = end.saturating_add(page);
+    }
+    Ok(())
+}
+
+/// The principal and lease a kept file is charged to.
+fn lessee(released: Option<&Released>) -> (Option<String>, u64) {
+    (
+        released.and_then(|r| r.principal.clone()),
+        released.map_or(0, |r| r.lease),
+    )
 }
 
 /// The pages the released file at `path` holds (hugetlbfs counts them in `st_blocks`), when

@@ -33,10 +33,13 @@ pub const MAX_MOUNTS: u32 = 4096;
 const PROBE_FOLIOS: u32 = 1;
 
 /// The layout version of `struct report` this reader knows.
-const REPORT_VERSION: u32 = 2;
+const REPORT_VERSION: u32 = 3;
 
 /// Bytes of one `struct report`.
-const REPORT_BYTES: usize = 136;
+const REPORT_BYTES: usize = 144 + 8 * PINNED_AT;
+
+/// Pinned folios whose page-cache index a report gives (`PINNED_AT` in `reach.bpf.c`).
+pub const PINNED_AT: usize = 16;
 
 /// Bytes of `struct target` (`fd`, `flags`, `run`, `slot`, `pad`).
 const TARGET_BYTES: usize = 24;
@@ -132,6 +135,12 @@ pub struct Report {
     pub held_folios: u64,
     /// The first such folio's reference count, pin count and mapping count.
     pub first_held: (i64, i64, i64),
+    /// Held folios whose references a mapping does not explain (a pin, a pipe buffer):
+    /// a truncate would leave them with their holder.
+    pub pinned_folios: u64,
+    /// The page-cache index (in base pages, as kernels since 6.7 keep hugetlb's) of the
+    /// first [`PINNED_AT`] of them.
+    pub pinned_at: [u64; PINNED_AT],
     /// Page-cache entries that are no folio (a change under way).
     pub odd_entries: u64,
     /// xarray nodes read.
@@ -166,6 +175,14 @@ impl Report {
             nodes: u64_at(112)?,
             run: u64_at(120)?,
             interleaved: u32_at(128)? != 0,
+            pinned_folios: u64_at(136)?,
+            pinned_at: {
+                let mut at = [0; PINNED_AT];
+                for (i, a) in at.iter_mut().enumerate() {
+                    *a = u64_at(144 + 8 * i)?;
+                }
+                at
+            },
         })
     }
 }

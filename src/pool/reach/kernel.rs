@@ -303,3 +303,72 @@ impl Reach {
         })
     }
 }
+
+impl Reach {
+    /// Pages of `file` (an open file of a released pool file that the daemon will not
+    /// recycle) that the kernel counts as referenced beyond the page cache and a mapping: a
+    /// long-term pin (an io_uring fixed buffer, VFIO, RDMA), a pipe buffer (`vmsplice`), any
+    /// other `get_page`. A truncate takes a page out of every mapping and returns it, but
+    /// such a page it leaves with its holder, where no count of the daemon's sees it any
+    /// more. `Ok(None)`: the daemon cannot see them (no kernel counts: the walk proves
+    /// releases; or a quiet file's counts differ from the model). `Err`: the counts could
+    /// not be read completely now (read again later). Cost: one run of the probe, bounded
+    /// by the file's pages.
+    pub fn pinned_pages(&self, file: &File) -> Result<Option<Pins>, String> {
+        let Some(probe) = &self.probe else {
+            return Ok(None);
+        };
+        if *self.model.lock().unwrap_or_else(|e| e.into_inner()) == Model::Differs {
+            return Ok(None);
+        }
+        let r = probe.report(file, true).map_err(|e| e.to_string())?;
+        if r.incomplete || r.odd_entries > 0 || !r.walked {
+            return Err(format!(
+                "{} folios read, {} entries under change, finished: {}",
+                r.folios, r.odd_entries, !r.incomplete
+            ));
+        }
+        let at = (r.pinned_folios as usize <= crate::sys::reach_bpf::PINNED_AT
+            && base_page_index())
+        .then(|| {
+            r.pinned_at[..r.pinned_folios as usize]
+                .iter()
+                .map(|&i| i.saturating_mul(4096))
+                .collect()
+        });
+        Ok(Some(Pins {
+            pages: r.pinned_folios,
+            at,
+            // A mapping holds an open file (a dentry reference) of its own.
+            reachable: r.other_aliases > 0
+                || r.aliases_truncated
+                || r.file_mounts > 0
+                || r.dentry_count != QUIET_DENTRY_REFS,
+        }))
+    }
+}
+
+/// What [`Reach::pinned_pages`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pins {
+    /// Pages referenced beyond the page cache and any mapping (a pin, a pipe buffer).
+    pub pages: u64,
+    /// Whether anything but the caller's one open file still reaches the file or a page
+    /// of it (another open file, a mapping, a mount, another name): it could pin again.
+    pub reachable: bool,
+    /// The byte offsets of the pinned pages in the file, when all are known (at most
+    /// [`crate::sys::reach_bpf::PINNED_AT`], on a kernel that indexes hugetlb's page cache
+    /// in base pages, 6.7 and later).
+    pub at: Option<Vec<u64>>,
+}
+
+/// Whether this kernel indexes hugetlb's page cache in base pages (6.7 and later).
+fn base_page_index() -> bool {
+    let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else {
+        return false;
+    };
+    let mut parts = release.trim().split(['.', '-']);
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor) >= (6, 7)
+}

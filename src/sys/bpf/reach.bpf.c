@@ -89,6 +89,7 @@ struct file {
 	struct inode *f_inode;
 };
 struct folio {
+	unsigned long index;
 	atomic_t _refcount;
 	unsigned long _flags_1;
 	atomic_t _entire_mapcount;
@@ -116,6 +117,9 @@ char LICENSE[] SEC("license") = "GPL";
 #define MAX_MOUNTS 4096
 #define STACK_MAX 512
 #define MAX_NODES (1u << 22)
+
+// Pinned folios whose index a report gives (`pinned_at`).
+#define PINNED_AT 16
 
 // Read by src/sys/reach_bpf.rs field by field: keep the two in step (`version`).
 struct report {
@@ -145,6 +149,11 @@ struct report {
 	__u64 run;
 	__u32 interleaved;
 	__u32 pad;
+	// Held folios whose references a mapping does not explain (a pin, a pipe buffer, any
+	// get_page): a truncate leaves them with their holder (version 3).
+	__u64 pinned_folios;
+	// The page-cache index (in base pages) of the first PINNED_AT of them.
+	__u64 pinned_at[PINNED_AT];
 };
 
 // Scratch space of one walk. It is never per-CPU memory: the iterator runs with migration
@@ -230,6 +239,14 @@ static __always_inline void check_folio(struct walk *w, unsigned long entry)
 			w->r.first_held_mapcount = maps;
 		}
 		w->r.held_folios++;
+		// A mapping of a hugetlb folio holds one reference and one mapcount
+		// (`_entire_mapcount` starts at -1); what is beyond is held elsewhere.
+		if (pins != 0 || refs > (__s64)nr + maps + 1) {
+			if (w->r.pinned_folios < PINNED_AT)
+				w->r.pinned_at[w->r.pinned_folios & (PINNED_AT - 1)] =
+					BPF_CORE_READ(f, index);
+			w->r.pinned_folios++;
+		}
 	}
 }
 
@@ -348,7 +365,7 @@ int hugeprep_probe(struct bpf_iter__task_file *ctx)
 	__sync_fetch_and_add(&w->busy, 1);
 	__u32 entered = *(volatile __u32 *)&w->busy;
 	__builtin_memset(&w->r, 0, sizeof(w->r));
-	w->r.version = 2;
+	w->r.version = 3;
 	w->r.run = t->run;
 
 	struct dentry *dentry = BPF_CORE_READ(file, f_path.dentry);
