@@ -43,7 +43,7 @@ pub(super) struct State {
     /// Released files still held by someone, waiting aside for another proof (see `aside`).
     pub(super) aside: super::aside::AsideQueue,
     /// Leases being taken by a tenant, by file id, until journaled (see `tenant`).
-    pub(super) taking: BTreeMap<u64, super::tenant::Taking>,
+    pub(super) taking: BTreeMap<u64, Taking>,
     /// Files whose lease holds a long-term pin (mirrors the pins, for the tenants' counts).
     pub(super) pinned: BTreeSet<u64>,
 }
@@ -201,4 +201,13 @@ mod tests {
         assert_eq!(st.promised(0, ps).bytes, 48 << 20);
         assert_eq!(st.promised(1, ps).unreserved, 128 << 20);
     }
+}
+
+/// A lease being taken, until its record is journaled (then the record counts).
+#[derive(Debug, Clone)]
+pub(super) struct Taking {
+    pub(super) principal: String,
+    pub(super) page_size: PageSize,
+    pub(super) size: u64,
+    pub(super) descriptors: u64,
 }

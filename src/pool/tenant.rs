@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::state::State;
+use super::state::{State, Taking};
 use super::{FileState, PageSize, Pool, PoolError, Result, ValidRequest};
 use crate::policy::tenants::Limits;
 
@@ -152,15 +152,6 @@ pub struct Usage {
     /// Released bytes still held by someone: waiting aside, or kept past the kernel's path
     /// (the latter count in `leased_bytes` too).
     pub held_bytes: u64,
-}
-
-/// A lease being taken, until its record is journaled (then the record counts).
-#[derive(Debug, Clone)]
-pub(super) struct Taking {
-    pub(super) principal: String,
-    pub(super) page_size: PageSize,
-    pub(super) size: u64,
-    pub(super) descriptors: u64,
 }
 
 /// The descriptors a request makes the daemon hold: a pidfd for `pid`, a ring for `pin`.
