@@ -14,9 +14,8 @@ use std::ops::{ControlFlow, Range};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 pub use super::clear_config::{ClearBenchConfig, PolicyChoice, CHUNK_SIZES, MIN_REPS};
+pub use super::clear_results::{ClearBenchReport, KernelResult, MethodResult, PurposeResult};
 use super::Summary;
 use crate::clear::{ClearError, ClearPlan, ClearPurpose, Clearer, Method};
 use crate::hugetlb::lock::HugepageLock;
@@ -81,38 +80,6 @@ pub enum ClearBenchError {
     },
 }
 
-/// One method at one chunk size and thread count.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct MethodResult {
-    /// The method.
-    pub method: Method,
-    /// Bytes per kernel call.
-    pub chunk_bytes: usize,
-    /// Worker threads.
-    pub threads: usize,
-    /// Throughput over the repetitions, GB/s.
-    pub gbps: Summary,
-    /// Each repetition's GB/s, in order: repetition `i` of every method in a cell ran in
-    /// the same interleaved round, so they can be compared in pairs.
-    #[serde(default)]
-    pub samples_gbps: Vec<f64>,
-}
-
-/// The plan in use, for one [`ClearPurpose`], at one chunk size and thread count.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PurposeResult {
-    /// Scrub (always streams) or use-soon (cached below `nt_min_extent`).
-    pub purpose: ClearPurpose,
-    /// The method the plan used for chunks of this size.
-    pub method_used: Method,
-    /// Bytes per kernel call.
-    pub chunk_bytes: usize,
-    /// Worker threads.
-    pub threads: usize,
-    /// Throughput over the repetitions, GB/s.
-    pub gbps: Summary,
-}
-
 /// What one timed clearer is.
 #[derive(Debug, Clone, Copy)]
 enum Timed {
@@ -127,42 +94,6 @@ impl std::fmt::Display for Timed {
             Timed::Purpose(p) => write!(f, "in use ({p})"),
         }
     }
-}
-
-/// The kernel's fault-path zeroing of fresh hugetlbfs pages at one thread count.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct KernelResult {
-    /// The page size faulted.
-    pub page_size: PageSize,
-    /// Worker threads, each faulting a disjoint range of one memfd.
-    pub threads: usize,
-    /// Throughput over the repetitions, GB/s.
-    pub gbps: Summary,
-}
-
-/// Everything one run measured; serialises to the `--json` object.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ClearBenchReport {
-    /// The policy's choice, when given.
-    pub policy: Option<PolicyChoice>,
-    /// Bytes cleared per repetition.
-    pub buffer_bytes: usize,
-    /// Whether the cleared buffer was backed by 2 MiB hugepages.
-    pub hugepage_backed: bool,
-    /// Timed repetitions per measurement (after one warm-up).
-    pub reps: usize,
-    /// The CPUs workers were pinned to, in order (n threads use the first n).
-    pub cpus: Vec<usize>,
-    /// Every method x chunk size x thread count measured.
-    pub results: Vec<MethodResult>,
-    /// The plan in use for each purpose x chunk size x thread count (when a policy was given).
-    pub purposes: Vec<PurposeResult>,
-    /// The kernel fault-in baselines.
-    pub kernel: Vec<KernelResult>,
-    /// The restated goals per thread count (see [`super::clear_goals`]).
-    pub goals: Vec<super::clear_goals::ThreadGoals>,
-    /// What was skipped and why.
-    pub notes: Vec<String>,
 }
 
 /// Progress of a run, for a progress bar.

@@ -3,46 +3,13 @@
 //! every thread count; (c) the ratio to the kernel's fault-in of fresh 2M pages at every thread
 //! count. Reported, never asserted.
 
-use serde::Serialize;
-
-use super::clear::ClearBenchReport;
 use super::clear_report::POLICY_CHECK_MIN_CHUNK;
+use super::clear_results::ClearBenchReport;
+pub use super::clear_results::ThreadGoals;
 use crate::page_size::PageSize;
 
 /// The in-use method's tolerance against the best method measured: 10%.
 pub const GOAL_TOLERANCE: f64 = 0.10;
-
-/// The goals at one thread count.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ThreadGoals {
-    /// Worker threads.
-    pub threads: usize,
-    /// Cells (chunk sizes >= 2 MiB) where the method in use was measured.
-    pub cells: usize,
-    /// Cells where it is within 10% of the best method.
-    pub cells_within_10pct: usize,
-    /// Its lowest fraction of the best method over those cells (paired repetitions where
-    /// kept, see [`super::clear_report::PolicyVerdict::fraction`]).
-    pub worst_fraction_of_best: f64,
-    /// The chunk size of that cell.
-    pub worst_chunk_bytes: usize,
-    /// (a) met: every cell within 10%.
-    pub within_10pct_everywhere: bool,
-    /// The kernel's fault-in of fresh 2M pages, GB/s median.
-    pub kernel_2m_gbps: Option<f64>,
-    /// The method in use, median over the chunk sizes >= 2 MiB of its medians, GB/s.
-    pub in_use_gbps: f64,
-    /// The best method's highest median at chunks >= 2 MiB, GB/s.
-    pub best_gbps: f64,
-    /// (c) `in_use_gbps / kernel_2m_gbps`.
-    pub in_use_to_kernel: Option<f64>,
-    /// `best_gbps / kernel_2m_gbps`.
-    pub best_to_kernel: Option<f64>,
-    /// How far apart two timings of the same code were in this run: the method in use timed
-    /// raw and as the scrub plan (which streams with the same method at every chunk size),
-    /// the median over the cells of |a - b| / max(a, b). A shortfall smaller than this is noise.
-    pub noise: Option<f64>,
-}
 
 impl ClearBenchReport {
     /// The goals per thread count; empty without a policy.

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::clear::{ClearBenchReport, KernelResult, MethodResult};
+use super::clear_results::{ClearBenchReport, KernelResult, MethodResult};
 use super::svg::{LineChart, ReferenceLine, Series};
 use crate::clear::{ClearPurpose, Method};
 use crate::page_size::PageSize;

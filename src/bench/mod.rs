@@ -6,6 +6,7 @@ pub mod clear;
 pub mod clear_config;
 pub mod clear_goals;
 pub mod clear_report;
+pub mod clear_results;
 pub mod daemon;
 pub mod flood;
 pub mod held;
