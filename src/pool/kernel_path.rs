@@ -120,9 +120,22 @@ impl Pool {
             }
         };
         let held = pins.pages;
-        // Nothing else reaches the file (no open file, no mapping: nothing can pin another
-        // page of it meanwhile) and every pinned page is known: the others go back now.
-        if let (false, Some(at)) = (pins.reachable, &pins.at) {
+        // Something else still reaches the file (an open file, a mapping): kept, every page
+        // of it would stay with that holder, who could fault it back in or pin more, and on
+        // the hook's leases (an admin's, without limits) nobody would pay for them. The
+        // truncate takes back all but the pinned pages, as the kernel's path always did;
+        // those stay charged to nobody (docs/security.md, "Gaps still open").
+        if pins.reachable {
+            tracing::warn!(
+                id = rec.id,
+                held_pages = held,
+                "pages of a released file are pinned and the file is still reached (an open file, a mapping): truncated, the pinned pages stay with their holder uncharged"
+            );
+            return false;
+        }
+        // Nothing else reaches the file (nothing can pin another page of it meanwhile) and
+        // every pinned page is known: the others go back now.
+        if let Some(at) = &pins.at {
             if let Err(err) = punch_all_but(&file, at, rec.page_size.bytes()) {
                 tracing::warn!(id = rec.id, %err, "cannot give back the pages of a released file that nobody pins: it is kept whole");
             }
