@@ -24,56 +24,11 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use daemon_util::users::curl_json_as as curl_as;
 use daemon_util::{Env, MIB};
 
 const A: u32 = 65534;
 const B: u32 = 65533;
-
-fn kvm_gid() -> u32 {
-    nix::unistd::Group::from_name("kvm")
-        .unwrap()
-        .expect("group kvm (qemu-system-x86 makes it)")
-        .gid
-        .as_raw()
-}
-
-/// `curl` on the daemon's socket as `uid` in group `kvm` only: (status, JSON body).
-fn curl_as(uid: u32, env: &Env, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    let out = Command::new("setpriv")
-        .args([
-            &format!("--reuid={uid}"),
-            &format!("--regid={}", kvm_gid()),
-            "--clear-groups",
-            "--",
-            "curl",
-            "-s",
-            "--max-time",
-            "60",
-            "-o",
-            "-",
-            "-w",
-            "\n%{http_code}",
-            "-X",
-            method,
-            "--unix-socket",
-        ])
-        .arg(&env.socket)
-        .args(["-H", "Content-Type: application/json"])
-        .args(if body.is_empty() {
-            vec![]
-        } else {
-            vec!["-d", body]
-        })
-        .arg(format!("http://localhost{path}"))
-        .output()
-        .expect("setpriv and curl");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (
-        code.trim().parse().unwrap_or(0),
-        serde_json::from_str(body).unwrap_or(serde_json::Value::String(body.to_string())),
-    )
-}
 
 fn lease_as(uid: u32, env: &Env, body: &str) -> (u16, serde_json::Value) {
     curl_as(uid, env, "POST", "/v1/leases", body)
