@@ -133,13 +133,17 @@ impl AsideQueue {
         self.files
             .values()
             .filter(|a| a.principal.as_deref() == principal)
-            .map(|a| a.bytes)
-            .sum()
+            .fold(0u64, |sum, a| sum.saturating_add(a.bytes))
     }
 
     /// Files and bytes waiting aside in all.
     pub(crate) fn totals(&self) -> (usize, u64) {
-        (self.files.len(), self.files.values().map(|a| a.bytes).sum())
+        (
+            self.files.len(),
+            self.files
+                .values()
+                .fold(0u64, |sum, a| sum.saturating_add(a.bytes)),
+        )
     }
 }
 

@@ -97,7 +97,8 @@ impl Kept {
             .filter(|f| f.principal.as_deref() == Some(principal))
         {
             files += 1;
-            *bytes.entry(f.page_size).or_default() += f.bytes;
+            let sum: &mut u64 = bytes.entry(f.page_size).or_default();
+            *sum = sum.saturating_add(f.bytes);
         }
         (files, bytes)
     }
@@ -105,7 +106,12 @@ impl Kept {
     /// Files and bytes kept in all.
     pub(super) fn totals(&self) -> (usize, u64) {
         let files = self.lock();
-        (files.len(), files.iter().map(|f| f.bytes).sum())
+        (
+            files.len(),
+            files
+                .iter()
+                .fold(0u64, |sum, f| sum.saturating_add(f.bytes)),
+        )
     }
 
     /// Takes kept file `path` out of the list (`None`: another turn took it).
@@ -184,7 +190,15 @@ impl Pool {
         pinned: bool,
     ) -> bool {
         let kept = path.with_file_name(kept_name(rec.id, rec.node, principal.as_deref()));
-        if let Err(err) = fs::rename(path, &kept) {
+        // Never over another kept file: a name that clashed (ids come from the clock, which
+        // may step back across a restart) would lose that file's charge.
+        if let Err(err) = rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::CWD,
+            &kept,
+            rustix::fs::RenameFlags::NOREPLACE,
+        ) {
             tracing::warn!(id = rec.id, %err, "cannot keep a released file that another process holds a lease on");
             return false;
         }

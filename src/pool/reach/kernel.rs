@@ -331,9 +331,12 @@ impl Reach {
         let at = (r.pinned_folios as usize <= crate::sys::reach_bpf::PINNED_AT
             && base_page_index())
         .then(|| {
+            // The index counts the kernel's base pages: 4 KiB on x86, 16 or 64 KiB on some
+            // arm64 and ppc64 kernels.
+            let base = rustix::param::page_size() as u64;
             r.pinned_at[..r.pinned_folios as usize]
                 .iter()
-                .map(|&i| i.saturating_mul(4096))
+                .map(|&i| i.saturating_mul(base))
                 .collect()
         });
         Ok(Some(Pins {
