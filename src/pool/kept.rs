@@ -76,6 +76,36 @@ struct KeptFile {
     proven: Instant,
 }
 
+impl KeptFile {
+    /// What the file takes from the host now, read with one `statat` of its name (through
+    /// the pool directory's handle), not the figure taken when it was kept: a file kept for
+    /// a read lease may still be mapped by that lease's holder, who can fault pages in up to
+    /// its length (a length it may have grown before the release), so it counts by its
+    /// length rounded up to whole pages or its pages, whichever is larger. A file kept for
+    /// pins is reached by nothing else (the rule it was kept by) and had its unpinned pages
+    /// punched out: it counts by its pages. The figure taken when it was kept when the name
+    /// cannot be read.
+    fn charge(&self) -> u64 {
+        let Ok(st) = rustix::fs::statat(
+            rustix::fs::CWD,
+            &self.path,
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        ) else {
+            return self.bytes;
+        };
+        let pages = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+        if self.pinned {
+            return pages;
+        }
+        let page = self.page_size.bytes();
+        let length = u64::try_from(st.st_size)
+            .unwrap_or(0)
+            .div_ceil(page)
+            .saturating_mul(page);
+        pages.max(length)
+    }
+}
+
 /// The kept files.
 #[derive(Debug, Default)]
 pub(super) struct Kept {
@@ -98,7 +128,7 @@ impl Kept {
         {
             files += 1;
             let sum: &mut u64 = bytes.entry(f.page_size).or_default();
-            *sum = sum.saturating_add(f.bytes);
+            *sum = sum.saturating_add(f.charge());
         }
         (files, bytes)
     }
@@ -110,7 +140,7 @@ impl Kept {
             files.len(),
             files
                 .iter()
-                .fold(0u64, |sum, f| sum.saturating_add(f.bytes)),
+                .fold(0u64, |sum, f| sum.saturating_add(f.charge())),
         )
     }
 
@@ -269,16 +299,37 @@ impl Pool {
     }
 
     /// Whether kept file `path` (open for writing: `file`) must stay untruncated: pages of
-    /// it are pinned (`Ok`: so many), or, once it was found pinned, anything but the keeper
-    /// still reaches it (a mapping or an open file could pin again between this look and
-    /// the truncate), or its counts cannot be read (`Err`). `None`: truncate it (also
-    /// without kernel counts, where pins cannot be seen).
+    /// it are pinned and nothing but the keeper reaches it (`Ok`: so many pages;
+    /// [`keep_file`](super::reach::kernel::Pins::keep_file), the rule the release applied), or its counts cannot be read
+    /// (`Err`). `None`: truncate it, also when something else still reaches it (a read
+    /// lease's holder that kept its descriptor, a mapping) whether pinned or not, and
+    /// without kernel counts, where pins cannot be seen. A file that turns out pinned here
+    /// for the first time (it was kept for a read lease) has its unpinned pages punched out,
+    /// as the release does.
     fn still_held(&self, path: &Path, file: &fs::File) -> Option<Result<u64, String>> {
-        let was_pinned = self.kept.lock().iter().any(|f| f.path == path && f.pinned);
+        let (was_pinned, page_size, id) = {
+            let files = self.kept.lock();
+            let f = files.iter().find(|f| f.path == path)?;
+            (f.pinned, f.page_size, f.id)
+        };
         match self.reach.pinned_pages(file) {
+            Ok(Some(p)) if p.keep_file() => {
+                if !was_pinned {
+                    super::kernel_path::punch_unpinned(file, &p, page_size, id);
+                }
+                Some(Ok(p.pages))
+            }
+            Ok(Some(p)) => {
+                if p.pages > 0 {
+                    tracing::warn!(
+                        id,
+                        held_pages = p.pages,
+                        "pages of a kept released file are pinned and the file is still reached (an open file, a mapping): truncated, the pinned pages stay with their holder uncharged"
+                    );
+                }
+                None
+            }
             Ok(None) => None,
-            Ok(Some(p)) if p.pages > 0 || (was_pinned && p.reachable) => Some(Ok(p.pages)),
-            Ok(Some(_)) => None,
             Err(e) => Some(Err(e)),
         }
     }

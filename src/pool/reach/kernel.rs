@@ -365,6 +365,19 @@ pub struct Pins {
     pub at: Option<Vec<u64>>,
 }
 
+impl Pins {
+    /// Whether a released file with these counts is kept untruncated, charged to its
+    /// lessee (see `pool::kept`): only while pages of it are pinned and nothing else reaches
+    /// it. A file something else still reaches (an open file, a mapping) is truncated
+    /// whether pinned or not: kept, every page would stay with that holder, who could fault
+    /// more in up to its length or pin them, for as long as it likes; truncated, only the
+    /// pages already pinned stay with it (docs/security.md, "Gaps still open"). The one rule
+    /// for the release and for every later look of the keeper.
+    pub fn keep_file(&self) -> bool {
+        self.pages > 0 && !self.reachable
+    }
+}
+
 /// Whether this kernel indexes hugetlb's page cache in base pages (6.7 and later).
 fn base_page_index() -> bool {
     let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else {
