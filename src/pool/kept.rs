@@ -45,9 +45,10 @@ use super::{FileRecord, PageSize, Pool};
 /// How often the keeper opens the kept files again.
 pub const KEEP_TURN: Duration = Duration::from_millis(250);
 
-/// How many pinned kept files the keeper reads the counts of in one turn: each read is a
-/// run of the probe over the file's pages, so a tenant that pins many files makes its own
-/// wait longer (its `leases` and `leased_bytes` bound how many), not the daemon's work.
+/// How many pinned kept files the keeper reads the counts of in one turn (by turns of
+/// principals): each read is a run of the probe over the file's pages, so a tenant that pins
+/// many files makes its own wait longer (its `leases` and `leased_bytes` bound how many), not
+/// the daemon's work or another principal's wait.
 pub const PROOFS_PER_TURN: usize = 8;
 
 /// The prefix of a kept file's name in the pool directory (pool files are `p<id>`; recovery
@@ -196,6 +197,26 @@ pub(super) fn parse_kept_name(name: &str) -> Option<(u64, u32, Option<String>)> 
     Some((id, node, principal))
 }
 
+/// The pinned files whose counts the keeper reads this turn, at most `n`, by turns of
+/// principals: each principal's longest unread file, then each one's second, and so on, the
+/// longest unread first within a round. A tenant that pins many files lengthens its own
+/// wait, not another principal's.
+fn proof_turns(files: &[KeptFile], n: usize) -> Vec<usize> {
+    let mut pinned: Vec<usize> = (0..files.len()).filter(|&i| files[i].pinned).collect();
+    pinned.sort_by_key(|&i| files[i].proven);
+    let mut rounds: BTreeMap<Option<&str>, usize> = BTreeMap::new();
+    let mut ranked: Vec<(usize, Instant, usize)> = pinned
+        .into_iter()
+        .map(|i| {
+            let round = rounds.entry(files[i].principal.as_deref()).or_default();
+            *round += 1;
+            (*round, files[i].proven, i)
+        })
+        .collect();
+    ranked.sort_unstable();
+    ranked.into_iter().take(n).map(|(_, _, i)| i).collect()
+}
+
 /// Opens a kept file for writing without waiting for a lease to be given up.
 fn open_for_truncate(path: &Path) -> io::Result<fs::File> {
     fs::OpenOptions::new()
@@ -269,12 +290,9 @@ impl Pool {
                 .map(|f| f.path.clone())
                 .collect();
             if principal.is_none() {
-                let mut pinned: Vec<&mut KeptFile> =
-                    files.iter_mut().filter(|f| f.pinned).collect();
-                pinned.sort_by_key(|f| f.proven);
-                for f in pinned.into_iter().take(PROOFS_PER_TURN) {
-                    f.proven = now;
-                    tries.push(f.path.clone());
+                for i in proof_turns(&files, PROOFS_PER_TURN) {
+                    files[i].proven = now;
+                    tries.push(files[i].path.clone());
                 }
             }
             tries
@@ -456,6 +474,40 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pinned(principal: &str, proven: Instant) -> KeptFile {
+        KeptFile {
+            path: PathBuf::from(format!("kept-{principal}")),
+            principal: Some(principal.into()),
+            page_size: PageSize::Size2M,
+            node: 0,
+            bytes: 0,
+            id: 0,
+            lease: 0,
+            since: proven,
+            pinned: true,
+            proven,
+        }
+    }
+
+    #[test]
+    fn the_keeper_proves_pinned_files_by_turns_of_principals() {
+        let t = Instant::now();
+        // A tenant's 20 files, all unread for longer than the honest one's.
+        let mut files: Vec<KeptFile> = (0..20)
+            .map(|i| pinned("uid:65534", t + Duration::from_millis(i)))
+            .collect();
+        files.push(pinned("uid:65533", t + Duration::from_secs(1)));
+        let mut unpinned = pinned("uid:65533", t);
+        unpinned.pinned = false;
+        files.push(unpinned);
+        let turn = proof_turns(&files, PROOFS_PER_TURN);
+        assert_eq!(turn.len(), PROOFS_PER_TURN);
+        // The honest one's file is read in the first round, second after the tenant's oldest.
+        assert_eq!(turn[..2], [0, 20]);
+        // Then the tenant's, longest unread first; never an unpinned file.
+        assert_eq!(turn[2..], [1, 2, 3, 4, 5, 6]);
+    }
 
     #[test]
     fn a_kept_name_holds_its_id_node_and_principal() {
