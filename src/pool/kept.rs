@@ -19,9 +19,9 @@
 //! [`super::reach::Reach::pinned_pages`]) is kept the same way, untruncated: a truncate would
 //! take those pages out of the file and leave them with their holder, charged to nobody and
 //! out of every count the daemon reads. The keeper reads the file's counts again, at most
-//! [`PROOFS_PER_TURN`] pinned files a turn (by turns of principals, the longest unread first), and truncates and
-//! unlinks it once no page is pinned and nothing but the keeper reaches it (a mapping or an
-//! open file could pin again). It is never recycled into the pool. The pages nobody pins
+//! [`PROOFS_PER_TURN`] pinned files a turn (by turns of principals, the longest unread
+//! first), and truncates and unlinks it once no page is pinned and nothing but the keeper
+//! reaches it (a mapping or an open file could pin again). It is never recycled into the pool. The pages nobody pins
 //! are punched out when it is kept (`kernel_path`). With the walk (no kernel counts) the
 //! daemon cannot see pins: such files are truncated as before.
 //!
