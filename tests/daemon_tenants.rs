@@ -109,9 +109,16 @@ fn over_a_limit_is_429_naming_it_changes_nothing_and_holds_across_a_restart() {
     let (code, body) = lease_as(B, &env, r#"{"name":"b1","size":"2M"}"#);
     assert_eq!(code, 201, "{body}");
 
-    // Across a restart the journal's leases count again.
+    // Across a restart the journal's leases count again. A tenant directory named in the
+    // scheme before the keyed one (a principal's name in hex) and left empty goes at the
+    // start; the directories that hold lease paths stay.
     d.stop();
+    let old = env.lease_dir().join(".p-746f6b656e3a6e6f7661");
+    std::fs::create_dir(&old).unwrap();
     let d = env.spawn(&["--socket-group", "kvm", "--config", &cfg]);
+    assert!(!old.exists(), "{}", env.log());
+    assert!(env.lease_dir().join(format!(".uid-{A}")).is_dir());
+    assert!(env.lease_dir().join(format!(".uid-{B}")).is_dir());
     let (code, body) = lease_as(A, &env, r#"{"name":"a3","size":"2M"}"#);
     assert_eq!(
         (code, &body["limit"]["name"]),
