@@ -202,7 +202,9 @@ impl Pool {
             // A file its lessee cut to nothing has no page to recycle: waiting for its
             // holder gains nothing, and the kernel's path costs nothing more.
             Proved::Held(reason) if file.size() > 0 => {
-                if self.set_aside(id, released.as_ref(), file.size(), &reason) {
+                // Counted against `held_bytes` by what it holds, pages allocated past its
+                // end included, not by its length.
+                if self.set_aside(id, released.as_ref(), file.extent(), &reason) {
                     return;
                 }
                 Some(reason)
