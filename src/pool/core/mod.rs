@@ -23,6 +23,7 @@
 //! See `docs/architecture.md` for where each transition is driven.
 
 pub(crate) mod choice;
+pub mod forecast;
 mod invariants;
 mod order;
 pub mod recovery;
