@@ -400,7 +400,7 @@ fn hull(sorted: &[(u64, f64)]) -> Vec<(u64, f64)> {
     let mut warm = 0.0;
     for (i, &(demand, weight)) in sorted.iter().enumerate() {
         warm += weight;
-        let last_of_value = sorted.get(i + 1).is_none_or(|&(d, _)| d != demand);
+        let last_of_value = sorted.get(i + 1).map_or(true, |&(d, _)| d != demand);
         if last_of_value {
             points.push((demand, warm));
         }
