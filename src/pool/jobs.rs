@@ -9,7 +9,6 @@ use super::aside::Verdict;
 use super::core::{Action, Released};
 use super::counters::ReleaseFailure;
 use super::reach::Unproven;
-use super::worker::REFILL_BACKOFF;
 use super::{fault, holes, FileRecord, Pool};
 use crate::background::Yield;
 use crate::hugetlb::BackingFile;
@@ -364,7 +363,7 @@ impl Pool {
             tracing::error!(%err, "cannot journal a refill");
             let mut st = self.lock();
             st.end_faulting(id);
-            st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
+            st.schedule.refill_failed(Instant::now());
             if let Err(err) = st.core.forget_unjournaled(id) {
                 tracing::error!(%err, "pool core refused to forget a refill");
             }
@@ -401,7 +400,7 @@ impl Pool {
             },
             Err(err) => {
                 tracing::warn!(%err, size = rec.size, "refill failed; retrying later");
-                st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
+                st.schedule.refill_failed(Instant::now());
             }
         }
         match st.core.fill_failed(id) {

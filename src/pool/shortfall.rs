@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::{kernel, reserve, Pool, PoolMount, State};
+use super::{kernel, reserve, Pool, State};
 use crate::page_size::PageSize;
 use crate::units::format_bytes;
 
@@ -91,10 +91,6 @@ impl Refusals {
     }
 }
 
-/// How long the worker waits before raising a kernel pool again after the kernel or a limit
-/// gave fewer pages than the target needs (each try may compact memory).
-const RESERVE_BACKOFF: Duration = Duration::from_secs(30);
-
 /// What a raise for a lease did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Raised {
@@ -106,47 +102,6 @@ pub(super) struct Raised {
 }
 
 impl Pool {
-    /// A kind's target lacks `deficit` bytes and the kernel cannot supply the next file of
-    /// `size`: the pages to raise the node's pool by, or else `None` with the reason logged
-    /// and shown (or a back-off still running).
-    pub(super) fn shortfall(
-        &self,
-        st: &mut State,
-        node: u32,
-        ps: PageSize,
-        mount: &PoolMount,
-        deficit: u64,
-        size: u64,
-    ) -> Option<u64> {
-        let page = ps.bytes();
-        if let Some(free) = kernel::mount_free_pages(&mount.root) {
-            if free * page < size {
-                let reason = format!(
-                    "mount {} is full: its size limit leaves {} free (remount it larger)",
-                    mount.root.display(),
-                    format_bytes(free * page)
-                );
-                self.explain(st, node, ps, Some(reason));
-                return None;
-            }
-        }
-        let free = crate::hugetlb::pool::available(Some(node), ps).unwrap_or(0);
-        let short = deficit.div_ceil(page).saturating_sub(free).max(1);
-        if !self.policy().reserve.enabled {
-            let reason = reserve::Limit::Disabled.explain(node, ps, short);
-            self.explain(st, node, ps, Some(reason));
-            return None;
-        }
-        if st
-            .reserve_backoff
-            .get(&(node, ps))
-            .is_some_and(|t| Instant::now() < *t)
-        {
-            return None;
-        }
-        Some(short)
-    }
-
     /// Raises `node`'s pool by up to `short` pages, as far as the policy's limit, the node's
     /// memory and the kernel allow; whatever is still missing is explained.
     pub(super) fn reserve_job(&self, node: u32, ps: PageSize, short: u64) {
@@ -201,8 +156,7 @@ impl Pool {
             )),
         };
         if reason.is_some() {
-            st.reserve_backoff
-                .insert((node, ps), Instant::now() + RESERVE_BACKOFF);
+            st.schedule.reserve_short((node, ps), Instant::now());
             self.explain(&mut st, node, ps, reason);
         }
     }
@@ -345,7 +299,7 @@ impl Pool {
                 if st.reasons.remove(&key).is_some() {
                     tracing::info!(node, page_size = %ps, "warm target met");
                 }
-                st.reserve_backoff.remove(&key);
+                st.schedule.target_met(key);
             }
         }
     }

@@ -23,9 +23,11 @@
 //! See `docs/architecture.md` for where each transition is driven.
 
 pub(crate) mod choice;
+pub(crate) mod decide;
 mod invariants;
 mod order;
 pub mod recovery;
+pub(crate) mod reshape;
 mod transitions;
 
 #[cfg(test)]
