@@ -17,9 +17,12 @@
 //!   files at the same sizes, lease paths belong to kept leases, and no warm file holds a
 //!   lessee's bytes.
 //!
+//! The worker's jobs are the core's own decisions (`decide`), at a simulated time, on
+//! policies, demand histories, start gates and kernel supplies drawn from the seed.
+//!
 //! What it does not check: the proof itself (`reach`, tested against the kernel by
-//! `tests/lessee_isolation.rs`), sizes the kernel cannot supply, and timing (the worker's
-//! grace and gate): those decide *which* transition comes next, never whether it is allowed.
+//! `tests/lessee_isolation.rs`), and sizes the kernel cannot supply: those decide *which*
+//! transition comes next, never whether it is allowed.
 //!
 //! A failing seed prints the one command that replays it:
 //! `HUGEPREP_SIM_SEED=<seed> cargo test --lib pool::core::sim -- --nocapture`.
@@ -28,13 +31,17 @@
 mod ops;
 mod restart;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
+use super::decide::{Figures, Inputs, Job, Kind, Schedule, View};
 use super::recovery::Step;
 use super::{Action, Core, Phase};
 use crate::page_size::PageSize;
-use crate::policy::pool::Recycle;
+use crate::policy::pool::{PoolPolicy, Recycle, Shape};
+use crate::pool::aside::AsideQueue;
 use crate::pool::record::{file_key, FileRecord, FileState, LeaseRecord, LeaseSource};
+use crate::pool::shape::{Demand, History};
 
 /// Seeds the suite runs (a failing one prints how to replay it alone).
 pub const SEEDS: u64 = 3000;
@@ -42,6 +49,26 @@ pub const SEEDS: u64 = 3000;
 const STEPS: usize = 250;
 const PS: PageSize = PageSize::Size2M;
 const PAGE: u64 = 2 << 20;
+
+/// The lessee grace the simulated leases start.
+const GRACE: Duration = Duration::from_millis(500);
+
+/// A kernel with `free` bytes for any kind, no mount limit and no free pool pages.
+struct SimKernel {
+    free: u64,
+}
+
+impl Figures for SimKernel {
+    fn free_bytes(&mut self, _: Kind) -> u64 {
+        self.free
+    }
+    fn mount_free_pages(&mut self, _: PageSize) -> Option<u64> {
+        None
+    }
+    fn pool_free_pages(&mut self, _: Kind) -> u64 {
+        0
+    }
+}
 
 /// splitmix64: one seed, one stream, the same on every machine.
 #[derive(Debug, Clone)]
@@ -176,6 +203,11 @@ pub struct Sim {
     error_rate: u64,
     crash_rate: u64,
     names: u64,
+    /// The worker's decisions' memory (grace, backoffs), and the simulation's time.
+    schedule: Schedule,
+    clock: Instant,
+    /// The policy the drawn ones start from.
+    policy: PoolPolicy,
     /// Crashes and clean restarts survived, files scrubbed in place, leases handed out.
     pub stats: Stats,
 }
@@ -275,6 +307,10 @@ impl Sim {
             error_rate,
             crash_rate,
             names: 0,
+            schedule: Schedule::default(),
+            // Only differences from it matter: the simulation never reads the clock again.
+            clock: Instant::now(),
+            policy: PoolPolicy::embedded(),
             stats: Stats::default(),
         }
     }
@@ -412,65 +448,87 @@ impl Sim {
         self.ops.push(op);
     }
 
-    /// The worker's choice, as `worker::next_job` makes it (minus sizes and timing).
+    /// The worker's choice: the core's own decision ([`Schedule::decide`]), at the
+    /// simulation's time, on a policy, a demand history, a start gate and a kernel drawn
+    /// from the seed.
     fn worker_job(&mut self) -> Option<Op> {
-        let idle = |p: Phase| {
-            let ids: Vec<u64> = self
-                .core
-                .files()
-                .filter(|e| e.phase() == Some(p))
-                .map(|e| e.rec().id)
-                .collect();
-            ids
+        self.clock += Duration::from_millis(self.rng.below(400));
+        let policy = self.draw_policy();
+        let demand = self.draw_demand();
+        let (urgent, starting) = (self.rng.chance(100), self.rng.chance(200));
+        let mut kernel = SimKernel {
+            free: if self.rng.chance(150) { 0 } else { 1 << 40 },
         };
-        let dirty = idle(Phase::Dirty);
-        let warm = idle(Phase::Warm);
-        match self.rng.below(4) {
-            0 if !dirty.is_empty() => {
-                let id = dirty[0];
-                let rec = self.core.get(id)?.rec().clone();
-                let size = if rec.size > PAGE && self.rng.chance(200) {
-                    rec.size - PAGE
-                } else {
-                    rec.size
-                };
-                let journal = self.core.begin_scrub(id, size).ok()?;
-                Some(Op::Scrub {
-                    id,
-                    journal: Some(journal),
-                    at: 0,
-                })
-            }
-            1 if !dirty.is_empty() || !warm.is_empty() => {
-                let id = *dirty.first().or(warm.first())?;
-                let remove = self.core.begin_delete(id).ok()?;
-                Some(Op::Delete { id, remove })
-            }
-            2 if !warm.is_empty() => {
-                let id = warm[0];
-                let size = self.core.get(id)?.rec().size;
-                if size <= PAGE {
-                    return None;
-                }
-                let journal = self.core.begin_cut(id, size - PAGE).ok()?;
-                Some(Op::Cut {
-                    id,
-                    size: size - PAGE,
-                    journal,
-                    cut: false,
-                })
-            }
-            _ if warm.len() < 4 => {
-                let size = (1 + self.rng.below(3)) * PAGE;
-                let (id, journal) = self.core.new_fill(0, PS, size);
+        let (aside, drained) = (AsideQueue::default(), BTreeSet::new());
+        let view = View {
+            core: &self.core,
+            aside: &aside,
+            drained: &drained,
+            demand: &demand,
+        };
+        let inputs = Inputs {
+            now: self.clock,
+            policy: &policy,
+            kinds: &[(0, PS)],
+            urgent,
+            starting,
+        };
+        match self.schedule.decide(&view, &inputs, &mut kernel).job? {
+            Job::Scrub { id, size } => Some(Op::Scrub {
+                id,
+                journal: Some(self.core.begin_scrub(id, size).ok()?),
+                at: 0,
+            }),
+            Job::Delete(id) => Some(Op::Delete {
+                id,
+                remove: self.core.begin_delete(id).ok()?,
+            }),
+            Job::Cut { id, size } => Some(Op::Cut {
+                id,
+                size,
+                journal: self.core.begin_cut(id, size).ok()?,
+                cut: false,
+            }),
+            Job::Fill { kind, size } => {
+                let (id, journal) = self.core.new_fill(kind.0, kind.1, size);
                 Some(Op::Fill {
                     id,
                     journal: Some(journal),
                     faulted: false,
                 })
             }
-            _ => None,
+            Job::Reserve { .. } => None,
         }
+    }
+
+    /// A policy drawn from the seed: a target of 0 to 6 pages in files of one to three
+    /// pages, the fixed or the demand shape.
+    fn draw_policy(&mut self) -> PoolPolicy {
+        let mut policy = self.policy.clone();
+        let sizes: Vec<u64> = (1..=3)
+            .filter(|_| self.rng.chance(500))
+            .map(|n| n * PAGE)
+            .collect();
+        policy.set_warm(PS, self.rng.below(7) * PAGE, sizes);
+        policy.shape = if self.rng.chance(500) {
+            Shape::Demand
+        } else {
+            Shape::Fixed
+        };
+        policy
+    }
+
+    /// A demand history drawn from the seed: none, or up to three leases of one to three
+    /// pages.
+    fn draw_demand(&mut self) -> BTreeMap<Kind, History> {
+        let n = self.rng.below(4);
+        let history: History = (0..n)
+            .map(|_| Demand {
+                size: (1 + self.rng.below(3)) * PAGE,
+                held: 1 + self.rng.below(2),
+            })
+            .collect();
+        BTreeMap::from([((0, PS), history)])
     }
 
     /// A drain: every idle file that is not leased is given back.
