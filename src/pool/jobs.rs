@@ -130,7 +130,8 @@ impl Pool {
         let limit = self.held_limit(principal);
         let mut st = self.lock();
         st.prune_aside();
-        let verdict = st.aside.held(id, principal, size, limit, Instant::now());
+        let now = Instant::now();
+        let verdict = st.aside.held(id, principal, size, limit, now);
         match verdict {
             Verdict::Wait(due) => {
                 if let Err(err) = st.core.held_aside(id, size) {
@@ -143,7 +144,7 @@ impl Pool {
                     id,
                     principal,
                     reason = reason.label(),
-                    retry_ms = due.saturating_duration_since(Instant::now()).as_millis() as u64,
+                    retry_ms = due.saturating_duration_since(now).as_millis() as u64,
                     "released file still held: waits aside"
                 );
                 true

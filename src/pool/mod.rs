@@ -17,7 +17,7 @@
 //! (and a clean shutdown waits for requests in flight), so the file is scrubbed, never
 //! handed out unproven. See `docs/pool.md`.
 
-mod aside;
+use self::core::aside;
 pub mod capacity;
 pub mod core;
 mod counters;

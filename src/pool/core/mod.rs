@@ -22,6 +22,7 @@
 //!
 //! See `docs/architecture.md` for where each transition is driven.
 
+pub(crate) mod aside;
 pub(crate) mod choice;
 pub(crate) mod decide;
 mod invariants;

@@ -4,10 +4,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::aside::AsideQueue;
 use super::{Core, Work};
 use crate::page_size::PageSize;
 use crate::policy::pool::{PoolPolicy, Shape};
-use crate::pool::aside::AsideQueue;
 use crate::pool::record::{FileRecord, FileState};
 use crate::pool::shape::{compare, wanted, Demand, History, Reshape};
 

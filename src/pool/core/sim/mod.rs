@@ -39,7 +39,7 @@ use super::recovery::Step;
 use super::{Action, Core, Phase};
 use crate::page_size::PageSize;
 use crate::policy::pool::{PoolPolicy, Recycle, Shape};
-use crate::pool::aside::AsideQueue;
+use crate::pool::core::aside::AsideQueue;
 use crate::pool::record::{file_key, FileRecord, FileState, LeaseRecord, LeaseSource};
 use crate::pool::shape::{Demand, History};
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::{rec, M2, PS};
 use crate::policy::pool::{PoolPolicy, Shape};
-use crate::pool::aside::AsideQueue;
+use crate::pool::core::aside::AsideQueue;
 use crate::pool::core::decide::{
     next_fixed_size, Decision, Figures, Inputs, Job, Kind, Note, Schedule, IDLE_POLL,
     REFILL_BACKOFF, RESERVE_BACKOFF, STARTING_POLL,
@@ -364,7 +364,8 @@ fn a_drained_kind_keeps_nothing() {
 fn a_file_aside_waits_for_its_due_time_and_sets_the_wake() {
     let (t0, mut s) = (Instant::now(), Schedule::default());
     let mut w = World::with(&[(1, 4 * M, FileState::Warm), (2, 4 * M, FileState::Dirty)]);
-    let crate::pool::aside::Verdict::Wait(due) = w.aside.held(2, None, 4 * M, None, t0) else {
+    let crate::pool::core::aside::Verdict::Wait(due) = w.aside.held(2, None, 4 * M, None, t0)
+    else {
         panic!("a first hold waits");
     };
     let policy = fixed(4 * M, &[4 * M]);
