@@ -182,19 +182,7 @@ impl Pool {
         if pages == 0 {
             return Raised::default();
         }
-        if !policy.reserve.enabled {
-            let why = reserve::Limit::Disabled.explain(node, ps, pages);
-            self.refusals.set_why(node, ps, Some(why));
-            return Raised::default();
-        }
-        // A mount's size limit that leaves less than the lease lacks: more kernel pages
-        // would not be usable.
-        if let Some(free) = kernel::mount_free_pages(mount).filter(|free| *free < pages) {
-            let why = format!(
-                "mount {} is full: its size limit leaves {} free (remount it larger)",
-                mount.display(),
-                format_bytes(free * ps.bytes())
-            );
+        if let Some(why) = ruled_out(&policy.reserve, node, ps, mount, pages) {
             self.refusals.set_why(node, ps, Some(why));
             return Raised::default();
         }
@@ -222,11 +210,8 @@ impl Pool {
         // Then, while the kernel falls short, compact the node's memory and ask again, within
         // a bounded time, before the lease is refused.
         let pull_in = reserve::pull_in_bytes(&policy.reserve, available);
-        let (added, compactions) = match self
-            .reservations
-            .raise_compacting(node, ps, asked, pull_in)
-        {
-            Ok(r) => (r.added, r.compactions),
+        match self.reservations.raise_compacting(node, ps, asked, pull_in) {
+            Ok(r) => self.raised_for_lease(node, ps, pages, &r),
             Err(err) => {
                 tracing::warn!(node, page_size = %ps, %err, "raising the kernel's hugepage pool for a lease failed");
                 self.refusals.set_why(
@@ -234,9 +219,15 @@ impl Pool {
                     ps,
                     Some(format!("raising the kernel's pool failed: {err}")),
                 );
-                return Raised::default();
+                Raised::default()
             }
-        };
+        }
+    }
+
+    /// The kernel added `r.added` of the `pages` a lease lacked: logged, and what it could
+    /// not add remembered as the reason should the lease be refused.
+    fn raised_for_lease(&self, node: u32, ps: PageSize, pages: u64, r: &reserve::Raise) -> Raised {
+        let (added, asked, compactions) = (r.added, r.asked, r.compactions);
         if added > 0 {
             tracing::info!(
                 node, page_size = %ps, added, asked = pages,
@@ -303,6 +294,27 @@ impl Pool {
             }
         }
     }
+}
+
+/// Why no raise may cover a lease's `pages`, before any is tried: the policy raises no
+/// pool, or the mount's size limit leaves less than the lease lacks (more kernel pages would
+/// not be usable).
+fn ruled_out(
+    reserve: &crate::policy::pool::ReservePolicy,
+    node: u32,
+    ps: PageSize,
+    mount: &std::path::Path,
+    pages: u64,
+) -> Option<String> {
+    if !reserve.enabled {
+        return Some(reserve::Limit::Disabled.explain(node, ps, pages));
+    }
+    let free = kernel::mount_free_pages(mount).filter(|free| *free < pages)?;
+    Some(format!(
+        "mount {} is full: its size limit leaves {} free (remount it larger)",
+        mount.display(),
+        format_bytes(free * ps.bytes())
+    ))
 }
 
 /// What to add to a gigantic-page shortfall's reason: what the pull-in got, and the remedy.

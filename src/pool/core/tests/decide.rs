@@ -426,3 +426,28 @@ fn under_the_demand_shape_a_warm_file_of_a_size_in_excess_is_cut_to_a_missing_on
     let d = decide(&mut s, &w, &policy, t0, QUIET, plenty());
     assert_eq!(d.job, Some(Job::Cut { id: 1, size: 4 * M }));
 }
+
+#[test]
+fn under_the_grace_a_released_file_is_still_scrubbed_while_a_wanted_one_lacks() {
+    let (t0, mut s) = (Instant::now(), Schedule::default());
+    let w = World::with(&[(2, 4 * M, FileState::Dirty)]);
+    s.grace_from(t0, GRACE);
+    // The pool lacks a wanted file: the scrub (it faults nothing) runs under the grace.
+    let d = decide(&mut s, &w, &fixed(4 * M, &[4 * M]), t0, QUIET, plenty());
+    assert_eq!(d.job, Some(Job::Scrub { id: 2, size: 4 * M }));
+    // Complete (the target is zero): the grace holds everything.
+    let d = decide(&mut s, &w, &fixed(0, &[4 * M]), t0, QUIET, plenty());
+    assert_eq!(d.job, None);
+    assert_eq!(d.wake, t0 + IDLE_POLL);
+}
+
+#[test]
+fn under_the_demand_shape_a_released_file_is_kept_cut_to_a_missing_size() {
+    let (t0, mut s) = (Instant::now(), Schedule::default());
+    let mut policy = fixed(4 * M, &[4 * M]);
+    policy.shape = Shape::Demand;
+    // Wanted: one 4M file; released: an 8M one: scrubbed at 4M (its tail given back).
+    let w = World::with(&[(2, 8 * M, FileState::Dirty)]);
+    let d = decide(&mut s, &w, &policy, t0, QUIET, plenty());
+    assert_eq!(d.job, Some(Job::Scrub { id: 2, size: 4 * M }));
+}
