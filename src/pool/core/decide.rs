@@ -137,7 +137,15 @@ pub(crate) struct Schedule {
     reserve_backoff: BTreeMap<Kind, Instant>,
     /// The fixed shape's next size in the mix.
     refill_turn: usize,
+    /// Released files taken one after the other while a trim or a refill was wanted (see
+    /// [`SHARE_EVERY`]).
+    dirty_run: u32,
 }
+
+/// After this many released files in a row, a wanted trim or refill goes first: a tenant's
+/// steady stream of releases cannot starve the refill (honest leases would be served cold)
+/// or the trim.
+pub const SHARE_EVERY: u32 = 4;
 
 impl Schedule {
     /// A lease was taken or released at `now`: the lessee grace runs for `grace` (zero:
@@ -239,24 +247,55 @@ impl Schedule {
         let held = !w.urgent && w.starting;
         // 1. Released files: fresh releases first, then files held aside whose next proof
         // is due; among each, fair between principals, then in release order.
+        // A file held aside past its bound goes first of all: it takes the kernel's path.
         let dirty = v
             .core
-            .next_dirty(|id| !v.aside.contains(id))
+            .next_dirty(|id| v.aside.past_bound(id, w.now))
+            .or_else(|| v.core.next_dirty(|id| !v.aside.contains(id)))
             .or_else(|| v.core.next_dirty(|id| !v.aside.waiting(id, w.now)))
             .and_then(|id| v.core.get(id));
+        let backoff = self.refill_backoff.is_some_and(|t| w.now < t);
+        let may_refill = !(held || (graced && !self.missed) || backoff);
         if let Some(e) = dirty.filter(|_| pressing || !held) {
-            return Some(dirty_job(v, w.policy, e.rec()));
+            return Some(self.dirty_or_turn(v, w, k, notes, e.rec(), may_refill));
         }
+        self.dirty_run = 0;
         // 2. Cut or give back warm files of sizes not in demand, or above target.
         if let Some(job) = trim_job(v, w) {
             return Some(job);
         }
         // 3. Below target: a new warm file of the next size in the mix that fits.
-        let backoff = self.refill_backoff.is_some_and(|t| w.now < t);
-        if held || (graced && !self.missed) || backoff {
+        if !may_refill {
             return None;
         }
         self.refill_job(v, w, k, notes)
+    }
+
+    /// The job for released file `rec`, or, once [`SHARE_EVERY`] released files went one
+    /// after the other, a wanted trim or refill first, also while the pool lacks a wanted
+    /// file (a tenant that leases every file scrubbed warm keeps it lacking).
+    fn dirty_or_turn(
+        &mut self,
+        v: &View,
+        w: &Inputs,
+        k: &mut dyn Figures,
+        notes: &mut Vec<(Kind, Note)>,
+        rec: &FileRecord,
+        may_refill: bool,
+    ) -> Job {
+        if self.dirty_run >= SHARE_EVERY {
+            let other = trim_job(v, w).or_else(|| {
+                may_refill
+                    .then(|| self.refill_job(v, w, k, notes))
+                    .flatten()
+            });
+            if let Some(job) = other {
+                self.dirty_run = 0;
+                return job;
+            }
+        }
+        self.dirty_run = self.dirty_run.saturating_add(1);
+        dirty_job(v, w.policy, rec)
     }
 
     /// Below target: a new file of the next size that fits, or a raise of the kernel's pool

@@ -451,3 +451,36 @@ fn under_the_demand_shape_a_released_file_is_kept_cut_to_a_missing_size() {
     let d = decide(&mut s, &w, &policy, t0, QUIET, plenty());
     assert_eq!(d.job, Some(Job::Scrub { id: 2, size: 4 * M }));
 }
+
+#[test]
+fn a_file_aside_past_its_bound_goes_before_fresh_releases() {
+    let (t0, mut s) = (Instant::now(), Schedule::default());
+    let mut w = World::with(&[(1, 4 * M, FileState::Dirty), (2, 4 * M, FileState::Dirty)]);
+    w.aside.held(1, Some("uid:65534"), 4 * M, None, t0);
+    let policy = fixed(16 * M, &[4 * M]);
+    let d = decide(&mut s, &w, &policy, t0, QUIET, plenty());
+    assert_eq!(
+        d.job,
+        Some(Job::Scrub { id: 2, size: 4 * M }),
+        "fresh first"
+    );
+    // A stream of fresh releases (file 2 stands for it) no longer holds file 1 past its
+    // bound: its proof, which sends it down the kernel's path, goes first.
+    let late = t0 + crate::pool::core::aside::BOUND;
+    let d = decide(&mut s, &w, &policy, late, QUIET, plenty());
+    assert_eq!(d.job, Some(Job::Scrub { id: 1, size: 4 * M }));
+}
+
+#[test]
+fn a_stream_of_releases_leaves_a_turn_to_the_refill() {
+    let (t0, mut s) = (Instant::now(), Schedule::default());
+    let w = World::with(&[(1, 4 * M, FileState::Dirty)]);
+    let policy = fixed(64 * M, &[4 * M]);
+    let scrub = Some(Job::Scrub { id: 1, size: 4 * M });
+    for _ in 0..crate::pool::core::decide::SHARE_EVERY {
+        assert_eq!(decide(&mut s, &w, &policy, t0, QUIET, plenty()).job, scrub);
+    }
+    let d = decide(&mut s, &w, &policy, t0, QUIET, plenty());
+    assert!(matches!(d.job, Some(Job::Fill { .. })), "{:?}", d.job);
+    assert_eq!(decide(&mut s, &w, &policy, t0, QUIET, plenty()).job, scrub);
+}
