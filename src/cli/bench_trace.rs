@@ -46,6 +46,9 @@ pub struct BenchTraceArgs {
     /// last week's Wednesday at 04:00).
     #[arg(long)]
     pub unseen_burst: bool,
+    /// With `--days`: weeks before the measured days in which the adaptive target learns.
+    #[arg(long, default_value_t = 3)]
+    pub learning_weeks: u32,
     /// With `--days`: write the plot of warm, leased and target bytes here (SVG).
     #[arg(long)]
     pub svg_out: Option<std::path::PathBuf>,
@@ -60,6 +63,12 @@ fn run_week(args: &BenchTraceArgs, days: u32) -> anyhow::Result<()> {
     if !(50.0..=100.0).contains(&args.goal) {
         anyhow::bail!("--goal: {} is not a percentage from 50 to 100", args.goal);
     }
+    if args.learning_weeks > 4 {
+        anyhow::bail!(
+            "--learning-weeks: {} is more than the 4 weeks the forecast keeps",
+            args.learning_weeks
+        );
+    }
     if !(1..=366).contains(&days) {
         anyhow::bail!("--days: {days} is not from 1 to 366");
     }
@@ -72,6 +81,7 @@ fn run_week(args: &BenchTraceArgs, days: u32) -> anyhow::Result<()> {
         },
         goal_rate: args.goal / 100.0,
         refill_rate: args.refill_rate as f64,
+        learning_weeks: args.learning_weeks,
     };
     let report = trace::week::run(&config);
     if let Some(path) = &args.svg_out {

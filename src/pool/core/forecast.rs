@@ -5,30 +5,36 @@
 //! the known demand and the host's figures; nothing here reads a clock or a file.
 //!
 //! # The model
-//! A start is warm when the pool holds its whole memory at that moment. The pool is full
-//! again one *horizon* after it gave memory out (the time its refill takes to make a typical
-//! start's memory warm, from the measured refill rate), so what decides a start is its
-//! *window demand*: the bytes started in the horizon before it, itself included. With a
-//! target of `w` bytes, a start whose window demand is at most `w` is warm.
+//! A start is warm when the pool holds its whole memory at that moment. Between starts the
+//! pool's refill makes memory warm again at its measured rate `R`, so what a start needs of
+//! a pool that was full is its *need*, a Lindley recursion over the starts: its own bytes,
+//! plus what the starts before it took that the refill has not made good since,
+//! `need_i = bytes_i + max(0, need_(i-1) - R (t_i - t_(i-1)))`. With a target of `w`
+//! bytes, a start whose need is at most `w` is warm. A deploy of ten VMs one second apart
+//! needs far less than ten VMs' memory when the refill runs at gigabytes a second.
 //!
-//! Each start's window demand is a sample of its *bucket*: the hour of the day on a weekday
-//! or on a weekend day (48 buckets; public-cloud VM arrivals follow the day and the week).
-//! The plan picks one target per bucket. Raising bucket `b`'s target from one sample's
-//! demand to the next makes that many more starts a week warm, at the cost of the increase
-//! times the hours a week the bucket lasts (5 for a weekday hour, 2 for a weekend one): the
-//! GiB·hours of memory that waits warm. The plan takes the steps with the most warm starts
-//! per GiB·hour first, across all buckets, until the goal's share of starts is warm
-//! (a Lagrangian relaxation of the knapsack; each bucket's steps are first replaced by its
-//! upper convex hull, so the greedy order is exact on it). Hours whose starts are rare and
-//! large are what the goal's remainder (1% at a 99% goal) lets go cold.
+//! Each start's need is a sample of its *bucket*: the hour of the day on a weekday or on a
+//! weekend day (48 buckets; public-cloud VM arrivals follow the day and the week). A sample
+//! also counts, at a lower weight, for the two hours on each side (a kernel of 1/4, 1/2, 1,
+//! 1/2, 1/4), so a start at 09:58 speaks for 10:00 too and a week of history is enough to
+//! begin. The plan picks one target per bucket. Raising bucket `b`'s target from one
+//! sample's need to the next makes that many more starts a week warm, at the cost of the
+//! increase times the hours a week the bucket lasts (5 for a weekday hour, 2 for a weekend
+//! one): the GiB·hours of memory that waits warm. The plan takes the steps with the most
+//! warm starts per GiB·hour first, across all buckets, until the goal's share of starts is
+//! warm (plus [`MARGIN`] of the starts the goal leaves cold: 0 now, as the pooled shape
+//! below already covers a week unlike the last). It is a Lagrangian relaxation of the knapsack; each bucket's steps are first
+//! replaced by its upper convex hull, so the greedy order is exact on it. Hours whose
+//! starts are rare and large are what the goal's remainder (1% at a 99% goal) lets go cold.
 //!
 //! At a look, the target is the plan's value for the bucket of the moment (or of the next
-//! hour, when it begins within a horizon, so the pool is warm when that hour starts), plus
-//! the known demand (allocations made and not yet leased: VMs that start within seconds),
-//! raised to the recent window demand when the last hour saw more than its bucket's history
-//! (a burst the forecast did not see: its follow-ons are served warm), and cut to the
-//! operator's ceiling and to the host's free memory share. Until a bucket has samples
-//! (the first week), the recent peak of a day stands in for it.
+//! hour, when it begins within [`MIN_HORIZON_S`] or the time the refill takes for a typical
+//! start, so the pool is warm when that hour starts), plus the known demand (allocations
+//! made and not yet leased: VMs that start within seconds), raised to the recent need when
+//! the last hour saw more than its bucket's history (a burst the forecast did not see: its
+//! follow-ons are served warm), and cut to the operator's ceiling and to the host's free
+//! memory share. Until a bucket has samples (the first week), the largest need of the last
+//! day stands in for it.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -44,14 +50,23 @@ pub const WEEKS_KEPT: u64 = 4;
 /// under it; past it the later samples of that week replace random earlier ones).
 pub const SAMPLES_PER_WEEK: usize = 2048;
 
-/// The shortest horizon: the start gate holds refills while VMs start and the lessee grace
+/// The share of the starts the goal leaves cold that the plan still aims to serve warm.
+pub const MARGIN: f64 = 0.0;
+
+/// The share of a bucket's samples drawn from every bucket's needs (see `mixed`).
+pub const POOLED: f64 = 0.5;
+
+/// The weights of a sample for the hours around its own (-2 to +2).
+const KERNEL: [f64; 5] = [0.25, 0.5, 1.0, 0.5, 0.25];
+
+/// The shortest look-ahead: the start gate holds refills while VMs start and the lessee grace
 /// leaves a new VM alone for 2 s, so a pool is never full again sooner.
 pub const MIN_HORIZON_S: f64 = 30.0;
 
-/// The longest horizon considered.
+/// The longest look-ahead.
 pub const MAX_HORIZON_S: f64 = 3600.0;
 
-/// How far back the recent window demand reaches, s.
+/// How far back the recent need reaches, s.
 pub const RECENT_S: f64 = 3600.0;
 
 /// How far back the stand-in for a bucket without samples reaches, s.
@@ -92,14 +107,14 @@ pub struct Why {
     pub planned: u64,
     /// Whether the plan lets this hour go cold: its starts are among the goal's remainder.
     pub cold_hour: bool,
-    /// The largest window demand of the last hour, bytes.
+    /// The largest need of the last hour, bytes.
     pub recent_peak: u64,
     /// Whether the recent peak raised the target (more than the bucket's history, or no
     /// history yet).
     pub recent_raised: bool,
     /// Known demand added, bytes.
     pub pending: u64,
-    /// The horizon the window demands were measured over, s.
+    /// How far ahead the look reached for the next hour's plan, s.
     pub horizon_s: f64,
     /// What cut the target, if anything: `ceiling` or `free memory`.
     pub capped_by: Option<&'static str>,
@@ -116,7 +131,7 @@ pub struct Target {
     pub why: Why,
 }
 
-/// One bucket's window demands of one week.
+/// One bucket's needs of one week.
 #[derive(Debug, Clone, Default)]
 struct Week {
     samples: Vec<u64>,
@@ -127,18 +142,18 @@ struct Week {
 #[derive(Debug, Clone)]
 pub struct Forecast {
     goal: Goal,
-    /// Per bucket, per week number: window demands.
+    /// Per bucket, per week number: needs.
     weeks: Vec<BTreeMap<u64, Week>>,
-    /// Starts within the last horizon: (time, bytes).
-    window: VecDeque<(f64, u64)>,
-    /// Window demands of the last day: (time, bytes).
+    /// The last start: (time, its need).
+    last: Option<(f64, f64)>,
+    /// Needs of the last day: (time, bytes).
     recent: VecDeque<(f64, u64)>,
     /// The mean bytes of a start (exponentially weighted).
     mean_bytes: f64,
     horizon_s: f64,
     /// Per bucket: the planned target (`None`: no samples yet).
     plan: [Option<u64>; BUCKETS],
-    /// Per bucket: the largest window demand among the samples the plan was made from.
+    /// Per bucket: the largest need among the samples the plan was made from.
     planned_max: [u64; BUCKETS],
     planned_rate: f64,
     /// Random state for replacing samples past [`SAMPLES_PER_WEEK`] (splitmix64).
@@ -179,7 +194,7 @@ impl Forecast {
         Forecast {
             goal,
             weeks: vec![BTreeMap::new(); BUCKETS],
-            window: VecDeque::new(),
+            last: None,
             recent: VecDeque::new(),
             mean_bytes: 0.0,
             horizon_s: MIN_HORIZON_S,
@@ -200,13 +215,13 @@ impl Forecast {
         self.goal = goal;
     }
 
-    /// The horizon window demands are measured over, s.
+    /// How far ahead a look reaches for the next hour's plan, s.
     pub fn horizon_s(&self) -> f64 {
         self.horizon_s
     }
 
     /// A VM started at local time `at_s` with `bytes` of memory of this pool's page size.
-    /// `refill_rate`: the pool's measured rate, bytes/s, which sets the horizon.
+    /// `refill_rate`: the pool's measured rate, bytes/s.
     pub fn started(&mut self, at_s: f64, bytes: u64, refill_rate: f64) {
         self.mean_bytes = if self.mean_bytes == 0.0 {
             bytes as f64
@@ -214,22 +229,18 @@ impl Forecast {
             0.95 * self.mean_bytes + 0.05 * bytes as f64
         };
         self.horizon_s = horizon(self.mean_bytes, refill_rate);
-        // A clock stepped back: what the window held is not before this start.
-        if self.window.back().is_some_and(|&(t, _)| t > at_s) {
-            self.window.clear();
-        }
-        while self
-            .window
-            .front()
-            .is_some_and(|&(t, _)| t < at_s - self.horizon_s)
-        {
-            self.window.pop_front();
-        }
-        self.window.push_back((at_s, bytes));
-        let demand = self
-            .window
-            .iter()
-            .fold(0u64, |sum, &(_, b)| sum.saturating_add(b));
+        let rate = if refill_rate.is_finite() {
+            refill_rate.max(0.0)
+        } else {
+            0.0
+        };
+        let need = match self.last {
+            // A clock stepped back: nothing before this start is known to be before it.
+            Some((t, need)) if t <= at_s => bytes as f64 + (need - rate * (at_s - t)).max(0.0),
+            _ => bytes as f64,
+        };
+        self.last = Some((at_s, need));
+        let need = need as u64;
         while self
             .recent
             .front()
@@ -237,8 +248,8 @@ impl Forecast {
         {
             self.recent.pop_front();
         }
-        self.recent.push_back((at_s, demand));
-        self.record(at_s, demand);
+        self.recent.push_back((at_s, need));
+        self.record(at_s, need);
     }
 
     fn record(&mut self, at_s: f64, demand: u64) {
@@ -265,35 +276,24 @@ impl Forecast {
     /// Plans every bucket's target from the samples kept (see the module's doc). Cheap
     /// enough for every few minutes: a sort of each bucket's samples and one greedy pass.
     pub fn replan(&mut self) {
+        let own = self.weekly();
+        let global = pooled(&own);
         let mut steps = Vec::new();
         let mut total = 0.0;
-        let mut bucket_samples: Vec<Vec<u64>> = Vec::with_capacity(BUCKETS);
-        for (b, weeks) in self.weeks.iter().enumerate() {
-            // Each sample weighs its week's starts over its week's samples (a reservoir keeps
-            // fewer than it saw), per week kept: warm starts a week.
-            let n_weeks = weeks.len().max(1) as f64;
-            let mut weighted: Vec<(u64, f64)> = weeks
-                .values()
-                .flat_map(|w| {
-                    let weight = w.seen as f64 / w.samples.len().max(1) as f64 / n_weeks;
-                    w.samples.iter().map(move |&s| (s, weight))
-                })
-                .collect();
-            weighted.sort_unstable_by_key(|&(s, _)| s);
+        let mut plan: [Option<u64>; BUCKETS] = [None; BUCKETS];
+        for b in 0..BUCKETS {
+            let weighted = mixed(&own, &global, b);
+            let Some(&(max, _)) = weighted.last() else {
+                continue;
+            };
+            plan[b] = Some(0);
+            self.planned_max[b] = max;
             total += weighted.iter().map(|&(_, w)| w).sum::<f64>();
             steps.extend(
                 hull(&weighted)
                     .into_iter()
                     .map(|(bytes, starts)| (b, bytes, starts)),
             );
-            bucket_samples.push(weighted.iter().map(|&(s, _)| s).collect());
-        }
-        let mut plan: [Option<u64>; BUCKETS] = [None; BUCKETS];
-        for (b, samples) in bucket_samples.iter().enumerate() {
-            if let Some(&max) = samples.last() {
-                plan[b] = Some(0);
-                self.planned_max[b] = max;
-            }
         }
         // Steps of every bucket by warm starts per GiB·hour, best first; a bucket's own
         // steps come in order (its hull's densities fall).
@@ -301,7 +301,8 @@ impl Forecast {
             starts / (bytes.max(1) as f64 * bucket_hours(b))
         };
         steps.sort_by(|x, y| density(y).total_cmp(&density(x)));
-        let want = self.goal.warm_start_rate.clamp(0.0, 1.0) * total;
+        let goal = self.goal.warm_start_rate.clamp(0.0, 1.0);
+        let want = (goal + (1.0 - goal) * MARGIN) * total;
         let mut warm = 0.0;
         for (b, bytes, starts) in steps {
             if warm >= want - 1e-9 {
@@ -313,6 +314,24 @@ impl Forecast {
         }
         self.plan = plan;
         self.planned_rate = if total > 0.0 { warm / total } else { 1.0 };
+    }
+
+    /// Each bucket's own needs, each weighing its week's starts over its week's samples (a
+    /// reservoir keeps fewer than it saw) per week kept: warm starts a week.
+    fn weekly(&self) -> Vec<Vec<(u64, f64)>> {
+        self.weeks
+            .iter()
+            .map(|weeks| {
+                let n_weeks = weeks.len().max(1) as f64;
+                weeks
+                    .values()
+                    .flat_map(|w| {
+                        let weight = w.seen as f64 / w.samples.len().max(1) as f64 / n_weeks;
+                        w.samples.iter().map(move |&s| (s, weight))
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     /// The target at a look.
@@ -379,6 +398,47 @@ impl Forecast {
     pub fn plan(&self) -> &[Option<u64>; BUCKETS] {
         &self.plan
     }
+}
+
+/// Bucket `b`'s needs smoothed over the hours around it on the same kind of day (the
+/// [`KERNEL`]), sorted, with their weights.
+fn smoothed(own: &[Vec<(u64, f64)>], b: usize) -> Vec<(u64, f64)> {
+    let kernel_sum: f64 = KERNEL.iter().sum();
+    let mut weighted = Vec::new();
+    for (i, k) in KERNEL.iter().enumerate() {
+        let hour = (b % 24 + 24 + i - 2) % 24;
+        let from = b - b % 24 + hour;
+        weighted.extend(own[from].iter().map(|&(s, w)| (s, w * k / kernel_sum)));
+    }
+    weighted
+}
+
+/// Every bucket's needs together, their weights summing to 1: the shape of a start's need
+/// whatever its hour.
+fn pooled(own: &[Vec<(u64, f64)>]) -> Vec<(u64, f64)> {
+    let all: Vec<(u64, f64)> = own.iter().flatten().copied().collect();
+    let sum: f64 = all.iter().map(|&(_, w)| w).sum();
+    all.into_iter()
+        .map(|(s, w)| (s, w / sum.max(f64::MIN_POSITIVE)))
+        .collect()
+}
+
+/// Bucket `b`'s samples for the plan, sorted by need: half its own (smoothed), half the
+/// pooled shape scaled to its starts. A start's need depends on its hour mostly through
+/// how many starts come then: a deploy seen once at 11h speaks, in proportion, for every
+/// hour as busy, which one week of an hour's own samples cannot.
+fn mixed(own: &[Vec<(u64, f64)>], global: &[(u64, f64)], b: usize) -> Vec<(u64, f64)> {
+    let local = smoothed(own, b);
+    let starts: f64 = local.iter().map(|&(_, w)| w).sum();
+    let mut out: Vec<(u64, f64)> = local
+        .into_iter()
+        .map(|(s, w)| (s, w * (1.0 - POOLED)))
+        .collect();
+    if starts > 0.0 {
+        out.extend(global.iter().map(|&(s, w)| (s, w * starts * POOLED)));
+    }
+    out.sort_unstable_by_key(|&(s, _)| s);
+    out
 }
 
 /// The horizon for starts of `mean_bytes` at `refill_rate` bytes/s: twice the time to make
@@ -498,18 +558,18 @@ mod tests {
     }
 
     #[test]
-    fn the_plan_keeps_office_hours_warm_and_lets_the_rare_night_start_go_cold() {
+    fn the_plan_keeps_office_hours_warm_and_lets_the_rare_large_night_start_go_cold() {
         let mut f = Forecast::new(goal(0.95));
         office_weeks(&mut f, 2);
         let day = MONDAY + 14.0 * DAY_S;
         let t = f.target(&look(day + 10.0 * 3600.0));
         assert_eq!(t.bytes, 2 * GIB, "{t:?}");
         assert!(!t.why.cold_hour);
-        // The 03h start is 1 in 41 (2.4%): a 95% goal lets it go cold (16 GiB for a whole
-        // hour, five times a week, for one start).
+        // The 03h start is 1 in 41 (2.4%): a 95% goal lets its 16 GiB go cold (16 GiB for
+        // a whole hour, five times a week, for one start). The hour keeps what a start
+        // needs most often (the pooled shape: 2 GiB), no more.
         let t = f.target(&look(day + 3.0 * 3600.0 + 600.0));
-        assert_eq!(t.bytes, 0, "{t:?}");
-        assert!(t.why.cold_hour);
+        assert_eq!(t.bytes, 2 * GIB, "{t:?}");
         // A 99% goal keeps it warm too.
         f.set_goal(goal(0.99));
         f.replan();
@@ -525,8 +585,10 @@ mod tests {
         let mut f = Forecast::new(goal(0.95));
         office_weeks(&mut f, 2);
         let day = MONDAY + 14.0 * DAY_S;
-        assert_eq!(f.target(&look(day + 8.0 * 3600.0)).bytes, 0);
-        assert_eq!(f.target(&look(day + 9.0 * 3600.0 - 10.0)).bytes, 2 * GIB);
+        // 06h is cold; 07h is warm (the starts of 09h speak for it a little, and the plan
+        // aims past the goal), and the pool is warm before it begins.
+        assert_eq!(f.target(&look(day + 6.0 * 3600.0)).bytes, 0);
+        assert_eq!(f.target(&look(day + 7.0 * 3600.0 - 10.0)).bytes, 2 * GIB);
     }
 
     #[test]
@@ -558,7 +620,8 @@ mod tests {
         }
         let t = f.target(&look(at + 60.0));
         assert!(t.why.recent_raised, "{t:?}");
-        assert_eq!(t.bytes, 40 * GIB);
+        // One a second at a refill of 4 GiB/s: each needs 4 GiB more than the one before.
+        assert_eq!(t.bytes, 24 * GIB);
     }
 
     #[test]
@@ -570,6 +633,18 @@ mod tests {
         let t = f.target(&look(MONDAY + 5.0 * 3600.0));
         assert_eq!(t.bytes, 4 * GIB, "{t:?}");
         assert!(t.why.recent_raised);
+    }
+
+    #[test]
+    fn a_starts_need_is_what_the_refill_has_not_made_good_since_the_ones_before() {
+        let mut f = Forecast::new(goal(1.0));
+        let r = 4.0 * GIB as f64;
+        f.started(MONDAY, 8 * GIB, r);
+        f.started(MONDAY + 1.0, 8 * GIB, r);
+        f.started(MONDAY + 1.5, 2 * GIB, r);
+        f.started(MONDAY + 600.0, 2 * GIB, r);
+        let needs: Vec<u64> = f.recent.iter().map(|&(_, n)| n / GIB).collect();
+        assert_eq!(needs, [8, 12, 12, 2]);
     }
 
     #[test]

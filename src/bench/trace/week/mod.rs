@@ -28,6 +28,9 @@ pub struct WeekConfig {
     pub goal_rate: f64,
     /// Bytes per second the pool makes warm, per page size (its measured fault rate).
     pub refill_rate: f64,
+    /// Weeks of the trace before the measured days, in which the adaptive target learns
+    /// (a daemon that has run that long; the forecast keeps 4).
+    pub learning_weeks: u32,
 }
 
 /// One page size's comparison.
@@ -60,12 +63,13 @@ pub struct WeekReport {
 
 /// Generates the trace and compares the policies.
 pub fn run(config: &WeekConfig) -> WeekReport {
+    let learning_days = 7 * config.learning_weeks;
     let shape = TraceShape {
-        days: config.shape.days + 7,
+        days: config.shape.days + learning_days,
         ..config.shape.clone()
     };
     let trace = generate::generate(&shape);
-    let measure_from = MONDAY + 7.0 * 86_400.0;
+    let measure_from = MONDAY + f64::from(learning_days) * 86_400.0;
     let model = PoolModel {
         refill_rate: config.refill_rate,
     };
@@ -119,9 +123,10 @@ impl WeekReport {
     /// The side-by-side table.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "seed {}, {} measured days after a learning week, {} starts, goal {:.1}%, refill {:.1} GiB/s\n",
+            "seed {}, {} measured days after {} learning weeks, {} starts, goal {:.1}%, refill {:.1} GiB/s\n",
             self.config.shape.seed,
             self.config.shape.days,
+            self.config.learning_weeks,
             self.starts,
             self.config.goal_rate * 100.0,
             self.config.refill_rate / GIB as f64

@@ -144,7 +144,8 @@ pub fn replay(
     series: bool,
 ) -> Outcome {
     let mut pool = Pool {
-        t: trace.first().map_or(0.0, |v| v.at_s),
+        // An hour before the first start: a static pool is full when it comes.
+        t: trace.first().map_or(0.0, |v| v.at_s - 3600.0),
         warm: 0.0,
         target: 0.0,
         leased: 0,
@@ -291,4 +292,56 @@ pub fn best_static(
         }
     }
     best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::page_size::PageSize;
+
+    const GIB: u64 = 1 << 30;
+
+    fn vm(at_s: f64, gib: u64, life_s: f64) -> VmLife {
+        VmLife {
+            at_s,
+            bytes: gib * GIB,
+            page_size: PageSize::Size2M,
+            life_s,
+            kind: "steady",
+        }
+    }
+
+    #[test]
+    fn a_static_pool_serves_what_it_holds_and_strands_the_rest_by_the_hour() {
+        let model = PoolModel {
+            refill_rate: GIB as f64,
+        };
+        // Starts an hour apart, each for a minute: the pool is full again for each.
+        let trace: Vec<VmLife> = (0..10)
+            .map(|i| vm(f64::from(i) * 3600.0, 4, 60.0))
+            .collect();
+        let none = replay(&trace, Policy::None, model, 0.0, false);
+        assert_eq!(
+            (none.starts, none.warm_starts, none.stranded_gib_h),
+            (10, 0, 0.0)
+        );
+        let small = replay(&trace, Policy::Static { bytes: 2 * GIB }, model, 0.0, false);
+        assert_eq!(small.warm_starts, 0);
+        let fits = replay(&trace, Policy::Static { bytes: 4 * GIB }, model, 0.0, true);
+        assert_eq!(fits.warm_starts, 10);
+        // 4 GiB warm for 9 hours, less the refill's few seconds after each start.
+        assert!(
+            (fits.stranded_gib_h - 36.0).abs() < 0.1,
+            "{}",
+            fits.stranded_gib_h
+        );
+        assert_eq!(fits.held_peak, 4 * GIB);
+        assert!(!fits.series.is_empty());
+        // Two starts a second apart need 4 + 4 - 1 GiB: a 4 GiB pool serves the first only.
+        let pair = [vm(0.0, 4, 60.0), vm(1.0, 4, 60.0), vm(3600.0, 1, 60.0)];
+        let o = replay(&pair, Policy::Static { bytes: 4 * GIB }, model, 0.0, false);
+        assert_eq!(o.warm_starts, 2);
+        let best = best_static(&pair, model, 0.0, 1.0, GIB, 16 * GIB);
+        assert_eq!(best.policy, Policy::Static { bytes: 7 * GIB });
+    }
 }
