@@ -281,13 +281,13 @@ impl Forecast {
         let mut steps = Vec::new();
         let mut total = 0.0;
         let mut plan: [Option<u64>; BUCKETS] = [None; BUCKETS];
-        for b in 0..BUCKETS {
+        for (b, (planned, planned_max)) in plan.iter_mut().zip(&mut self.planned_max).enumerate() {
             let weighted = mixed(&own, &global, b);
             let Some(&(max, _)) = weighted.last() else {
                 continue;
             };
-            plan[b] = Some(0);
-            self.planned_max[b] = max;
+            *planned = Some(0);
+            *planned_max = max;
             total += weighted.iter().map(|&(_, w)| w).sum::<f64>();
             steps.extend(
                 hull(&weighted)
