@@ -3,14 +3,14 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::aside::Verdict;
 use super::core::{Action, Released};
 use super::counters::ReleaseFailure;
+use super::host::{Background, FileAt};
 use super::reach::Unproven;
 use super::worker::REFILL_BACKOFF;
-use super::{fault, holes, FileRecord, Pool};
+use super::{holes, FileRecord, Pool};
 use crate::background::Yield;
 use crate::hugetlb::BackingFile;
 use crate::policy::pool::Recycle;
@@ -43,17 +43,12 @@ impl Pool {
         let Some((rec, _)) = self.record(id) else {
             return;
         };
-        let cut = self
-            .mount(rec.page_size)
-            .map_err(|e| e.to_string())
-            .and_then(|m| {
-                BackingFile::open(&m.file_path(id), rec.page_size)
-                    .and_then(|mut f| {
-                        let _lock_holder = crate::sys::priority::OutOfIdle::enter();
-                        f.set_len(size)
-                    })
-                    .map_err(|e| e.to_string())
-            });
+        let cut = {
+            let _lock_holder = crate::sys::priority::OutOfIdle::enter();
+            self.host
+                .cut(FileAt::of(&rec), size)
+                .map_err(|e| e.to_string())
+        };
         let journaled = cut.and_then(|()| self.perform(journal).map_err(|e| e.to_string()));
         let Action::Journal(warm) = journal else {
             return;
@@ -131,7 +126,7 @@ impl Pool {
         let limit = self.held_limit(principal);
         let mut st = self.lock();
         st.prune_aside();
-        let verdict = st.aside.held(id, principal, size, limit, Instant::now());
+        let verdict = st.aside.held(id, principal, size, limit, self.host.now());
         match verdict {
             Verdict::Wait(due) => {
                 if let Err(err) = st.core.held_aside(id, size) {
@@ -144,7 +139,7 @@ impl Pool {
                     id,
                     principal,
                     reason = reason.label(),
-                    retry_ms = due.saturating_duration_since(Instant::now()).as_millis() as u64,
+                    retry_ms = due.saturating_duration_since(self.host.now()).as_millis() as u64,
                     "released file still held: waits aside"
                 );
                 true
@@ -364,32 +359,29 @@ impl Pool {
             tracing::error!(%err, "cannot journal a refill");
             let mut st = self.lock();
             st.end_faulting(id);
-            st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
+            st.refill_backoff = Some(self.host.now() + REFILL_BACKOFF);
             if let Err(err) = st.core.forget_unjournaled(id) {
                 tracing::error!(%err, "pool core refused to forget a refill");
             }
             return;
         }
-        let found = self
-            .record(id)
-            .and_then(|(r, _)| self.mount(r.page_size).ok().map(|m| (r, m)));
-        let Some((rec, mount)) = found else {
+        let Some((rec, _)) = self.record(id) else {
             self.lock().end_faulting(id);
             return;
         };
-        let path = mount.file_path(id);
         let cpus = self.cpus(rec.node);
-        let t = Instant::now();
-        let taken = self.lock().taken(id).unwrap_or_default();
-        let made = BackingFile::create(&path, rec.size, rec.page_size, None)
-            .map_err(|e| e.to_string())
-            .and_then(|f| {
-                let gate = Arc::clone(&self.gate) as Arc<dyn Yield>;
-                fault::fault_range_background(&f, 0..rec.size, rec.node, &cpus, gate, taken)
-                    .map_err(|e| e.to_string())
-            });
+        let t = self.host.now();
+        let background = Background {
+            gate: Arc::clone(&self.gate) as Arc<dyn Yield>,
+            taken: self.lock().taken(id).unwrap_or_default(),
+        };
+        let made = self
+            .host
+            .fill(FileAt::of(&rec), rec.size, rec.node, &cpus, background)
+            .map_err(|e| e.to_string());
         if made.is_ok() {
-            self.counters.refill_faulted(rec.size, t.elapsed());
+            self.counters
+                .refill_faulted(rec.size, self.host.now().saturating_duration_since(t));
         }
         let mut st = self.lock();
         st.end_faulting(id);
@@ -401,7 +393,7 @@ impl Pool {
             },
             Err(err) => {
                 tracing::warn!(%err, size = rec.size, "refill failed; retrying later");
-                st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
+                st.refill_backoff = Some(self.host.now() + REFILL_BACKOFF);
             }
         }
         match st.core.fill_failed(id) {

@@ -98,16 +98,12 @@ impl Pool {
                 })
                 .collect()
         };
-        let mount = self
-            .mount(page_size)
-            .map(|m| m.root.clone())
-            .unwrap_or_default();
         let supply: Vec<NodeSupply> = warm
             .into_iter()
             .map(|(node, warm_bytes)| NodeSupply {
                 node,
                 warm_bytes,
-                free_bytes: self.supply.available_bytes(node, page_size, &mount),
+                free_bytes: self.host.available_bytes(node, page_size),
             })
             .collect();
         let (node, why) = placement::choose_node(&self.topology, pid_cpus.as_deref(), &supply);
@@ -135,7 +131,7 @@ impl Pool {
         tag: Option<&Idempotency>,
         tenant: Option<&Tenant>,
     ) -> Result<LeaseInfo> {
-        let started = Instant::now();
+        let started = self.host.now();
         // The lease, and the VMM start that follows it, go first (see `gate`).
         let _taking = self.gate.taking();
         let mut v = self.validate(req)?;
@@ -226,7 +222,7 @@ impl Pool {
     /// Chooses the file (under the lock) and journals the pre-lease state.
     fn reserve(&self, v: &ValidRequest) -> Result<(u64, LeaseSource, u64)> {
         let mount = self.mount(v.page_size)?;
-        let deadline = Instant::now() + LEASE_WAIT;
+        let deadline = self.host.now() + LEASE_WAIT;
         let mut st = self.lock();
         let mut waiting = false;
         // The kernel's pool is raised for this lease at most once (see `raise_for_lease`).
@@ -245,7 +241,7 @@ impl Pool {
             if let Err(e) = self.check_limits(&st, v) {
                 break Err(e);
             }
-            let view = self.view(&st, v, &mount.root, deadline);
+            let view = self.view(&st, v, deadline);
             match choose(&view) {
                 // More than the kind can supply: raise the node's kernel pool by what the
                 // kernel's free pages lack for the whole lease, once, then choose again.
@@ -307,7 +303,7 @@ impl Pool {
 
     /// What the lease sees of its kind: the pool's files under the lock, the kernel's free
     /// pages and the clock ([`core::choice::choose`] decides from it).
-    fn view(&self, st: &State, v: &ValidRequest, root: &Path, deadline: Instant) -> LeaseView {
+    fn view(&self, st: &State, v: &ValidRequest, deadline: Instant) -> LeaseView {
         let promised = st.promised(v.node, v.page_size);
         let idle = |state: FileState| -> Vec<(u64, u64)> {
             st.of_kind(v.node, v.page_size)
@@ -317,14 +313,12 @@ impl Pool {
         };
         LeaseView {
             size: v.size,
-            avail: self
-                .supply
-                .available_after(v.node, v.page_size, root, &promised),
+            avail: self.host.available_after(v.node, v.page_size, &promised),
             faulting: promised.bytes,
             warm: idle(FileState::Warm),
             dirty: idle(FileState::Dirty),
             pending: st.pending_clean_bytes(v.node, v.page_size),
-            may_wait: Instant::now() < deadline,
+            may_wait: self.host.now() < deadline,
         }
     }
 

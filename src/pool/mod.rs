@@ -27,6 +27,7 @@ mod error;
 pub mod fault;
 pub mod gate;
 pub mod holes;
+mod host;
 pub mod idempotency;
 mod jobs;
 mod kept;
@@ -176,11 +177,13 @@ use self::core::{Entry, Released, Work};
 /// The warm pool: files, leases, the journal and the background worker's shared state.
 #[derive(Debug)]
 pub struct Pool {
-    mounts: BTreeMap<PageSize, PoolMount>,
+    /// Shared with the host, which names files on them.
+    mounts: Arc<BTreeMap<PageSize, PoolMount>>,
     topology: Topology,
     /// Replaced whole by [`Pool::set_policy`] (a reload); readers take a snapshot.
     policy: std::sync::RwLock<Arc<PoolPolicy>>,
-    journal: Journal,
+    /// Every effect the driver performs: journal, files, free pages, clock (see [`host`]).
+    host: Arc<dyn host::Host>,
     scrubber: Scrubber,
     control: Arc<ScrubControl>,
     /// Holds refills and background scrubs while a VM start is under way.
@@ -198,8 +201,6 @@ pub struct Pool {
     refusals: shortfall::Refusals,
     /// Bytes faulted since start.
     counters: counters::Counters,
-    /// The kernel's free pages, read from counters kept open.
-    supply: kernel::Supply,
     /// Long-term pins of pinned leases, by file id; dropped at release or shutdown.
     pins: Mutex<BTreeMap<u64, crate::sys::pin::LongTermPin>>,
     /// The lessee grace in force, ms ([`LESSEE_GRACE`] unless set).
@@ -300,6 +301,8 @@ impl Pool {
             Arc::clone(&control),
         ));
         gate.set_grace(policy.lessee_grace);
+        let mounts = Arc::new(mounts);
+        let host = Arc::new(host::RealHost::new(Arc::clone(&mounts), journal, supply));
         let pool = Arc::new(Pool {
             mounts,
             topology,
@@ -308,7 +311,7 @@ impl Pool {
                 message: e.to_string(),
             })?,
             policy: std::sync::RwLock::new(Arc::new(policy)),
-            journal,
+            host,
             control,
             gate,
             state: Mutex::new(state),
@@ -323,7 +326,6 @@ impl Pool {
             reserve_gate: Mutex::new(()),
             refusals: shortfall::Refusals::default(),
             counters: counters::Counters::default(),
-            supply,
             pins: Mutex::new(BTreeMap::new()),
             grace_ms: std::sync::atomic::AtomicU64::new(grace_ms),
             api_targets,
@@ -488,7 +490,7 @@ impl Pool {
     /// The grace window starting now.
     fn lessee_grace_until(&self) -> Option<Instant> {
         let ms = self.grace_ms.load(Ordering::Relaxed);
-        (ms > 0).then(|| Instant::now() + Duration::from_millis(ms))
+        (ms > 0).then(|| self.host.now() + Duration::from_millis(ms))
     }
 
     /// How released leases are proven (see [`reach::Method`]).
@@ -541,6 +543,6 @@ impl Pool {
                 return Ok(());
             }
         }
-        Ok(self.journal.mark_clean_shutdown()?)
+        Ok(self.host.journal_mark_clean()?)
     }
 }

@@ -253,9 +253,7 @@ impl Pool {
                     continue;
                 }
                 let promised = st.promised(node, *ps);
-                let free = self
-                    .supply
-                    .available_after(node, *ps, &mount.root, &promised);
+                let free = self.host.available_after(node, *ps, &promised);
                 if free < size {
                     if let Some(pages) = self.shortfall(st, node, *ps, mount, deficit, size) {
                         return Some(Job::Reserve {
