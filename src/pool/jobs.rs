@@ -7,12 +7,11 @@ use std::sync::Arc;
 use super::aside::Verdict;
 use super::core::{Action, Released};
 use super::counters::ReleaseFailure;
-use super::host::{Background, FileAt};
+use super::host::{Background, FileAt, Handle};
 use super::reach::Unproven;
 use super::worker::REFILL_BACKOFF;
-use super::{holes, FileRecord, Pool};
+use super::{FileRecord, Pool};
 use crate::background::Yield;
-use crate::hugetlb::BackingFile;
 use crate::policy::pool::Recycle;
 use crate::scrub::{ScrubError, ScrubOptions, ScrubReport};
 use crate::units::format_bytes;
@@ -73,12 +72,12 @@ impl Pool {
     /// reach (see `reach`). A file whose history is not known, or whose lease asked for the
     /// kernel's path, is not. One proof, no waiting: a file still held (open, mapped, in an
     /// io_uring, or its lessee's teardown not done) waits aside (see `aside`).
-    fn proof(&self, id: u64, released: Option<&Released>, file: &BackingFile) -> Proved {
+    fn proof(&self, id: u64, released: Option<&Released>, file: &Handle) -> Proved {
         let proof = match released {
             None => Err(Unproven::NotWatched),
             Some(r) if r.recycle == Recycle::Kernel => Err(Unproven::Trust),
             Some(r) if !r.watched => Err(Unproven::NotWatched),
-            Some(_) => self.reach.prove(id, file.file()),
+            Some(_) => self.host.prove(id, file),
         };
         match proof {
             Ok(p) => {
@@ -169,11 +168,11 @@ impl Pool {
         let Some((rec, released)) = self.record(id) else {
             return;
         };
-        let Ok(mount) = self.mount(rec.page_size) else {
+        if self.mount(rec.page_size).is_err() {
             return;
-        };
-        let path = mount.file_path(id);
-        self.take_back(&path);
+        }
+        let at = FileAt::of(&rec);
+        self.host.take_back(at);
         let opts = ScrubOptions {
             cpus: self.cpus(rec.node),
             bandwidth: self.policy().scrub_bandwidth,
@@ -181,7 +180,7 @@ impl Pool {
             verify: self.policy().verify,
             yield_to: (!pressing).then(|| Arc::clone(&self.gate) as Arc<dyn Yield>),
         };
-        let file = match BackingFile::open(&path, rec.page_size) {
+        let file = match self.host.open(at) {
             Ok(f) => f,
             Err(err) => {
                 tracing::error!(%err, "cannot open a released file: deleting it");
@@ -227,7 +226,7 @@ impl Pool {
         &self,
         id: u64,
         rec: &FileRecord,
-        mut file: BackingFile,
+        mut file: Handle,
         opts: &ScrubOptions,
     ) -> Result<(ScrubReport, u64), Option<ScrubError>> {
         if file.size() >= rec.size {
@@ -235,7 +234,7 @@ impl Pool {
             // same size too: a lessee may have allocated pages past the end
             // (`fallocate(FALLOC_FL_KEEP_SIZE)`), which no size, hole or count shows, and
             // hugetlbfs frees every page past the end on any truncate.
-            if let Err(err) = file.set_len(rec.size) {
+            if let Err(err) = self.host.resize(&mut file, rec.size) {
                 tracing::error!(%err, "cannot cut a released file to the size in demand: deleting it");
                 self.counters.release_failed(ReleaseFailure::Cut);
                 return Err(None);
@@ -247,7 +246,7 @@ impl Pool {
         }
         // Pages punched out (discard-data, a balloon) come back from the kernel zeroed:
         // only the pages still present are scrubbed.
-        let refill = match holes::refill(&file, rec.node, &opts.cpus) {
+        let refill = match self.host.refill_holes(&file, rec.node, &opts.cpus) {
             Ok(r) => r,
             Err(err) => {
                 tracing::warn!(%err, "cannot refill a released file's holes: deleting it");
@@ -264,7 +263,9 @@ impl Pool {
             );
         }
         // Every page present now: each must still be on the file's node (`on_node`).
-        let stray = super::on_node::stray_page(&file, rec.node, rec.page_size.bytes())
+        let stray = self
+            .host
+            .stray_page(&file, rec.node, rec.page_size.bytes())
             .map_err(|e| Unproven::Error {
                 step: "pages' nodes",
                 message: e.to_string(),
@@ -286,8 +287,8 @@ impl Pool {
             self.counters.proven_then_kernel_path(&reason);
             return Err(None);
         }
-        self.scrubber
-            .scrub_file_ranges(&file, &refill.present, opts, &self.control)
+        self.host
+            .scrub(&file, &refill.present, opts, &self.control)
             .map(|r| (r, file.size()))
             .map_err(Some)
     }

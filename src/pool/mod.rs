@@ -23,6 +23,8 @@ pub mod core;
 mod counters;
 mod drain;
 mod driver;
+#[cfg(test)]
+mod driver_tests;
 mod error;
 pub mod fault;
 pub mod gate;
@@ -54,7 +56,7 @@ mod worker;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -184,7 +186,7 @@ pub struct Pool {
     policy: std::sync::RwLock<Arc<PoolPolicy>>,
     /// Every effect the driver performs: journal, files, free pages, clock (see [`host`]).
     host: Arc<dyn host::Host>,
-    scrubber: Scrubber,
+    scrubber: Arc<Scrubber>,
     control: Arc<ScrubControl>,
     /// Holds refills and background scrubs while a VM start is under way.
     gate: Arc<gate::StartGate>,
@@ -192,7 +194,6 @@ pub struct Pool {
     changed: Condvar,
     shutdown: AtomicBool,
     clean_start: bool,
-    daemon_owner: Owner,
     reservations: reserve::Reservations,
     /// Held while a pool is raised and while a drain gives pages back, so that a raise
     /// decided before a drain never lands after it.
@@ -302,14 +303,21 @@ impl Pool {
         ));
         gate.set_grace(policy.lessee_grace);
         let mounts = Arc::new(mounts);
-        let host = Arc::new(host::RealHost::new(Arc::clone(&mounts), journal, supply));
+        let scrubber = Arc::new(Scrubber::new(config.plan).map_err(|e| PoolError::Field {
+            field: "method",
+            message: e.to_string(),
+        })?);
+        let host = Arc::new(host::RealHost::new(
+            Arc::clone(&mounts),
+            journal,
+            supply,
+            Arc::clone(&reach),
+            Arc::clone(&scrubber),
+        ));
         let pool = Arc::new(Pool {
             mounts,
             topology,
-            scrubber: Scrubber::new(config.plan).map_err(|e| PoolError::Field {
-                field: "method",
-                message: e.to_string(),
-            })?,
+            scrubber,
             policy: std::sync::RwLock::new(Arc::new(policy)),
             host,
             control,
@@ -318,10 +326,6 @@ impl Pool {
             changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
             clean_start,
-            daemon_owner: Owner {
-                uid: nix::unistd::getuid().as_raw(),
-                gid: nix::unistd::getgid().as_raw(),
-            },
             reservations,
             reserve_gate: Mutex::new(()),
             refusals: shortfall::Refusals::default(),

@@ -75,29 +75,53 @@ impl Pool {
                     st = st.wait_timeout(&self.changed, wait);
                 }
             };
-            tracing::debug!(?job, pressing, "pool worker");
-            // Work that faults nothing and restores a wanted file (a scrub of a released file,
-            // a cut, a give-back) runs at normal priority while the shape lacks a file; the
-            // rest (refills, raising the kernel's pool) at idle priority; their calls into the
-            // kernel that hold locks a lease needs leave it for their length (`OutOfIdle`).
-            let quick = matches!(job, Job::Scrub(..) | Job::Shrink(..) | Job::Delete(..));
-            if !(pressing && quick) {
-                // Refused at the worker's start already (and logged there).
-                let _ = set_current_thread_idle();
-            }
-            match job {
-                Job::Scrub(id, journal) => self.scrub_job(id, &journal, pressing),
-                Job::Delete(id, remove) => self.delete_job(id, &remove),
-                Job::Fill(id, journal) => self.fill_job(id, &journal),
-                Job::Shrink(id, size, journal) => self.shrink_job(id, size, &journal),
-                Job::Reserve {
-                    node,
-                    page_size,
-                    pages,
-                } => self.reserve_job(node, page_size, pages),
-            }
-            self.changed.notify_all();
+            self.do_job(job, pressing);
         }
+    }
+
+    /// Does one job the worker chose; `pressing`: the shape lacks a file.
+    fn do_job(&self, job: Job, pressing: bool) {
+        use crate::sys::priority::set_current_thread_idle;
+        tracing::debug!(?job, pressing, "pool worker");
+        // Work that faults nothing and restores a wanted file (a scrub of a released file,
+        // a cut, a give-back) runs at normal priority while the shape lacks a file; the
+        // rest (refills, raising the kernel's pool) at idle priority; their calls into the
+        // kernel that hold locks a lease needs leave it for their length (`OutOfIdle`).
+        let quick = matches!(job, Job::Scrub(..) | Job::Shrink(..) | Job::Delete(..));
+        if !(pressing && quick) {
+            // Refused at the worker's start already (and logged there).
+            let _ = set_current_thread_idle();
+        }
+        match job {
+            Job::Scrub(id, journal) => self.scrub_job(id, &journal, pressing),
+            Job::Delete(id, remove) => self.delete_job(id, &remove),
+            Job::Fill(id, journal) => self.fill_job(id, &journal),
+            Job::Shrink(id, size, journal) => self.shrink_job(id, size, &journal),
+            Job::Reserve {
+                node,
+                page_size,
+                pages,
+            } => self.reserve_job(node, page_size, pages),
+        }
+        self.changed.notify_all();
+    }
+
+    /// Chooses and does one job, as the worker's loop does, without waiting: whether there
+    /// was one. Tests drive the worker with it on the simulated host.
+    #[cfg(test)]
+    pub(super) fn work_once(&self) -> bool {
+        let (job, pressing) = {
+            let mut st = self.lock();
+            let pressing = self.incomplete(&st);
+            match self.next_job(&mut st) {
+                Some(job) => (job, pressing),
+                None => return false,
+            }
+        };
+        self.do_job(job, pressing);
+        // The job may have left the thread at idle priority: a test thread goes on at normal.
+        let _ = crate::sys::priority::set_current_thread_normal();
+        true
     }
 
     /// The bytes to keep warm: the policy's target, or none while the kind is drained.

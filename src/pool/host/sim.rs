@@ -1,0 +1,586 @@
+//! A simulated host for the pool's driver: files, the journal, the kernel's free pages,
+//! the release proof and the clock kept in memory, so the real lease, release, scrub, fill,
+//! trim and drain code runs without hugetlbfs or root, and faults can be injected cheaply.
+//!
+//! Every file keeps the principals whose bytes it may hold ("marks"): a lessee writes to its
+//! lease ([`SimHost::write`]); a scrub or the kernel's zeroing clears them. Linking a lease
+//! path to a file that holds another principal's bytes is recorded as a leak
+//! ([`SimHost::leaks`]): the one thing that must never happen.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::{Background, FileAt, Handle, Host, HostError};
+use crate::hugetlb::{Owner, Scope};
+use crate::journal::JournalError;
+use crate::page_size::PageSize;
+use crate::pool::fault::FaultError;
+use crate::pool::holes::{HoleError, Refill};
+use crate::pool::on_node::{OnNodeError, Stray};
+use crate::pool::reach::{Proof, Unproven};
+use crate::pool::record::FileRecord;
+use crate::pool::state::Promised;
+use crate::prefault::{PrefaultError, Taken};
+use crate::scrub::{ScrubControl, ScrubError, ScrubOptions, ScrubReport};
+
+/// One file on the simulated mounts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(in crate::pool) struct SimFile {
+    /// Its length.
+    pub(in crate::pool) size: u64,
+    /// Pages it holds (taken from the node's free pages).
+    pub(in crate::pool) pages: u64,
+    /// Whether the pool directory still names it.
+    pub(in crate::pool) pooled: bool,
+    /// Lease paths linked to it.
+    pub(in crate::pool) links: BTreeSet<PathBuf>,
+    /// Principals whose bytes it may hold.
+    pub(in crate::pool) marks: BTreeSet<String>,
+    /// The owner a lease handed it to (`None`: the daemon's).
+    pub(in crate::pool) owner: Option<u32>,
+    /// Whether its opens are watched (a lease linked it while the watch ran).
+    pub(in crate::pool) watched: bool,
+    /// The node its pages are on.
+    pub(in crate::pool) node: u32,
+}
+
+/// How the simulated release proof answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(in crate::pool) enum ProofMode {
+    /// Every watched file is proven out of reach.
+    #[default]
+    Pass,
+    /// Someone still holds the file (it may wait aside).
+    Held,
+    /// The proof cannot be made (the kernel's path).
+    Fail,
+}
+
+/// Faults to inject.
+#[derive(Debug, Clone, Default)]
+pub(in crate::pool) struct Faults {
+    /// Journal writes fail with `ENOSPC` from this many writes on (`Some(0)`: the next).
+    pub(in crate::pool) journal_full_after: Option<u64>,
+    /// The proof's answer.
+    pub(in crate::pool) proof: ProofMode,
+    /// Scrubs fail (verification finds a byte).
+    pub(in crate::pool) scrub_fails: bool,
+    /// Creating files fails.
+    pub(in crate::pool) create_fails: bool,
+    /// The kernel counts this many more free pages than it can really give: faults fail
+    /// where the figures said they fit.
+    pub(in crate::pool) phantom_pages: u64,
+}
+
+#[derive(Debug, Default)]
+struct World {
+    files: BTreeMap<u64, (PageSize, SimFile)>,
+    journal: BTreeMap<u64, FileRecord>,
+    clean: bool,
+    journal_writes: u64,
+    free: BTreeMap<(u32, PageSize), u64>,
+    total: BTreeMap<(u32, PageSize), u64>,
+    lease_paths: BTreeMap<PathBuf, u64>,
+    elapsed: Duration,
+    faults: Faults,
+    leaks: Vec<String>,
+}
+
+/// The simulated host.
+#[derive(Debug)]
+pub(in crate::pool) struct SimHost {
+    start: Instant,
+    world: Mutex<World>,
+}
+
+fn enospc() -> JournalError {
+    JournalError::Io {
+        op: "write",
+        path: PathBuf::from("sim-journal"),
+        source: io::Error::from_raw_os_error(libc::ENOSPC),
+    }
+}
+
+impl SimHost {
+    /// A host whose kernel has `pages` free pages of each `(node, page size)`.
+    pub(in crate::pool) fn new(pages: &[((u32, PageSize), u64)]) -> Arc<SimHost> {
+        let mut world = World::default();
+        for &(kind, n) in pages {
+            world.free.insert(kind, n);
+            world.total.insert(kind, n);
+        }
+        Arc::new(SimHost {
+            start: Instant::now(),
+            world: Mutex::new(world),
+        })
+    }
+
+    fn world(&self) -> MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Changes the faults injected from now on.
+    pub(in crate::pool) fn inject(&self, f: impl FnOnce(&mut Faults)) {
+        f(&mut self.world().faults);
+    }
+
+    /// Moves the clock on.
+    pub(in crate::pool) fn advance(&self, by: Duration) {
+        self.world().elapsed += by;
+    }
+
+    /// The kernel takes `pages` free pages of a kind (another user of the machine) or, with
+    /// a negative count, gives them back.
+    pub(in crate::pool) fn take_free(&self, node: u32, ps: PageSize, pages: i64) {
+        let mut w = self.world();
+        let free = w.free.entry((node, ps)).or_default();
+        *free = free.saturating_add_signed(-pages);
+        let total = w.total.entry((node, ps)).or_default();
+        *total = total.saturating_add_signed(-pages);
+    }
+
+    /// A lessee writes its bytes into the file its lease path names.
+    pub(in crate::pool) fn write(&self, lease_path: &Path, principal: &str) {
+        let mut w = self.world();
+        let Some(&id) = w.lease_paths.get(lease_path) else {
+            panic!("{} is not linked", lease_path.display());
+        };
+        if let Some((_, f)) = w.files.get_mut(&id) {
+            f.marks.insert(principal.to_string());
+        }
+    }
+
+    /// Files on the mounts, by id.
+    pub(in crate::pool) fn files(&self) -> BTreeMap<u64, (PageSize, SimFile)> {
+        self.world().files.clone()
+    }
+
+    /// The journal's file records, by id.
+    pub(in crate::pool) fn journal(&self) -> BTreeMap<u64, FileRecord> {
+        self.world().journal.clone()
+    }
+
+    /// Whether the journal says the last shutdown was clean.
+    pub(in crate::pool) fn clean(&self) -> bool {
+        self.world().clean
+    }
+
+    /// Free pages of a kind.
+    pub(in crate::pool) fn free_pages(&self, node: u32, ps: PageSize) -> u64 {
+        self.world().free.get(&(node, ps)).copied().unwrap_or(0)
+    }
+
+    /// Lease paths, with the file each names.
+    pub(in crate::pool) fn lease_paths(&self) -> BTreeMap<PathBuf, u64> {
+        self.world().lease_paths.clone()
+    }
+
+    /// Every time a lease path was linked to a file holding another principal's bytes.
+    pub(in crate::pool) fn leaks(&self) -> Vec<String> {
+        self.world().leaks.clone()
+    }
+
+    /// Checks that every page the host holds is in exactly one file and every file is
+    /// named by the pool directory or a lease path: free pages plus the pages of every file
+    /// make each kind's total. The error says what is off.
+    pub(in crate::pool) fn check_pages(&self) -> Result<(), String> {
+        let w = self.world();
+        for (kind, total) in &w.total {
+            let held: u64 = w
+                .files
+                .values()
+                .filter(|(ps, _)| *ps == kind.1)
+                .map(|(_, f)| f.pages)
+                .sum();
+            let free = w.free.get(kind).copied().unwrap_or(0);
+            if held + free != *total {
+                return Err(format!(
+                    "{kind:?}: {held} pages in files + {free} free != {total} in the pool"
+                ));
+            }
+        }
+        for (id, (_, f)) in &w.files {
+            if !f.pooled && f.links.is_empty() {
+                return Err(format!("file {id} is named by nothing"));
+            }
+            if f.pages > 0 && f.size == 0 {
+                return Err(format!("file {id} holds pages past its end"));
+            }
+        }
+        Ok(())
+    }
+
+    fn fault(
+        &self,
+        w: &mut World,
+        at: FileAt,
+        range: &Range<u64>,
+        node: u32,
+    ) -> Result<(), FaultError> {
+        let page = at.page_size.bytes();
+        let needed = (range.end - range.start).div_ceil(page);
+        let free = w.free.get(&(node, at.page_size)).copied().unwrap_or(0);
+        let phantom = w.faults.phantom_pages;
+        if needed > free {
+            return Err(FaultError(PrefaultError::Insufficient {
+                scope: Scope::Node(node),
+                page_size: at.page_size,
+                needed,
+                free: free + phantom,
+                path: crate::pool::file_key(at.id).into(),
+            }));
+        }
+        w.free.insert((node, at.page_size), free - needed);
+        if let Some((_, f)) = w.files.get_mut(&at.id) {
+            f.pages += needed;
+        }
+        Ok(())
+    }
+
+    fn resize_in(w: &mut World, at: FileAt, size: u64, node: u32) {
+        let page = at.page_size.bytes();
+        if let Some((_, f)) = w.files.get_mut(&at.id) {
+            f.size = size;
+            let keep = size.div_ceil(page);
+            if f.pages > keep {
+                let back = f.pages - keep;
+                f.pages = keep;
+                *w.free.entry((node, at.page_size)).or_default() += back;
+            }
+        }
+    }
+}
+
+impl Host for SimHost {
+    fn now(&self) -> Instant {
+        self.start + self.world().elapsed
+    }
+
+    fn journal_write(&self, rec: &FileRecord) -> Result<(), JournalError> {
+        let mut w = self.world();
+        if w.faults
+            .journal_full_after
+            .is_some_and(|n| w.journal_writes >= n)
+        {
+            return Err(enospc());
+        }
+        w.journal_writes += 1;
+        w.journal.insert(rec.id, rec.clone());
+        Ok(())
+    }
+
+    fn journal_remove(&self, id: u64) -> Result<(), JournalError> {
+        self.world().journal.remove(&id);
+        Ok(())
+    }
+
+    fn journal_mark_clean(&self) -> Result<(), JournalError> {
+        self.world().clean = true;
+        Ok(())
+    }
+
+    fn file_size(&self, file: FileAt) -> Result<u64, HostError> {
+        self.world()
+            .files
+            .get(&file.id)
+            .map(|(_, f)| f.size)
+            .ok_or(HostError::Io {
+                id: file.id,
+                source: io::Error::from(io::ErrorKind::NotFound),
+            })
+    }
+
+    fn cut(&self, file: FileAt, size: u64) -> Result<(), HostError> {
+        let mut w = self.world();
+        if !w.files.contains_key(&file.id) {
+            return Err(HostError::Io {
+                id: file.id,
+                source: io::Error::from(io::ErrorKind::NotFound),
+            });
+        }
+        let node = node_of(&w, file.id);
+        SimHost::resize_in(&mut w, file, size, node);
+        Ok(())
+    }
+
+    fn fill(
+        &self,
+        file: FileAt,
+        size: u64,
+        node: u32,
+        _cpus: &[usize],
+        _background: Background,
+    ) -> Result<(), HostError> {
+        self.create(file, size)?;
+        let mut w = self.world();
+        set_node(&mut w, file.id, node);
+        Ok(self.fault(&mut w, file, &(0..size), node)?)
+    }
+
+    fn available_after(&self, node: u32, page_size: PageSize, promised: &Promised) -> u64 {
+        let page = page_size.bytes();
+        let w = self.world();
+        let free = w.free.get(&(node, page_size)).copied().unwrap_or(0) + w.faults.phantom_pages;
+        free.saturating_sub(promised.unreserved / page) * page
+    }
+
+    fn available_bytes(&self, node: u32, page_size: PageSize) -> u64 {
+        let w = self.world();
+        (w.free.get(&(node, page_size)).copied().unwrap_or(0) + w.faults.phantom_pages)
+            * page_size.bytes()
+    }
+
+    fn open(&self, file: FileAt) -> Result<Handle, HostError> {
+        let w = self.world();
+        match w.files.get(&file.id) {
+            Some((_, f)) if f.pooled => Ok(Handle::new(file, f.size, None)),
+            _ => Err(HostError::Io {
+                id: file.id,
+                source: io::Error::from(io::ErrorKind::NotFound),
+            }),
+        }
+    }
+
+    fn create(&self, file: FileAt, size: u64) -> Result<Handle, HostError> {
+        let mut w = self.world();
+        if w.faults.create_fails {
+            return Err(HostError::Io {
+                id: file.id,
+                source: io::Error::from_raw_os_error(libc::ENOSPC),
+            });
+        }
+        if w.files.get(&file.id).is_some_and(|(_, f)| f.pooled) {
+            return Err(HostError::Io {
+                id: file.id,
+                source: io::Error::from(io::ErrorKind::AlreadyExists),
+            });
+        }
+        let f = SimFile {
+            size,
+            pooled: true,
+            ..SimFile::default()
+        };
+        w.files.insert(file.id, (file.page_size, f));
+        Ok(Handle::new(file, size, None))
+    }
+
+    fn resize(&self, handle: &mut Handle, size: u64) -> Result<(), HostError> {
+        let at = handle.at();
+        let mut w = self.world();
+        let node = node_of(&w, at.id);
+        SimHost::resize_in(&mut w, at, size, node);
+        drop(w);
+        handle.set_size(size);
+        Ok(())
+    }
+
+    fn fault_lease(
+        &self,
+        handle: &Handle,
+        range: Range<u64>,
+        node: u32,
+        _cpus: &[usize],
+        _beside_others: bool,
+        _taken: Arc<Taken>,
+    ) -> Result<(), FaultError> {
+        let mut w = self.world();
+        set_node(&mut w, handle.at().id, node);
+        self.fault(&mut w, handle.at(), &range, node)
+    }
+
+    fn watch(&self, id: u64, _handle: &Handle) {
+        if let Some((_, f)) = self.world().files.get_mut(&id) {
+            f.watched = true;
+        }
+    }
+
+    fn forget(&self, id: u64) {
+        if let Some((_, f)) = self.world().files.get_mut(&id) {
+            f.watched = false;
+        }
+    }
+
+    fn chown(&self, handle: &Handle, owner: Owner) -> Result<(), HostError> {
+        if let Some((_, f)) = self.world().files.get_mut(&handle.at().id) {
+            f.owner = Some(owner.uid);
+        }
+        Ok(())
+    }
+
+    fn lease_path_taken(&self, lease_path: &Path) -> bool {
+        self.world().lease_paths.contains_key(lease_path)
+    }
+
+    fn tenant_dir(&self, _page_size: PageSize, _dir: &str) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn link_lease(&self, handle: &Handle, lease_path: &Path) -> Result<(), HostError> {
+        let mut w = self.world();
+        let id = handle.at().id;
+        let Some((_, f)) = w.files.get_mut(&id) else {
+            return Err(HostError::Io {
+                id,
+                source: io::Error::from(io::ErrorKind::NotFound),
+            });
+        };
+        f.links.insert(lease_path.to_path_buf());
+        if !f.marks.is_empty() {
+            let leak = format!(
+                "{} linked to file {id} holding bytes of {:?}",
+                lease_path.display(),
+                f.marks
+            );
+            w.leaks.push(leak);
+        }
+        w.lease_paths.insert(lease_path.to_path_buf(), id);
+        Ok(())
+    }
+
+    fn unlink_lease(&self, file: FileAt, lease_path: &Path) {
+        let mut w = self.world();
+        if w.lease_paths.get(lease_path) != Some(&file.id) {
+            return;
+        }
+        w.lease_paths.remove(lease_path);
+        if let Some((_, f)) = w.files.get_mut(&file.id) {
+            f.links.remove(lease_path);
+        }
+        drop_unnamed(&mut w, file.id);
+    }
+
+    fn take_back(&self, file: FileAt) {
+        if let Some((_, f)) = self.world().files.get_mut(&file.id) {
+            f.owner = None;
+        }
+    }
+
+    fn prove(&self, id: u64, _handle: &Handle) -> Result<Proof, Unproven> {
+        let w = self.world();
+        let watched = w.files.get(&id).is_some_and(|(_, f)| f.watched);
+        match w.faults.proof {
+            _ if !watched => Err(Unproven::NotWatched),
+            ProofMode::Pass => Ok(Proof {
+                openers: 0,
+                took: Duration::ZERO,
+            }),
+            ProofMode::Held => Err(Unproven::OpenElsewhere),
+            ProofMode::Fail => Err(Unproven::Trust),
+        }
+    }
+
+    fn refill_holes(
+        &self,
+        handle: &Handle,
+        node: u32,
+        _cpus: &[usize],
+    ) -> Result<Refill, HoleError> {
+        let at = handle.at();
+        let page = at.page_size.bytes();
+        let mut w = self.world();
+        let (size, pages) = w
+            .files
+            .get(&at.id)
+            .map_or((0, 0), |(_, f)| (f.size, f.pages));
+        let holes = size.div_ceil(page).saturating_sub(pages);
+        if holes > 0 {
+            self.fault(&mut w, at, &(0..holes * page), node)?;
+        }
+        Ok(Refill {
+            // The pages a lessee left are all at the front: the sim punches no holes.
+            present: (pages > 0).then_some(0..pages * page).into_iter().collect(),
+            filled: holes * page,
+        })
+    }
+
+    fn stray_page(
+        &self,
+        _handle: &Handle,
+        _node: u32,
+        _page_bytes: u64,
+    ) -> Result<Option<Stray>, OnNodeError> {
+        Ok(None)
+    }
+
+    fn scrub(
+        &self,
+        handle: &Handle,
+        ranges: &[Range<u64>],
+        opts: &ScrubOptions,
+        _control: &ScrubControl,
+    ) -> Result<ScrubReport, ScrubError> {
+        let mut w = self.world();
+        let id = handle.at().id;
+        if w.faults.scrub_fails {
+            return Err(ScrubError::Verify {
+                path: crate::pool::file_key(id),
+                offset: 0,
+                value: 0xff,
+            });
+        }
+        if let Some((_, f)) = w.files.get_mut(&id) {
+            f.marks.clear();
+        }
+        Ok(ScrubReport {
+            bytes: ranges.iter().map(|r| r.end - r.start).sum(),
+            seconds: 0.0,
+            threads: 1,
+            affinity: Vec::new(),
+            method: crate::clear::Method::WriteBytes,
+            verify: opts.verify,
+        })
+    }
+
+    fn truncate(&self, file: FileAt, _node: u32) -> io::Result<u64> {
+        let mut w = self.world();
+        if !w.files.contains_key(&file.id) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        let node = node_of(&w, file.id);
+        SimHost::resize_in(&mut w, file, 0, node);
+        if let Some((_, f)) = w.files.get_mut(&file.id) {
+            // The pages went back to the kernel, which zeroes them before reuse.
+            f.marks.clear();
+        }
+        Ok(0)
+    }
+
+    fn unlink(&self, file: FileAt) -> io::Result<()> {
+        let mut w = self.world();
+        match w.files.get_mut(&file.id) {
+            Some((_, f)) if f.pooled => f.pooled = false,
+            _ => return Err(io::Error::from(io::ErrorKind::NotFound)),
+        }
+        drop_unnamed(&mut w, file.id);
+        Ok(())
+    }
+}
+
+/// A file nothing names any more is freed, its pages back to the kernel.
+fn drop_unnamed(w: &mut World, id: u64) {
+    let unnamed = w
+        .files
+        .get(&id)
+        .is_some_and(|(_, f)| !f.pooled && f.links.is_empty());
+    if unnamed {
+        let node = node_of(w, id);
+        if let Some((ps, f)) = w.files.remove(&id) {
+            *w.free.entry((node, ps)).or_default() += f.pages;
+        }
+    }
+}
+
+/// The node of file `id` (set at its first fault).
+fn node_of(w: &World, id: u64) -> u32 {
+    w.files.get(&id).map_or(0, |(_, f)| f.node)
+}
+
+fn set_node(w: &mut World, id: u64, node: u32) {
+    if let Some((_, f)) = w.files.get_mut(&id) {
+        f.node = node;
+    }
+}
