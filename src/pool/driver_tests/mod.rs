@@ -7,6 +7,7 @@
 mod faults;
 mod lease;
 mod release;
+mod sim;
 mod worker;
 
 use std::path::PathBuf;

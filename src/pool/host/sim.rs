@@ -74,6 +74,9 @@ pub(in crate::pool) struct Faults {
     /// The kernel counts this many more free pages than it can really give: faults fail
     /// where the figures said they fit.
     pub(in crate::pool) phantom_pages: u64,
+    /// Every reading of the clock moves it on this much (time that jumps; a lease that
+    /// waits reaches its deadline in a few turns).
+    pub(in crate::pool) tick: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -138,9 +141,16 @@ impl SimHost {
     pub(in crate::pool) fn take_free(&self, node: u32, ps: PageSize, pages: i64) {
         let mut w = self.world();
         let free = w.free.entry((node, ps)).or_default();
+        // The other user takes free pages only.
+        let pages = pages.min(i64::try_from(*free).unwrap_or(i64::MAX));
         *free = free.saturating_add_signed(-pages);
         let total = w.total.entry((node, ps)).or_default();
         *total = total.saturating_add_signed(-pages);
+    }
+
+    /// Free pages plus the pages of every file, per kind: what the kernel's pools hold.
+    pub(in crate::pool) fn total_pages(&self, node: u32, ps: PageSize) -> u64 {
+        self.world().total.get(&(node, ps)).copied().unwrap_or(0)
     }
 
     /// A lessee writes its bytes into the file its lease path names.
@@ -257,7 +267,10 @@ impl SimHost {
 
 impl Host for SimHost {
     fn now(&self) -> Instant {
-        self.start + self.world().elapsed
+        let mut w = self.world();
+        let tick = w.faults.tick;
+        w.elapsed += tick;
+        self.start + w.elapsed
     }
 
     fn journal_write(&self, rec: &FileRecord) -> Result<(), JournalError> {
