@@ -70,6 +70,7 @@ use crate::journal::Journal;
 use crate::page_size::PageSize;
 use crate::scrub::{ScrubControl, ScrubReport, Scrubber};
 use crate::topology::Topology;
+use host::Host as _;
 use state::State;
 
 pub use crate::policy::pool as policy;
@@ -276,10 +277,22 @@ impl Pool {
         let api_targets = targets::ApiTargets::open(&config.state_dir, &page_sizes, &topology)?;
         let mut policy = config.policy;
         api_targets.apply(&mut policy);
-        let clean_start = journal.was_clean_shutdown();
-        let (files, max_id, report) = recover::reconcile(&journal, &mounts, clean_start)?;
+        let mounts = Arc::new(mounts);
+        let supply = kernel::Supply::open(&topology.node_ids(), mounts.keys().copied());
+        let scrubber = Arc::new(Scrubber::new(config.plan).map_err(|e| PoolError::Field {
+            field: "method",
+            message: e.to_string(),
+        })?);
+        let host = Arc::new(host::RealHost::new(
+            Arc::clone(&mounts),
+            journal,
+            supply,
+            Arc::clone(&scrubber),
+        ));
+        let clean_start = host.journal_was_clean();
+        let (files, max_id, report) = recover::reconcile(host.as_ref(), clean_start)?;
         // From here on a crash means warm records must be proven again.
-        journal.clear_clean_shutdown()?;
+        host.journal_clear_clean()?;
         tracing::info!(
             clean = clean_start,
             kept_leases = report.leases,
@@ -294,26 +307,15 @@ impl Pool {
             ..State::default()
         };
         let grace_ms = u64::try_from(policy.lessee_grace.as_millis()).unwrap_or(u64::MAX);
-        let supply = kernel::Supply::open(&topology.node_ids(), mounts.keys().copied());
         let control = Arc::new(ScrubControl::default());
+        // Watching opens starts after recovery, as it always has.
         let reach = reach::Reach::new();
+        host.set_reach(Arc::clone(&reach));
         let gate = Arc::new(gate::StartGate::new(
             Arc::clone(&reach),
             Arc::clone(&control),
         ));
         gate.set_grace(policy.lessee_grace);
-        let mounts = Arc::new(mounts);
-        let scrubber = Arc::new(Scrubber::new(config.plan).map_err(|e| PoolError::Field {
-            field: "method",
-            message: e.to_string(),
-        })?);
-        let host = Arc::new(host::RealHost::new(
-            Arc::clone(&mounts),
-            journal,
-            supply,
-            Arc::clone(&reach),
-            Arc::clone(&scrubber),
-        ));
         let pool = Arc::new(Pool {
             mounts,
             topology,

@@ -25,6 +25,7 @@ struct Rig {
     dir: PathBuf,
     host: Arc<SimHost>,
     pool: Arc<Pool>,
+    policy: PoolPolicy,
 }
 
 impl Drop for Rig {
@@ -46,15 +47,15 @@ fn rig(toml: &str, free: u64) -> Rig {
     let host = SimHost::new(&[((0, PS), free)]);
     let text = format!("reserve = false\nlessee_grace_ms = 0\nverify = \"full\"\n{toml}");
     let policy = PoolPolicy::from_toml(&text).expect("test policy");
-    let pool = Pool::with_host(
-        Arc::clone(&host) as Arc<dyn host::Host>,
-        &dir,
-        &[PS],
-        policy,
-    )
-    .expect("a pool on the simulated host");
+    let pool = Pool::with_host(Arc::clone(&host), &dir, &[PS], policy.clone())
+        .expect("a pool on the simulated host");
     pool.set_start_gate(false);
-    Rig { dir, host, pool }
+    Rig {
+        dir,
+        host,
+        pool,
+        policy,
+    }
 }
 
 /// The policy lines of a warm target of `mib` MiB in files of `sizes` (MiB).
@@ -80,6 +81,31 @@ fn request(name: &str, mib: u64) -> LeaseRequest {
 }
 
 impl Rig {
+    /// A new daemon on what the host keeps (after a crash, or a clean shutdown), recovering
+    /// with the daemon's own recovery; a crash inside recovery starts it again.
+    fn restart(&mut self) {
+        loop {
+            self.host.restart();
+            let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                Pool::with_host(
+                    Arc::clone(&self.host),
+                    &self.dir,
+                    &[PS],
+                    self.policy.clone(),
+                )
+            }));
+            match built {
+                Ok(pool) => {
+                    self.pool = pool.expect("recovery on the simulated host");
+                    self.pool.set_start_gate(false);
+                    return;
+                }
+                Err(panic) if panic.is::<host::sim::Crashed>() => continue,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+    }
+
     fn lease(&self, name: &str, mib: u64) -> Result<LeaseInfo> {
         let r = self.pool.lease(&request(name, mib));
         self.check();

@@ -8,8 +8,10 @@
 //! the end, with the faults gone, every lease released and the pool drained, every page is
 //! back with the kernel.
 //!
-//! Not simulated here: crashes and recovery (`pool::core::sim` crashes before each action of
-//! its model of the driver, and recovery still reads a real journal and mounts).
+//! Crashes: the daemon is killed before any effect on the host (a journal write, a create,
+//! a fault, a link, a scrub, a truncate, a step of recovery itself); a new one recovers with
+//! the daemon's own recovery from what the host keeps, and its open watch has forgotten
+//! every file (so files released before it take the kernel's path). Clean restarts too.
 //!
 //! A failing seed prints the one command that replays it:
 //! `HUGEPREP_DRIVER_SIM_SEED=<seed> cargo test --lib pool::driver_tests::sim -- --nocapture`.
@@ -18,7 +20,7 @@ use super::host::sim::ProofMode;
 use super::*;
 
 /// Seeds the suite runs; `HUGEPREP_DRIVER_SIM_SEEDS` runs more.
-const SEEDS: u64 = 500;
+const SEEDS: u64 = 300;
 /// Steps per seed.
 const STEPS: usize = 150;
 /// Free 2M pages the kernel starts with.
@@ -56,6 +58,8 @@ fn policy(warm_mib: u64) -> PoolPolicy {
 /// What one seed did, so the suite can tell it exercised each path.
 #[derive(Debug, Default)]
 struct Stats {
+    crashes: u64,
+    restarts: u64,
     leases: u64,
     refused: u64,
     releases: u64,
@@ -66,113 +70,53 @@ struct Stats {
 
 fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
     let mut rng = Rng(seed);
-    let r = rig(&target(8, &[4, 8]), PAGES);
+    let mut r = rig(&target(8, &[4, 8]), PAGES);
+    let crash_rate = rng.below(80);
     let mut stats = Stats::default();
     let mut leases: Vec<LeaseInfo> = Vec::new();
     for step in 0..STEPS {
-        let roll = rng.below(100);
-        let what = match roll {
-            0..=24 => {
-                let name = format!("vm{}", rng.below(6));
-                let size = (1 + rng.below(4)) * 2 * MIB;
-                // A lease that would wait for work nobody runs here reaches its deadline
-                // in a few turns of a clock that jumps.
-                r.host.inject(|f| f.tick = Duration::from_secs(40));
-                let res = r.pool.lease(&request(&name, size / MIB));
-                r.host.inject(|f| f.tick = Duration::ZERO);
-                match res {
-                    Ok(info) => {
-                        r.host.write(&info.path, &format!("lessee-{}", info.id));
-                        stats.leases += 1;
-                        let s = format!("lease {name} {size} -> {:?} {}", info.source, info.id);
-                        leases.push(info);
-                        s
-                    }
-                    Err(e) => {
-                        stats.refused += 1;
-                        format!("lease {name} {size} refused: {e}")
-                    }
-                }
+        if rng.chance(crash_rate) {
+            let n = rng.below(8);
+            r.host.inject(|f| f.crash_after = Some(n));
+            trace.push(format!("{step}: crash before the effect {n} from here"));
+        }
+        if rng.chance(10) {
+            // A clean restart, as `systemctl restart` makes it.
+            r.pool.shutdown();
+            let marked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                r.pool.mark_clean_shutdown()
+            }));
+            trace.push(format!(
+                "{step}: clean restart (marked: {})",
+                marked.is_ok()
+            ));
+            r.restart();
+            stats.restarts += 1;
+            leases = r.pool.leases();
+            r.check();
+            continue;
+        }
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            one_step(&r, &mut rng, &mut leases, &mut stats)
+        }));
+        let what = match stepped {
+            Ok(what) => what,
+            Err(panic) if panic.is::<super::host::sim::Crashed>() => {
+                r.restart();
+                stats.crashes += 1;
+                leases = r.pool.leases();
+                "crashed; a new daemon recovered".to_string()
             }
-            25..=44 if !leases.is_empty() => {
-                let info = leases.remove(rng.below(leases.len() as u64) as usize);
-                match r.pool.release(info.id) {
-                    Ok(_) => {
-                        stats.releases += 1;
-                        format!("release {}", info.id)
-                    }
-                    Err(e) => {
-                        leases.push(info.clone());
-                        format!("release {} failed: {e}", info.id)
-                    }
-                }
-            }
-            45..=79 => {
-                let did = r.pool.work_once();
-                stats.jobs += u64::from(did);
-                format!("work: {did}")
-            }
-            80..=81 => {
-                let rep = r.pool.drain(&DrainRequest::default(), Duration::ZERO);
-                format!("drain: {:?}", rep.map(|d| d.kinds))
-            }
-            82..=83 => format!("resume: {:?}", r.pool.resume(None, None)),
-            84 => {
-                let warm = rng.below(5) * 4;
-                r.pool.set_policy(policy(warm));
-                format!("target {warm}M")
-            }
-            85..=86 => {
-                let full = rng.chance(500).then_some(rng.below(3));
-                r.host.inject(|f| f.journal_full_after = full);
-                format!("journal full after {full:?} more writes")
-            }
-            87 => {
-                let phantom = rng.below(3) * rng.below(6);
-                r.host.inject(|f| f.phantom_pages = phantom);
-                format!("kernel counts {phantom} pages it does not have")
-            }
-            88..=89 => {
-                let mode = match rng.below(4) {
-                    0 => ProofMode::Held,
-                    1 => ProofMode::Fail,
-                    _ => ProofMode::Pass,
-                };
-                r.host.inject(|f| f.proof = mode);
-                format!("proofs: {mode:?}")
-            }
-            90 => {
-                let fails = rng.chance(300);
-                r.host.inject(|f| f.scrub_fails = fails);
-                format!("scrubs fail: {fails}")
-            }
-            91 => {
-                let fails = rng.chance(300);
-                r.host.inject(|f| f.create_fails = fails);
-                format!("creates fail: {fails}")
-            }
-            92..=93 => {
-                let pages = rng.below(9) as i64 - 4;
-                r.host.take_free(0, PS, pages);
-                format!("another user takes {pages} free pages")
-            }
-            94..=95 => {
-                let secs = rng.below(4000);
-                r.host.advance(Duration::from_secs(secs));
-                format!("time jumps {secs} s")
-            }
-            _ => {
-                let did = r.pool.work_once();
-                stats.jobs += u64::from(did);
-                format!("work: {did}")
-            }
+            Err(panic) => std::panic::resume_unwind(panic),
         };
+        r.host.inject(|f| f.tick = Duration::ZERO);
         trace.push(format!("{step}: {what}"));
         r.check();
     }
     // The end: faults gone, every lease back, the pool drained: every page with the kernel.
     r.host.inject(|f| *f = Default::default());
-    for info in leases.drain(..) {
+    let leases = r.pool.leases();
+    for info in leases {
         r.pool.release(info.id).expect("a release without faults");
     }
     r.pool.set_policy(policy(0));
@@ -191,6 +135,106 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
     stats
 }
 
+/// One request, job or fault of the simulation: what it did.
+fn one_step(r: &Rig, rng: &mut Rng, leases: &mut Vec<LeaseInfo>, stats: &mut Stats) -> String {
+    match rng.below(100) {
+        0..=24 => {
+            let name = format!("vm{}", rng.below(6));
+            let size = (1 + rng.below(4)) * 2 * MIB;
+            // A lease that would wait for work nobody runs here reaches its deadline
+            // in a few turns of a clock that jumps.
+            r.host.inject(|f| f.tick = Duration::from_secs(40));
+            let res = r.pool.lease(&request(&name, size / MIB));
+            r.host.inject(|f| f.tick = Duration::ZERO);
+            match res {
+                Ok(info) => {
+                    r.host.write(&info.path, &format!("lessee-{}", info.id));
+                    stats.leases += 1;
+                    let s = format!("lease {name} {size} -> {:?} {}", info.source, info.id);
+                    leases.push(info);
+                    s
+                }
+                Err(e) => {
+                    stats.refused += 1;
+                    format!("lease {name} {size} refused: {e}")
+                }
+            }
+        }
+        25..=44 if !leases.is_empty() => {
+            let info = leases.remove(rng.below(leases.len() as u64) as usize);
+            match r.pool.release(info.id) {
+                Ok(_) => {
+                    stats.releases += 1;
+                    format!("release {}", info.id)
+                }
+                Err(e) => {
+                    leases.push(info.clone());
+                    format!("release {} failed: {e}", info.id)
+                }
+            }
+        }
+        45..=79 => {
+            let did = r.pool.work_once();
+            stats.jobs += u64::from(did);
+            format!("work: {did}")
+        }
+        80..=81 => {
+            let rep = r.pool.drain(&DrainRequest::default(), Duration::ZERO);
+            format!("drain: {:?}", rep.map(|d| d.kinds))
+        }
+        82..=83 => format!("resume: {:?}", r.pool.resume(None, None)),
+        84 => {
+            let warm = rng.below(5) * 4;
+            r.pool.set_policy(policy(warm));
+            format!("target {warm}M")
+        }
+        85..=86 => {
+            let full = rng.chance(500).then_some(rng.below(3));
+            r.host.inject(|f| f.journal_full_after = full);
+            format!("journal full after {full:?} more writes")
+        }
+        87 => {
+            let phantom = rng.below(3) * rng.below(6);
+            r.host.inject(|f| f.phantom_pages = phantom);
+            format!("kernel counts {phantom} pages it does not have")
+        }
+        88..=89 => {
+            let mode = match rng.below(4) {
+                0 => ProofMode::Held,
+                1 => ProofMode::Fail,
+                _ => ProofMode::Pass,
+            };
+            r.host.inject(|f| f.proof = mode);
+            format!("proofs: {mode:?}")
+        }
+        90 => {
+            let fails = rng.chance(300);
+            r.host.inject(|f| f.scrub_fails = fails);
+            format!("scrubs fail: {fails}")
+        }
+        91 => {
+            let fails = rng.chance(300);
+            r.host.inject(|f| f.create_fails = fails);
+            format!("creates fail: {fails}")
+        }
+        92..=93 => {
+            let pages = rng.below(9) as i64 - 4;
+            r.host.take_free(0, PS, pages);
+            format!("another user takes {pages} free pages")
+        }
+        94..=95 => {
+            let secs = rng.below(4000);
+            r.host.advance(Duration::from_secs(secs));
+            format!("time jumps {secs} s")
+        }
+        _ => {
+            let did = r.pool.work_once();
+            stats.jobs += u64::from(did);
+            format!("work: {did}")
+        }
+    }
+}
+
 #[test]
 fn seeds_keep_every_page_in_one_file_and_every_byte_with_its_lessee() {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
@@ -206,6 +250,8 @@ fn seeds_keep_every_page_in_one_file_and_every_byte_with_its_lessee() {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(seed, &mut trace)));
         match result {
             Ok(s) => {
+                total.crashes += s.crashes;
+                total.restarts += s.restarts;
                 total.leases += s.leases;
                 total.refused += s.refused;
                 total.releases += s.releases;
@@ -226,5 +272,6 @@ fn seeds_keep_every_page_in_one_file_and_every_byte_with_its_lessee() {
     if !one {
         assert!(total.leases > 0 && total.refused > 0 && total.releases > 0);
         assert!(total.kernel_path > 0 && total.scrubbed_bytes > 0);
+        assert!(total.crashes > 0 && total.restarts > 0);
     }
 }

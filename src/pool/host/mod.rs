@@ -31,6 +31,7 @@ use crate::page_size::PageSize;
 use crate::prefault::Taken;
 use crate::scrub::{ScrubControl, ScrubError, ScrubOptions, ScrubReport};
 
+use super::core::recovery::{Facts, Step};
 use super::fault::FaultError;
 use super::holes::{HoleError, Refill};
 use super::on_node::{OnNodeError, Stray};
@@ -255,6 +256,20 @@ pub(super) trait Host: Send + Sync + std::fmt::Debug {
 
     /// Unlinks a pool file (`NotFound` when it is gone already).
     fn unlink(&self, file: FileAt) -> std::io::Result<()>;
+
+    /// Whether the journal says the last run ended with a clean shutdown.
+    fn journal_was_clean(&self) -> bool;
+
+    /// Clears the clean-shutdown marker: from here on a crash means warm records must be
+    /// proven again.
+    fn journal_clear_clean(&self) -> Result<(), JournalError>;
+
+    /// What recovery decides from: the journal's records and the pool and lease
+    /// directories of every mount (`clean`: the last run ended cleanly).
+    fn recovery_facts(&self, clean: bool) -> super::Result<Facts>;
+
+    /// Performs one step of the recovery plan.
+    fn recovery_step(&self, step: &Step) -> super::Result<()>;
 }
 
 impl From<HostError> for super::PoolError {

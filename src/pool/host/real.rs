@@ -14,6 +14,7 @@ use super::{Background, FileAt, Handle, Host, HostError};
 use crate::hugetlb::{BackingFile, Owner};
 use crate::journal::{Journal, JournalError};
 use crate::page_size::PageSize;
+use crate::pool::core::recovery::{Facts, Step};
 use crate::pool::fault::FaultError;
 use crate::pool::holes::{HoleError, Refill};
 use crate::pool::kernel::{node_free_pages, Supply};
@@ -31,7 +32,8 @@ pub(in crate::pool) struct RealHost {
     mounts: Arc<BTreeMap<PageSize, PoolMount>>,
     journal: Journal,
     supply: Supply,
-    reach: Arc<Reach>,
+    /// Set after recovery (the open watch starts then, as it always has).
+    reach: std::sync::OnceLock<Arc<Reach>>,
     scrubber: Arc<Scrubber>,
     /// Who released files go back to.
     daemon_owner: Owner,
@@ -39,24 +41,31 @@ pub(in crate::pool) struct RealHost {
 
 impl RealHost {
     /// The host of `mounts`, journaling in `journal`, reading free pages from `supply`,
-    /// proving releases with `reach`, scrubbing with `scrubber`.
+    /// scrubbing with `scrubber`; it proves releases once [`RealHost::set_reach`] gave it
+    /// the open watch.
     pub(in crate::pool) fn new(
         mounts: Arc<BTreeMap<PageSize, PoolMount>>,
         journal: Journal,
         supply: Supply,
-        reach: Arc<Reach>,
         scrubber: Arc<Scrubber>,
     ) -> RealHost {
         RealHost {
             mounts,
             journal,
             supply,
-            reach,
+            reach: std::sync::OnceLock::new(),
             scrubber,
             daemon_owner: Owner {
                 uid: nix::unistd::getuid().as_raw(),
                 gid: nix::unistd::getgid().as_raw(),
             },
+        }
+    }
+
+    /// Who opened leased files, and the proofs that released ones are out of reach.
+    pub(in crate::pool) fn set_reach(&self, reach: Arc<Reach>) {
+        if self.reach.set(reach).is_err() {
+            tracing::warn!("the release proof was set twice: the first stays");
         }
     }
 
@@ -176,13 +185,15 @@ impl Host for RealHost {
     }
 
     fn watch(&self, id: u64, handle: &Handle) {
-        if let Some(f) = handle.backing() {
-            self.reach.watch(id, f.file());
+        if let (Some(f), Some(reach)) = (handle.backing(), self.reach.get()) {
+            reach.watch(id, f.file());
         }
     }
 
     fn forget(&self, id: u64) {
-        self.reach.forget(id);
+        if let Some(reach) = self.reach.get() {
+            reach.forget(id);
+        }
     }
 
     fn chown(&self, handle: &Handle, owner: Owner) -> Result<(), HostError> {
@@ -232,9 +243,9 @@ impl Host for RealHost {
     }
 
     fn prove(&self, id: u64, handle: &Handle) -> Result<Proof, Unproven> {
-        match handle.backing() {
-            Some(f) => self.reach.prove(id, f.file()),
-            None => Err(Unproven::NotWatched),
+        match (handle.backing(), self.reach.get()) {
+            (Some(f), Some(reach)) => reach.prove(id, f.file()),
+            _ => Err(Unproven::NotWatched),
         }
     }
 
@@ -297,6 +308,22 @@ impl Host for RealHost {
 
     fn unlink(&self, file: FileAt) -> io::Result<()> {
         fs::remove_file(self.path(file).map_err(io::Error::other)?)
+    }
+
+    fn journal_was_clean(&self) -> bool {
+        self.journal.was_clean_shutdown()
+    }
+
+    fn journal_clear_clean(&self) -> Result<(), JournalError> {
+        self.journal.clear_clean_shutdown()
+    }
+
+    fn recovery_facts(&self, clean: bool) -> crate::pool::Result<Facts> {
+        crate::pool::recover::facts(&self.journal, &self.mounts, clean)
+    }
+
+    fn recovery_step(&self, step: &Step) -> crate::pool::Result<()> {
+        crate::pool::recover::perform(&self.journal, &self.mounts, step)
     }
 }
 

@@ -18,11 +18,12 @@ use super::{Background, FileAt, Handle, Host, HostError};
 use crate::hugetlb::{Owner, Scope};
 use crate::journal::JournalError;
 use crate::page_size::PageSize;
+use crate::pool::core::recovery::{Facts, LeasePathFact, PoolFileFact, Step};
 use crate::pool::fault::FaultError;
 use crate::pool::holes::{HoleError, Refill};
 use crate::pool::on_node::{OnNodeError, Stray};
 use crate::pool::reach::{Proof, Unproven};
-use crate::pool::record::FileRecord;
+use crate::pool::record::{file_key, FileRecord, FileState};
 use crate::pool::state::Promised;
 use crate::prefault::{PrefaultError, Taken};
 use crate::scrub::{ScrubControl, ScrubError, ScrubOptions, ScrubReport};
@@ -77,7 +78,15 @@ pub(in crate::pool) struct Faults {
     /// Every reading of the clock moves it on this much (time that jumps; a lease that
     /// waits reaches its deadline in a few turns).
     pub(in crate::pool) tick: Duration,
+    /// The daemon is killed before this many more effects (`Some(0)`: before the next):
+    /// the host call unwinds with [`Crashed`], and the simulation starts a new daemon on
+    /// what the host keeps.
+    pub(in crate::pool) crash_after: Option<u64>,
 }
+
+/// The payload of a simulated crash (see [`Faults::crash_after`]).
+#[derive(Debug)]
+pub(in crate::pool) struct Crashed;
 
 #[derive(Debug, Default)]
 struct World {
@@ -88,6 +97,8 @@ struct World {
     free: BTreeMap<(u32, PageSize), u64>,
     total: BTreeMap<(u32, PageSize), u64>,
     lease_paths: BTreeMap<PathBuf, u64>,
+    /// The lease directory of each page size (recovery lists lease paths by name).
+    lease_dirs: BTreeMap<PageSize, PathBuf>,
     elapsed: Duration,
     faults: Faults,
     leaks: Vec<String>,
@@ -124,6 +135,41 @@ impl SimHost {
 
     fn world(&self) -> MutexGuard<'_, World> {
         self.world.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Before every effect: the daemon may be killed here.
+    fn effect(&self) {
+        let crash = {
+            let mut w = self.world();
+            match w.faults.crash_after {
+                Some(0) => {
+                    w.faults.crash_after = None;
+                    true
+                }
+                Some(n) => {
+                    w.faults.crash_after = Some(n - 1);
+                    false
+                }
+                None => false,
+            }
+        };
+        if crash {
+            std::panic::panic_any(Crashed);
+        }
+    }
+
+    /// A new daemon starts on what the host keeps: the dead one's open watch is gone.
+    pub(in crate::pool) fn restart(&self) {
+        let mut w = self.world();
+        w.faults.crash_after = None;
+        for (_, f) in w.files.values_mut() {
+            f.watched = false;
+        }
+    }
+
+    /// Where the lease paths of `ps` are (set when a pool is built on the host).
+    pub(in crate::pool) fn set_lease_dir(&self, ps: PageSize, dir: PathBuf) {
+        self.world().lease_dirs.insert(ps, dir);
     }
 
     /// Changes the faults injected from now on.
@@ -274,6 +320,7 @@ impl Host for SimHost {
     }
 
     fn journal_write(&self, rec: &FileRecord) -> Result<(), JournalError> {
+        self.effect();
         let mut w = self.world();
         if w.faults
             .journal_full_after
@@ -287,11 +334,13 @@ impl Host for SimHost {
     }
 
     fn journal_remove(&self, id: u64) -> Result<(), JournalError> {
+        self.effect();
         self.world().journal.remove(&id);
         Ok(())
     }
 
     fn journal_mark_clean(&self) -> Result<(), JournalError> {
+        self.effect();
         self.world().clean = true;
         Ok(())
     }
@@ -308,6 +357,7 @@ impl Host for SimHost {
     }
 
     fn cut(&self, file: FileAt, size: u64) -> Result<(), HostError> {
+        self.effect();
         let mut w = self.world();
         if !w.files.contains_key(&file.id) {
             return Err(HostError::Io {
@@ -328,6 +378,7 @@ impl Host for SimHost {
         _cpus: &[usize],
         _background: Background,
     ) -> Result<(), HostError> {
+        self.effect();
         self.create(file, size)?;
         let mut w = self.world();
         set_node(&mut w, file.id, node);
@@ -359,6 +410,7 @@ impl Host for SimHost {
     }
 
     fn create(&self, file: FileAt, size: u64) -> Result<Handle, HostError> {
+        self.effect();
         let mut w = self.world();
         if w.faults.create_fails {
             return Err(HostError::Io {
@@ -382,6 +434,7 @@ impl Host for SimHost {
     }
 
     fn resize(&self, handle: &mut Handle, size: u64) -> Result<(), HostError> {
+        self.effect();
         let at = handle.at();
         let mut w = self.world();
         let node = node_of(&w, at.id);
@@ -400,6 +453,7 @@ impl Host for SimHost {
         _beside_others: bool,
         _taken: Arc<Taken>,
     ) -> Result<(), FaultError> {
+        self.effect();
         let mut w = self.world();
         set_node(&mut w, handle.at().id, node);
         self.fault(&mut w, handle.at(), &range, node)
@@ -418,6 +472,7 @@ impl Host for SimHost {
     }
 
     fn chown(&self, handle: &Handle, owner: Owner) -> Result<(), HostError> {
+        self.effect();
         if let Some((_, f)) = self.world().files.get_mut(&handle.at().id) {
             f.owner = Some(owner.uid);
         }
@@ -433,6 +488,7 @@ impl Host for SimHost {
     }
 
     fn link_lease(&self, handle: &Handle, lease_path: &Path) -> Result<(), HostError> {
+        self.effect();
         let mut w = self.world();
         let id = handle.at().id;
         let Some((_, f)) = w.files.get_mut(&id) else {
@@ -473,6 +529,8 @@ impl Host for SimHost {
     }
 
     fn prove(&self, id: u64, _handle: &Handle) -> Result<Proof, Unproven> {
+        self.effect();
+        self.effect();
         let w = self.world();
         let watched = w.files.get(&id).is_some_and(|(_, f)| f.watched);
         match w.faults.proof {
@@ -492,6 +550,7 @@ impl Host for SimHost {
         node: u32,
         _cpus: &[usize],
     ) -> Result<Refill, HoleError> {
+        self.effect();
         let at = handle.at();
         let page = at.page_size.bytes();
         let mut w = self.world();
@@ -526,6 +585,7 @@ impl Host for SimHost {
         opts: &ScrubOptions,
         _control: &ScrubControl,
     ) -> Result<ScrubReport, ScrubError> {
+        self.effect();
         let mut w = self.world();
         let id = handle.at().id;
         if w.faults.scrub_fails {
@@ -549,6 +609,7 @@ impl Host for SimHost {
     }
 
     fn truncate(&self, file: FileAt, _node: u32) -> io::Result<u64> {
+        self.effect();
         let mut w = self.world();
         if !w.files.contains_key(&file.id) {
             return Err(io::Error::from(io::ErrorKind::NotFound));
@@ -563,6 +624,7 @@ impl Host for SimHost {
     }
 
     fn unlink(&self, file: FileAt) -> io::Result<()> {
+        self.effect();
         let mut w = self.world();
         match w.files.get_mut(&file.id) {
             Some((_, f)) if f.pooled => f.pooled = false,
@@ -571,6 +633,108 @@ impl Host for SimHost {
         drop_unnamed(&mut w, file.id);
         Ok(())
     }
+
+    fn journal_was_clean(&self) -> bool {
+        self.world().clean
+    }
+
+    fn journal_clear_clean(&self) -> Result<(), JournalError> {
+        self.effect();
+        self.world().clean = false;
+        Ok(())
+    }
+
+    fn recovery_facts(&self, clean: bool) -> crate::pool::Result<Facts> {
+        let w = self.world();
+        let mut facts = Facts {
+            records: w
+                .journal
+                .values()
+                .map(|rec| (rec.key(), Ok(rec.clone())))
+                .collect(),
+            served: w.lease_dirs.keys().copied().collect(),
+            clean,
+            ..Facts::default()
+        };
+        for (&ps, dir) in &w.lease_dirs {
+            let pool = facts.pool_files.entry(ps).or_default();
+            for (id, (fps, f)) in &w.files {
+                if *fps == ps && f.pooled {
+                    let fact = PoolFileFact {
+                        len: f.size,
+                        inode: (0, *id),
+                    };
+                    pool.insert(file_key(*id), Some(fact));
+                }
+            }
+            let paths = facts.lease_paths.entry(ps).or_default();
+            for (path, id) in &w.lease_paths {
+                if let Ok(name) = path.strip_prefix(dir) {
+                    let fact = LeasePathFact {
+                        path: path.clone(),
+                        inode: Some((0, *id)),
+                    };
+                    paths.insert(name.to_string_lossy().into_owned(), fact);
+                }
+            }
+        }
+        for rec in w.journal.values() {
+            if let FileState::Leased(lease) = &rec.state {
+                if w.lease_paths.contains_key(&lease.path) {
+                    facts.existing_paths.insert(lease.path.clone());
+                }
+            }
+        }
+        Ok(facts)
+    }
+
+    fn recovery_step(&self, step: &Step) -> crate::pool::Result<()> {
+        self.effect();
+        let mut w = self.world();
+        let id_of = |name: &str| name.strip_prefix('p').and_then(|n| n.parse::<u64>().ok());
+        match step {
+            Step::Unjournal(key) => {
+                if let Some(id) = id_of(key) {
+                    w.journal.remove(&id);
+                }
+            }
+            Step::Journal(rec) => {
+                w.journal.insert(rec.id, rec.clone());
+            }
+            Step::RemovePoolEntry(_, name) => {
+                if let Some(id) = id_of(name) {
+                    unpool(&mut w, id);
+                }
+            }
+            Step::RemoveFile(_, id) => unpool(&mut w, *id),
+            Step::Relink(_, id, path) => {
+                if let Some((_, f)) = w.files.get_mut(id) {
+                    f.links.insert(path.clone());
+                    w.lease_paths.insert(path.clone(), *id);
+                }
+            }
+            Step::RemoveLeasePath(ps, name) => {
+                let path = w.lease_dirs.get(ps).map(|d| d.join(name));
+                if let Some(path) = path {
+                    if let Some(id) = w.lease_paths.remove(&path) {
+                        if let Some((_, f)) = w.files.get_mut(&id) {
+                            f.links.remove(&path);
+                        }
+                        drop_unnamed(&mut w, id);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The pool directory no longer names file `id`.
+fn unpool(w: &mut World, id: u64) {
+    if let Some((_, f)) = w.files.get_mut(&id) {
+        f.pooled = false;
+    }
+    drop_unnamed(w, id);
 }
 
 /// A file nothing names any more is freed, its pages back to the kernel.

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
 
+use super::sim::SimHost;
 use super::Host;
 use crate::clear::{ClearPlan, Method};
 use crate::page_size::PageSize;
@@ -20,11 +21,12 @@ use crate::topology::Topology;
 impl Pool {
     /// A pool of `policy` whose every effect goes to `host`, with plain directories below
     /// `dir` standing for the mounts of `page_sizes` and holding its small state files (the
-    /// reservations' ledger, the tenants' key, the API's targets). It starts empty, as after
-    /// a clean start with an empty journal; no worker or keeper runs (tests drive the
-    /// worker's jobs one at a time).
+    /// reservations' ledger, the tenants' key, the API's targets). It recovers from what the
+    /// host keeps (nothing, the first time; a crashed daemon's journal and files after),
+    /// with the daemon's own recovery; no worker or keeper runs (tests drive the worker's
+    /// jobs one at a time).
     pub(in crate::pool) fn with_host(
-        host: Arc<dyn Host>,
+        host: Arc<SimHost>,
         dir: &Path,
         page_sizes: &[PageSize],
         policy: PoolPolicy,
@@ -44,8 +46,14 @@ impl Pool {
         for &ps in page_sizes {
             let root = dir.join(format!("mount-{}", ps.name()));
             std::fs::create_dir_all(&root).map_err(io("creating", &root))?;
-            mounts.insert(ps, PoolMount::new(&root, ps)?);
+            let mount = PoolMount::new(&root, ps)?;
+            host.set_lease_dir(ps, mount.lease_dir.clone());
+            mounts.insert(ps, mount);
         }
+        // Recovery on what the host keeps (nothing, the first time), as `Pool::open` does.
+        let clean = host.journal_was_clean();
+        let (files, max_id, _) = crate::pool::recover::reconcile(host.as_ref(), clean)?;
+        host.journal_clear_clean()?;
         let reservations = reserve::Reservations::open(&state_dir)?;
         let scope_key = tenant::ScopeKey::open(&state_dir)?;
         let api_targets = targets::ApiTargets::open(
@@ -74,17 +82,17 @@ impl Pool {
             mounts: Arc::new(mounts),
             topology,
             policy: std::sync::RwLock::new(Arc::new(policy)),
-            host,
+            host: host as Arc<dyn Host>,
             scrubber: Arc::new(scrubber),
             control,
             gate,
             state: Mutex::new(State {
-                core: core::Core::with_files(Vec::new(), 1 << 20),
+                core: core::Core::with_files(files, (max_id + 1).max(1 << 20)),
                 ..State::default()
             }),
             changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
-            clean_start: true,
+            clean_start: clean,
             reservations,
             reserve_gate: Mutex::new(()),
             refusals: shortfall::Refusals::default(),
