@@ -142,3 +142,22 @@ fn a_time_jump_does_not_break_a_lease() {
     r.settle();
     assert_eq!(r.warm_bytes(), 8 * MIB);
 }
+
+#[test]
+fn a_crash_before_a_cold_leases_fault_is_recovered_without_its_file() {
+    let mut r = rig("", 16);
+    // Before its second effect: the filling record is journaled, the file created, not faulted.
+    r.host.inject(|f| f.crash_after = Some(2));
+    let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        r.pool.lease(&request("vm1", 4))
+    }));
+    assert!(crashed.is_err());
+    let facts = r.host.recovery_facts(false).unwrap();
+    let plan = core::recovery::plan(&facts);
+    assert!(!plan.steps.is_empty(), "{facts:?}");
+    r.restart();
+    r.check();
+    assert!(r.host.files().is_empty());
+    assert!(r.host.journal().is_empty());
+    assert_eq!(r.free(), 16);
+}

@@ -84,6 +84,7 @@ impl Rig {
     /// A new daemon on what the host keeps (after a crash, or a clean shutdown), recovering
     /// with the daemon's own recovery; a crash inside recovery starts it again.
     fn restart(&mut self) {
+        let clean = self.host.clean();
         loop {
             self.host.restart();
             let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -98,6 +99,12 @@ impl Rig {
                 Ok(pool) => {
                     self.pool = pool.expect("recovery on the simulated host");
                     self.pool.set_start_gate(false);
+                    if !clean {
+                        // After a crash no warm record is trusted: each is proven again.
+                        let st = self.pool.lock();
+                        let warm = st.core.files().find(|e| e.rec().state == FileState::Warm);
+                        assert!(warm.is_none(), "trusted warm after a crash: {warm:?}");
+                    }
                     return;
                 }
                 Err(panic) if panic.is::<host::sim::Crashed>() => continue,
@@ -144,6 +151,13 @@ impl Rig {
             panic!("core invariant: {v:?}");
         }
         let files = self.host.files();
+        for (path, id) in self.host.lease_paths() {
+            let ours = st
+                .core
+                .get(id)
+                .is_some_and(|e| matches!(&e.rec().state, FileState::Leased(l) if l.path == path));
+            assert!(ours, "lease path {} of no lease", path.display());
+        }
         for (id, (_, f)) in &files {
             let known = st.core.get(*id).is_some();
             let kept = !f.pooled && !f.links.is_empty();
@@ -157,6 +171,14 @@ impl Rig {
                 continue;
             }
             let rec = e.rec();
+            if rec.state == FileState::Warm {
+                let marks = files.get(&rec.id).map(|(_, f)| f.marks.clone());
+                assert!(
+                    marks.as_ref().is_none_or(|m| m.is_empty()),
+                    "warm file {} holds bytes of {marks:?}",
+                    rec.id
+                );
+            }
             let on_host = files.get(&rec.id).map(|(_, f)| f.size);
             if rec.size > 0 {
                 assert_eq!(on_host, Some(rec.size), "file {} on the host", rec.id);

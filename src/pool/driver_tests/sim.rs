@@ -16,6 +16,8 @@
 //! A failing seed prints the one command that replays it:
 //! `HUGEPREP_DRIVER_SIM_SEED=<seed> cargo test --lib pool::driver_tests::sim -- --nocapture`.
 
+use std::collections::BTreeMap;
+
 use super::host::sim::ProofMode;
 use super::*;
 
@@ -23,6 +25,33 @@ use super::*;
 const SEEDS: u64 = 300;
 /// Steps per seed.
 const STEPS: usize = 150;
+/// The effects the suite must have crashed before: each is found safe, or the suite fails.
+const CRASH_POINTS: &[&str] = &[
+    "journal filling",
+    "journal warm",
+    "journal leased",
+    "journal dirty",
+    "journal scrubbing",
+    "unjournal",
+    "journal the clean shutdown",
+    "clear the clean shutdown",
+    "create and fault a refill",
+    "create a lease's file",
+    "resize a file",
+    "fault a lease",
+    "link a lease path",
+    "unlink a lease path",
+    "take a released file back",
+    "refill holes",
+    "prove out of reach",
+    "scrub",
+    "truncate",
+    "unlink a pool file",
+    "recovery: unjournal",
+    "recovery: journal dirty",
+    "recovery: remove a file",
+];
+
 /// Free 2M pages the kernel starts with.
 const PAGES: u64 = 24;
 
@@ -47,17 +76,23 @@ impl Rng {
     }
 }
 
-fn policy(warm_mib: u64) -> PoolPolicy {
-    let text = format!(
+/// A target of `warm_mib` in files of 4 and 8 MiB; `demand`: sizes follow the leases (warm
+/// files are cut to a size in demand), else the fixed mix.
+fn policy(warm_mib: u64, demand: bool) -> PoolPolicy {
+    let mut text = format!(
         "reserve = false\nlessee_grace_ms = 0\nverify = \"full\"\n{}",
         target(warm_mib, &[4, 8])
     );
+    if demand {
+        text = text.replace("shape = \"fixed\"", "shape = \"demand\"");
+    }
     PoolPolicy::from_toml(&text).expect("simulated policy")
 }
 
 /// What one seed did, so the suite can tell it exercised each path.
 #[derive(Debug, Default)]
 struct Stats {
+    crashed_at: BTreeMap<&'static str, u64>,
     crashes: u64,
     restarts: u64,
     leases: u64,
@@ -70,7 +105,10 @@ struct Stats {
 
 fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
     let mut rng = Rng(seed);
+    let demand = rng.chance(500);
     let mut r = rig(&target(8, &[4, 8]), PAGES);
+    r.pool.set_policy(policy(8, demand));
+    r.policy = policy(8, demand);
     let crash_rate = rng.below(80);
     let mut stats = Stats::default();
     let mut leases: Vec<LeaseInfo> = Vec::new();
@@ -97,11 +135,16 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
             continue;
         }
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            one_step(&r, &mut rng, &mut leases, &mut stats)
+            one_step(&r, &mut rng, &mut leases, &mut stats, demand)
         }));
         let what = match stepped {
             Ok(what) => what,
             Err(panic) if panic.is::<super::host::sim::Crashed>() => {
+                if rng.chance(600) {
+                    // Killed again during its recovery.
+                    let n = rng.below(2);
+                    r.host.inject(|f| f.crash_after = Some(n));
+                }
                 r.restart();
                 stats.crashes += 1;
                 leases = r.pool.leases();
@@ -119,7 +162,7 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
     for info in leases {
         r.pool.release(info.id).expect("a release without faults");
     }
-    r.pool.set_policy(policy(0));
+    r.pool.set_policy(policy(0, demand));
     r.settle();
     r.pool
         .drain(&DrainRequest::default(), Duration::ZERO)
@@ -129,6 +172,7 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
     // Held files wait aside until proven again; the drain gives them up.
     assert!(r.host.files().is_empty(), "left: {:?}", r.host.files());
     assert_eq!(r.free(), r.host.total_pages(0, PS), "every page back");
+    stats.crashed_at = r.host.crashed_at();
     let c = r.pool.counters();
     stats.kernel_path = c.kernel_path_releases;
     stats.scrubbed_bytes = c.scrubbed_bytes;
@@ -136,7 +180,13 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
 }
 
 /// One request, job or fault of the simulation: what it did.
-fn one_step(r: &Rig, rng: &mut Rng, leases: &mut Vec<LeaseInfo>, stats: &mut Stats) -> String {
+fn one_step(
+    r: &Rig,
+    rng: &mut Rng,
+    leases: &mut Vec<LeaseInfo>,
+    stats: &mut Stats,
+    demand: bool,
+) -> String {
     match rng.below(100) {
         0..=24 => {
             let name = format!("vm{}", rng.below(6));
@@ -185,7 +235,7 @@ fn one_step(r: &Rig, rng: &mut Rng, leases: &mut Vec<LeaseInfo>, stats: &mut Sta
         82..=83 => format!("resume: {:?}", r.pool.resume(None, None)),
         84 => {
             let warm = rng.below(5) * 4;
-            r.pool.set_policy(policy(warm));
+            r.pool.set_policy(policy(warm, demand));
             format!("target {warm}M")
         }
         85..=86 => {
@@ -250,6 +300,9 @@ fn seeds_keep_every_page_in_one_file_and_every_byte_with_its_lessee() {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(seed, &mut trace)));
         match result {
             Ok(s) => {
+                for (site, n) in s.crashed_at {
+                    *total.crashed_at.entry(site).or_default() += n;
+                }
                 total.crashes += s.crashes;
                 total.restarts += s.restarts;
                 total.leases += s.leases;
@@ -273,5 +326,10 @@ fn seeds_keep_every_page_in_one_file_and_every_byte_with_its_lessee() {
         assert!(total.leases > 0 && total.refused > 0 && total.releases > 0);
         assert!(total.kernel_path > 0 && total.scrubbed_bytes > 0);
         assert!(total.crashes > 0 && total.restarts > 0);
+        let missed: Vec<&&str> = CRASH_POINTS
+            .iter()
+            .filter(|p| !total.crashed_at.contains_key(*p))
+            .collect();
+        assert!(missed.is_empty(), "never crashed before {missed:?}");
     }
 }

@@ -99,6 +99,8 @@ struct World {
     lease_paths: BTreeMap<PathBuf, u64>,
     /// The lease directory of each page size (recovery lists lease paths by name).
     lease_dirs: BTreeMap<PageSize, PathBuf>,
+    /// Crashes injected, by the effect they came before.
+    crashed_at: BTreeMap<&'static str, u64>,
     elapsed: Duration,
     faults: Faults,
     leaks: Vec<String>,
@@ -137,13 +139,14 @@ impl SimHost {
         self.world.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Before every effect: the daemon may be killed here.
-    fn effect(&self) {
+    /// Before every effect (`site` names it): the daemon may be killed here.
+    fn effect(&self, site: &'static str) {
         let crash = {
             let mut w = self.world();
             match w.faults.crash_after {
                 Some(0) => {
                     w.faults.crash_after = None;
+                    *w.crashed_at.entry(site).or_default() += 1;
                     true
                 }
                 Some(n) => {
@@ -158,13 +161,18 @@ impl SimHost {
         }
     }
 
-    /// A new daemon starts on what the host keeps: the dead one's open watch is gone.
+    /// A new daemon starts on what the host keeps: the dead one's open watch is gone (a
+    /// crash still injected may kill the new one during its recovery).
     pub(in crate::pool) fn restart(&self) {
         let mut w = self.world();
-        w.faults.crash_after = None;
         for (_, f) in w.files.values_mut() {
             f.watched = false;
         }
+    }
+
+    /// Crashes injected so far, by the effect they came before.
+    pub(in crate::pool) fn crashed_at(&self) -> BTreeMap<&'static str, u64> {
+        self.world().crashed_at.clone()
     }
 
     /// Where the lease paths of `ps` are (set when a pool is built on the host).
@@ -320,7 +328,13 @@ impl Host for SimHost {
     }
 
     fn journal_write(&self, rec: &FileRecord) -> Result<(), JournalError> {
-        self.effect();
+        self.effect(match rec.state {
+            FileState::Filling => "journal filling",
+            FileState::Warm => "journal warm",
+            FileState::Leased(_) => "journal leased",
+            FileState::Dirty => "journal dirty",
+            FileState::Scrubbing => "journal scrubbing",
+        });
         let mut w = self.world();
         if w.faults
             .journal_full_after
@@ -334,13 +348,13 @@ impl Host for SimHost {
     }
 
     fn journal_remove(&self, id: u64) -> Result<(), JournalError> {
-        self.effect();
+        self.effect("unjournal");
         self.world().journal.remove(&id);
         Ok(())
     }
 
     fn journal_mark_clean(&self) -> Result<(), JournalError> {
-        self.effect();
+        self.effect("journal the clean shutdown");
         self.world().clean = true;
         Ok(())
     }
@@ -357,7 +371,7 @@ impl Host for SimHost {
     }
 
     fn cut(&self, file: FileAt, size: u64) -> Result<(), HostError> {
-        self.effect();
+        self.effect("cut a warm file");
         let mut w = self.world();
         if !w.files.contains_key(&file.id) {
             return Err(HostError::Io {
@@ -378,7 +392,7 @@ impl Host for SimHost {
         _cpus: &[usize],
         _background: Background,
     ) -> Result<(), HostError> {
-        self.effect();
+        self.effect("create and fault a refill");
         self.create(file, size)?;
         let mut w = self.world();
         set_node(&mut w, file.id, node);
@@ -410,7 +424,7 @@ impl Host for SimHost {
     }
 
     fn create(&self, file: FileAt, size: u64) -> Result<Handle, HostError> {
-        self.effect();
+        self.effect("create a lease's file");
         let mut w = self.world();
         if w.faults.create_fails {
             return Err(HostError::Io {
@@ -434,7 +448,7 @@ impl Host for SimHost {
     }
 
     fn resize(&self, handle: &mut Handle, size: u64) -> Result<(), HostError> {
-        self.effect();
+        self.effect("resize a file");
         let at = handle.at();
         let mut w = self.world();
         let node = node_of(&w, at.id);
@@ -453,7 +467,7 @@ impl Host for SimHost {
         _beside_others: bool,
         _taken: Arc<Taken>,
     ) -> Result<(), FaultError> {
-        self.effect();
+        self.effect("fault a lease");
         let mut w = self.world();
         set_node(&mut w, handle.at().id, node);
         self.fault(&mut w, handle.at(), &range, node)
@@ -472,7 +486,7 @@ impl Host for SimHost {
     }
 
     fn chown(&self, handle: &Handle, owner: Owner) -> Result<(), HostError> {
-        self.effect();
+        self.effect("hand a file to its owner");
         if let Some((_, f)) = self.world().files.get_mut(&handle.at().id) {
             f.owner = Some(owner.uid);
         }
@@ -488,7 +502,7 @@ impl Host for SimHost {
     }
 
     fn link_lease(&self, handle: &Handle, lease_path: &Path) -> Result<(), HostError> {
-        self.effect();
+        self.effect("link a lease path");
         let mut w = self.world();
         let id = handle.at().id;
         let Some((_, f)) = w.files.get_mut(&id) else {
@@ -511,6 +525,7 @@ impl Host for SimHost {
     }
 
     fn unlink_lease(&self, file: FileAt, lease_path: &Path) {
+        self.effect("unlink a lease path");
         let mut w = self.world();
         if w.lease_paths.get(lease_path) != Some(&file.id) {
             return;
@@ -523,14 +538,14 @@ impl Host for SimHost {
     }
 
     fn take_back(&self, file: FileAt) {
+        self.effect("take a released file back");
         if let Some((_, f)) = self.world().files.get_mut(&file.id) {
             f.owner = None;
         }
     }
 
     fn prove(&self, id: u64, _handle: &Handle) -> Result<Proof, Unproven> {
-        self.effect();
-        self.effect();
+        self.effect("prove out of reach");
         let w = self.world();
         let watched = w.files.get(&id).is_some_and(|(_, f)| f.watched);
         match w.faults.proof {
@@ -550,7 +565,7 @@ impl Host for SimHost {
         node: u32,
         _cpus: &[usize],
     ) -> Result<Refill, HoleError> {
-        self.effect();
+        self.effect("refill holes");
         let at = handle.at();
         let page = at.page_size.bytes();
         let mut w = self.world();
@@ -585,7 +600,7 @@ impl Host for SimHost {
         opts: &ScrubOptions,
         _control: &ScrubControl,
     ) -> Result<ScrubReport, ScrubError> {
-        self.effect();
+        self.effect("scrub");
         let mut w = self.world();
         let id = handle.at().id;
         if w.faults.scrub_fails {
@@ -609,7 +624,7 @@ impl Host for SimHost {
     }
 
     fn truncate(&self, file: FileAt, _node: u32) -> io::Result<u64> {
-        self.effect();
+        self.effect("truncate");
         let mut w = self.world();
         if !w.files.contains_key(&file.id) {
             return Err(io::Error::from(io::ErrorKind::NotFound));
@@ -624,7 +639,7 @@ impl Host for SimHost {
     }
 
     fn unlink(&self, file: FileAt) -> io::Result<()> {
-        self.effect();
+        self.effect("unlink a pool file");
         let mut w = self.world();
         match w.files.get_mut(&file.id) {
             Some((_, f)) if f.pooled => f.pooled = false,
@@ -639,7 +654,7 @@ impl Host for SimHost {
     }
 
     fn journal_clear_clean(&self) -> Result<(), JournalError> {
-        self.effect();
+        self.effect("clear the clean shutdown");
         self.world().clean = false;
         Ok(())
     }
@@ -689,7 +704,13 @@ impl Host for SimHost {
     }
 
     fn recovery_step(&self, step: &Step) -> crate::pool::Result<()> {
-        self.effect();
+        self.effect(match step {
+            Step::Unjournal(_) => "recovery: unjournal",
+            Step::Journal(_) => "recovery: journal dirty",
+            Step::RemovePoolEntry(..) | Step::RemoveFile(..) => "recovery: remove a file",
+            Step::Relink(..) => "recovery: relink a lease path",
+            Step::RemoveLeasePath(..) => "recovery: remove a lease path",
+        });
         let mut w = self.world();
         let id_of = |name: &str| name.strip_prefix('p').and_then(|n| n.parse::<u64>().ok());
         match step {
