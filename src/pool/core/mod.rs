@@ -29,8 +29,6 @@ pub mod recovery;
 mod transitions;
 
 #[cfg(test)]
-mod sim;
-#[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! A seeded simulation of the real driver on the simulated host: one seed drives leases,
-//! releases (with each lessee's bytes written into its lease), the worker's jobs one at a
-//! time, drains and resumes, target changes, and the host's faults: a full journal, a kernel
+//! releases (with each lessee's bytes written into its lease), lease paths deleted by the
+//! VMM's manager, the worker's jobs one at a time, drains and resumes, target changes, and the host's faults: a full journal, a kernel
 //! that supplies fewer pages than it counts or takes pages back, failed creates and scrubs,
 //! proofs that fail or find the file held, and time that jumps. After every step the rig's
 //! checks run (every page in exactly one file, every file the pool's or a lease's, no
@@ -55,7 +55,7 @@ const CRASH_POINTS: &[&str] = &[
 /// Free 2M pages the kernel starts with.
 const PAGES: u64 = 24;
 
-/// splitmix64, as `pool::core::sim` has it.
+/// splitmix64: one seed, one stream, the same on every machine.
 struct Rng(u64);
 
 impl Rng {
@@ -271,6 +271,11 @@ fn one_step(
             let pages = rng.below(9) as i64 - 4;
             r.host.take_free(0, PS, pages);
             format!("another user takes {pages} free pages")
+        }
+        96 if !leases.is_empty() => {
+            let info = &leases[rng.below(leases.len() as u64) as usize];
+            r.host.delete_lease_path(&info.path);
+            format!("the lessee's manager deletes {}", info.path.display())
         }
         94..=95 => {
             let secs = rng.below(4000);

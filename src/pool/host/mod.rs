@@ -10,8 +10,8 @@
 //!
 //! Not behind it yet (see docs/architecture.md): the long-term pin of `pin: true` leases,
 //! the pin check before a released file's truncate (`kernel_path::keep_pinned`) and the
-//! files kept for a read lease (`kept`), recovery's listing of the journal and the mounts,
-//! and the raises of the kernel's pools (`reserve`, `shortfall`).
+//! files kept for a read lease (`kept`), and the raises of the kernel's pools (`reserve`,
+//! `shortfall`).
 
 mod real;
 #[cfg(test)]

@@ -218,6 +218,18 @@ impl SimHost {
         }
     }
 
+    /// The VMM's manager deletes a lease path (libvirt does at a VM's stop): the pool keeps
+    /// its own link, and a restart links the path again.
+    pub(in crate::pool) fn delete_lease_path(&self, lease_path: &Path) {
+        let mut w = self.world();
+        if let Some(id) = w.lease_paths.remove(lease_path) {
+            if let Some((_, f)) = w.files.get_mut(&id) {
+                f.links.remove(lease_path);
+            }
+            drop_unnamed(&mut w, id);
+        }
+    }
+
     /// Files on the mounts, by id.
     pub(in crate::pool) fn files(&self) -> BTreeMap<u64, (PageSize, SimFile)> {
         self.world().files.clone()
