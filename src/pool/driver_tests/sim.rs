@@ -257,6 +257,15 @@ fn one_step(
             r.host.inject(|f| f.proof = mode);
             format!("proofs: {mode:?}")
         }
+        97 => {
+            let rate = rng.below(3) * 100;
+            let seed = rng.next();
+            r.host.inject(|f| {
+                f.io_error_per_mille = rate;
+                f.io_seed = seed;
+            });
+            format!("{rate}/1000 of links, truncates, resizes, cuts and chowns fail")
+        }
         90 => {
             let fails = rng.chance(300);
             r.host.inject(|f| f.scrub_fails = fails);

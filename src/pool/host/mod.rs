@@ -288,8 +288,9 @@ impl From<HostError> for super::PoolError {
                 path: super::file_key(id).into(),
                 source: std::io::Error::other("the handle is not this host's"),
             },
+            // The real host's only one: the `stat` of a pool file.
             HostError::Io { id, source } => PoolError::Io {
-                op: "opening",
+                op: "stat",
                 path: super::file_key(id).into(),
                 source,
             },

@@ -74,6 +74,12 @@ impl Host for SimHost {
 
     fn cut(&self, file: FileAt, size: u64) -> Result<(), HostError> {
         self.effect("cut a warm file");
+        if self.io_fails() {
+            return Err(HostError::Io {
+                id: file.id,
+                source: io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
         let mut w = self.world();
         if !w.files.contains_key(&file.id) {
             return Err(HostError::Io {
@@ -151,6 +157,12 @@ impl Host for SimHost {
 
     fn resize(&self, handle: &mut Handle, size: u64) -> Result<(), HostError> {
         self.effect("resize a file");
+        if self.io_fails() {
+            return Err(HostError::Io {
+                id: handle.at().id,
+                source: io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
         let at = handle.at();
         let mut w = self.world();
         let node = node_of(&w, at.id);
@@ -189,6 +201,12 @@ impl Host for SimHost {
 
     fn chown(&self, handle: &Handle, owner: Owner) -> Result<(), HostError> {
         self.effect("hand a file to its owner");
+        if self.io_fails() {
+            return Err(HostError::Io {
+                id: handle.at().id,
+                source: io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
         if let Some((_, f)) = self.world().files.get_mut(&handle.at().id) {
             f.owner = Some(owner.uid);
         }
@@ -205,6 +223,12 @@ impl Host for SimHost {
 
     fn link_lease(&self, handle: &Handle, lease_path: &Path) -> Result<(), HostError> {
         self.effect("link a lease path");
+        if self.io_fails() {
+            return Err(HostError::Io {
+                id: handle.at().id,
+                source: io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
         let mut w = self.world();
         let id = handle.at().id;
         let Some((_, f)) = w.files.get_mut(&id) else {
@@ -327,6 +351,9 @@ impl Host for SimHost {
 
     fn truncate(&self, file: FileAt, _node: u32) -> io::Result<u64> {
         self.effect("truncate");
+        if self.io_fails() {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         let mut w = self.world();
         if !w.files.contains_key(&file.id) {
             return Err(io::Error::from(io::ErrorKind::NotFound));
@@ -341,6 +368,8 @@ impl Host for SimHost {
     }
 
     fn unlink(&self, file: FileAt) -> io::Result<()> {
+        // Not failed on purpose: a failed unlink of a cold lease's or a refill's file leaks
+        // it until the next start (its record goes regardless; see the report of issue 35).
         self.effect("unlink a pool file");
         let mut w = self.world();
         match w.files.get_mut(&file.id) {

@@ -78,6 +78,11 @@ pub(in crate::pool) struct Faults {
     /// the host call unwinds with [`Crashed`], and the simulation starts a new daemon on
     /// what the host keeps.
     pub(in crate::pool) crash_after: Option<u64>,
+    /// Per mille of resizes, cuts, chowns, links and truncates that fail (`EIO`),
+    /// drawn from `io_seed`.
+    pub(in crate::pool) io_error_per_mille: u64,
+    /// The stream the failures are drawn from (splitmix64).
+    pub(in crate::pool) io_seed: u64,
 }
 
 /// The payload of a simulated crash (see [`Faults::crash_after`]).
@@ -155,6 +160,20 @@ impl SimHost {
         if crash {
             std::panic::panic_any(Crashed);
         }
+    }
+
+    /// Whether the effect under way fails (see [`Faults::io_error_per_mille`]).
+    fn io_fails(&self) -> bool {
+        let mut w = self.world();
+        let rate = w.faults.io_error_per_mille;
+        if rate == 0 {
+            return false;
+        }
+        w.faults.io_seed = w.faults.io_seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = w.faults.io_seed;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % 1000 < rate
     }
 
     /// A new daemon starts on what the host keeps: the dead one's open watch is gone (a
