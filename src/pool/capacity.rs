@@ -40,10 +40,10 @@ impl Pool {
     /// What can be leased now, per node and page size.
     pub fn capacity(&self) -> Capacity {
         let mut kinds = Vec::new();
-        for (ps, mount) in &self.mounts {
+        for ps in self.mounts.keys() {
             for node in self.topology.node_ids() {
                 // The kernel is read outside the lock: leases and the worker take it often.
-                let kernel_available_bytes = self.supply.available_bytes(node, *ps, &mount.root);
+                let kernel_available_bytes = self.host.available_bytes(node, *ps);
                 let st = self.lock();
                 let idle: Vec<u64> = st
                     .of_kind(node, *ps)

@@ -80,7 +80,7 @@ impl Pool {
     /// too. Blocks (call from a blocking thread).
     pub fn drain(&self, req: &DrainRequest, wait: Duration) -> Result<DrainReport> {
         let kinds = self.kinds(req.node, req.page_size)?;
-        let deadline = Instant::now() + wait;
+        let deadline = self.host.now() + wait;
         let mut deleted: BTreeMap<(u32, PageSize), u64> = BTreeMap::new();
         let incomplete;
         {
@@ -114,7 +114,7 @@ impl Pool {
                     kinds.contains(&(e.rec().node, e.rec().page_size))
                         && (e.busy().is_some() || !matches!(e.rec().state, FileState::Leased(_)))
                 });
-                if !unsettled || Instant::now() >= deadline {
+                if !unsettled || self.host.now() >= deadline {
                     incomplete = unsettled;
                     break;
                 }

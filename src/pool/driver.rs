@@ -30,8 +30,8 @@ impl Pool {
     /// Performs one action of the core.
     pub(super) fn perform(&self, action: &Action) -> std::result::Result<(), ActionError> {
         match action {
-            Action::Journal(rec) => Ok(self.journal.write(&rec.key(), rec)?),
-            Action::Unjournal(id) => Ok(self.journal.remove(&file_key(*id))?),
+            Action::Journal(rec) => Ok(self.host.journal_write(rec)?),
+            Action::Unjournal(id) => Ok(self.host.journal_remove(*id)?),
             Action::RemoveFile { rec, released } => {
                 let path = self.mount(rec.page_size)?.file_path(rec.id);
                 // Freeing hugepages takes the hugetlb fault mutexes (see `OutOfIdle`).
@@ -99,9 +99,8 @@ impl Pool {
 
     /// The length of file `id` on its mount, if it can be read.
     fn size_on_mount(&self, st: &State, id: u64) -> Option<u64> {
-        let ps = st.core.get(id)?.rec().page_size;
-        let path = self.mount(ps).ok()?.file_path(id);
-        fs::metadata(path).ok().map(|m| m.len())
+        let page_size = st.core.get(id)?.rec().page_size;
+        self.host.file_size(host::FileAt { page_size, id }).ok()
     }
 
     /// Performs actions in order, logging (not stopping at) a failure: for undoing work

@@ -3,15 +3,14 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::aside::Verdict;
 use super::core::{Action, Released};
 use super::counters::ReleaseFailure;
+use super::host::{Background, FileAt, Handle};
 use super::reach::Unproven;
-use super::{fault, holes, FileRecord, Pool};
+use super::{FileRecord, Pool};
 use crate::background::Yield;
-use crate::hugetlb::BackingFile;
 use crate::policy::pool::Recycle;
 use crate::scrub::{ScrubError, ScrubOptions, ScrubReport};
 use crate::units::format_bytes;
@@ -42,17 +41,12 @@ impl Pool {
         let Some((rec, _)) = self.record(id) else {
             return;
         };
-        let cut = self
-            .mount(rec.page_size)
-            .map_err(|e| e.to_string())
-            .and_then(|m| {
-                BackingFile::open(&m.file_path(id), rec.page_size)
-                    .and_then(|mut f| {
-                        let _lock_holder = crate::sys::priority::OutOfIdle::enter();
-                        f.set_len(size)
-                    })
-                    .map_err(|e| e.to_string())
-            });
+        let cut = {
+            let _lock_holder = crate::sys::priority::OutOfIdle::enter();
+            self.host
+                .cut(FileAt::of(&rec), size)
+                .map_err(|e| e.to_string())
+        };
         let journaled = cut.and_then(|()| self.perform(journal).map_err(|e| e.to_string()));
         let Action::Journal(warm) = journal else {
             return;
@@ -77,12 +71,12 @@ impl Pool {
     /// reach (see `reach`). A file whose history is not known, or whose lease asked for the
     /// kernel's path, is not. One proof, no waiting: a file still held (open, mapped, in an
     /// io_uring, or its lessee's teardown not done) waits aside (see `aside`).
-    fn proof(&self, id: u64, released: Option<&Released>, file: &BackingFile) -> Proved {
+    fn proof(&self, id: u64, released: Option<&Released>, file: &Handle) -> Proved {
         let proof = match released {
             None => Err(Unproven::NotWatched),
             Some(r) if r.recycle == Recycle::Kernel => Err(Unproven::Trust),
             Some(r) if !r.watched => Err(Unproven::NotWatched),
-            Some(_) => self.reach.prove(id, file.file()),
+            Some(_) => self.host.prove(id, file),
         };
         match proof {
             Ok(p) => {
@@ -130,7 +124,7 @@ impl Pool {
         let limit = self.held_limit(principal);
         let mut st = self.lock();
         st.prune_aside();
-        let now = Instant::now();
+        let now = self.host.now();
         let verdict = st.aside.held(id, principal, size, limit, now);
         match verdict {
             Verdict::Wait(due) => {
@@ -174,11 +168,11 @@ impl Pool {
         let Some((rec, released)) = self.record(id) else {
             return;
         };
-        let Ok(mount) = self.mount(rec.page_size) else {
+        if self.mount(rec.page_size).is_err() {
             return;
-        };
-        let path = mount.file_path(id);
-        self.take_back(&path);
+        }
+        let at = FileAt::of(&rec);
+        self.host.take_back(at);
         let opts = ScrubOptions {
             cpus: self.cpus(rec.node),
             bandwidth: self.policy().scrub_bandwidth,
@@ -186,7 +180,7 @@ impl Pool {
             verify: self.policy().verify,
             yield_to: (!pressing).then(|| Arc::clone(&self.gate) as Arc<dyn Yield>),
         };
-        let file = match BackingFile::open(&path, rec.page_size) {
+        let file = match self.host.open(at) {
             Ok(f) => f,
             Err(err) => {
                 tracing::error!(%err, "cannot open a released file: deleting it");
@@ -234,7 +228,7 @@ impl Pool {
         &self,
         id: u64,
         rec: &FileRecord,
-        mut file: BackingFile,
+        mut file: Handle,
         opts: &ScrubOptions,
     ) -> Result<(ScrubReport, u64), Option<ScrubError>> {
         if file.size() >= rec.size {
@@ -242,7 +236,7 @@ impl Pool {
             // same size too: a lessee may have allocated pages past the end
             // (`fallocate(FALLOC_FL_KEEP_SIZE)`), which no size, hole or count shows, and
             // hugetlbfs frees every page past the end on any truncate.
-            if let Err(err) = file.set_len(rec.size) {
+            if let Err(err) = self.host.resize(&mut file, rec.size) {
                 tracing::error!(%err, "cannot cut a released file to the size in demand: deleting it");
                 self.counters.release_failed(ReleaseFailure::Cut);
                 return Err(None);
@@ -254,7 +248,7 @@ impl Pool {
         }
         // Pages punched out (discard-data, a balloon) come back from the kernel zeroed:
         // only the pages still present are scrubbed.
-        let refill = match holes::refill(&file, rec.node, &opts.cpus) {
+        let refill = match self.host.refill_holes(&file, rec.node, &opts.cpus) {
             Ok(r) => r,
             Err(err) => {
                 tracing::warn!(%err, "cannot refill a released file's holes: deleting it");
@@ -271,7 +265,9 @@ impl Pool {
             );
         }
         // Every page present now: each must still be on the file's node (`on_node`).
-        let stray = super::on_node::stray_page(&file, rec.node, rec.page_size.bytes())
+        let stray = self
+            .host
+            .stray_page(&file, rec.node, rec.page_size.bytes())
             .map_err(|e| Unproven::Error {
                 step: "pages' nodes",
                 message: e.to_string(),
@@ -293,8 +289,8 @@ impl Pool {
             self.counters.proven_then_kernel_path(&reason);
             return Err(None);
         }
-        self.scrubber
-            .scrub_file_ranges(&file, &refill.present, opts, &self.control)
+        self.host
+            .scrub(&file, &refill.present, opts, &self.control)
             .map(|r| (r, file.size()))
             .map_err(Some)
     }
@@ -366,32 +362,29 @@ impl Pool {
             tracing::error!(%err, "cannot journal a refill");
             let mut st = self.lock();
             st.end_faulting(id);
-            st.schedule.refill_failed(Instant::now());
+            st.schedule.refill_failed(self.host.now());
             if let Err(err) = st.core.forget_unjournaled(id) {
                 tracing::error!(%err, "pool core refused to forget a refill");
             }
             return;
         }
-        let found = self
-            .record(id)
-            .and_then(|(r, _)| self.mount(r.page_size).ok().map(|m| (r, m)));
-        let Some((rec, mount)) = found else {
+        let Some((rec, _)) = self.record(id) else {
             self.lock().end_faulting(id);
             return;
         };
-        let path = mount.file_path(id);
         let cpus = self.cpus(rec.node);
-        let t = Instant::now();
-        let taken = self.lock().taken(id).unwrap_or_default();
-        let made = BackingFile::create(&path, rec.size, rec.page_size, None)
-            .map_err(|e| e.to_string())
-            .and_then(|f| {
-                let gate = Arc::clone(&self.gate) as Arc<dyn Yield>;
-                fault::fault_range_background(&f, 0..rec.size, rec.node, &cpus, gate, taken)
-                    .map_err(|e| e.to_string())
-            });
+        let t = self.host.now();
+        let background = Background {
+            gate: Arc::clone(&self.gate) as Arc<dyn Yield>,
+            taken: self.lock().taken(id).unwrap_or_default(),
+        };
+        let made = self
+            .host
+            .fill(FileAt::of(&rec), rec.size, rec.node, &cpus, background)
+            .map_err(|e| e.to_string());
         if made.is_ok() {
-            self.counters.refill_faulted(rec.size, t.elapsed());
+            self.counters
+                .refill_faulted(rec.size, self.host.now().saturating_duration_since(t));
         }
         let mut st = self.lock();
         st.end_faulting(id);
@@ -403,7 +396,7 @@ impl Pool {
             },
             Err(err) => {
                 tracing::warn!(%err, size = rec.size, "refill failed; retrying later");
-                st.schedule.refill_failed(Instant::now());
+                st.schedule.refill_failed(self.host.now());
             }
         }
         match st.core.fill_failed(id) {

@@ -409,7 +409,7 @@ impl Pool {
     /// Keeps again the files a previous run kept (found by their names in the pool
     /// directories), charged to the principal each name holds.
     pub(super) fn adopt_kept(&self) {
-        for (&page_size, mount) in &self.mounts {
+        for (&page_size, mount) in self.mounts.iter() {
             let dir = mount.pool_dir_handle().fd_path();
             let Ok(entries) = fs::read_dir(&dir) else {
                 continue;

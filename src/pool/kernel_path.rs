@@ -13,7 +13,6 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use super::{FileRecord, FileState, PageSize, Pool, Released};
-use crate::pool::kernel::node_free_pages;
 
 impl Pool {
     /// Deletes the pool file `rec` at `path` (a missing file is fine). A released file
@@ -27,10 +26,10 @@ impl Pool {
     ) -> io::Result<()> {
         if matches!(rec.state, FileState::Dirty | FileState::Scrubbing) {
             if self.keep_pinned(path, rec, released) {
-                self.reach.forget(rec.id);
+                self.host.forget(rec.id);
                 return Ok(());
             }
-            match self.truncate_counting(path, rec) {
+            match self.host.truncate(super::host::FileAt::of(rec), rec.node) {
                 Ok(0) => {}
                 Ok(unreturned) => {
                     self.counters.unreturned(unreturned, rec.page_size.bytes());
@@ -70,7 +69,7 @@ impl Pool {
                             node = rec.node,
                             "another process holds a file lease on a released file: kept and charged to its lessee until the lease is gone, then truncated"
                         );
-                        self.reach.forget(rec.id);
+                        self.host.forget(rec.id);
                         return Ok(());
                     }
                     tracing::warn!(
@@ -86,12 +85,12 @@ impl Pool {
                 Err(e) => return Err(e),
             }
         }
-        match fs::remove_file(path) {
+        match self.host.unlink(super::host::FileAt::of(rec)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        self.reach.forget(rec.id);
+        self.host.forget(rec.id);
         Ok(())
     }
 
@@ -149,28 +148,6 @@ impl Pool {
             "pages of a released file are still referenced (a pin, a pipe): kept untruncated and charged to its lessee until nobody holds one, then truncated"
         );
         true
-    }
-
-    /// Truncates the file to nothing; how many of its pages did not come back to the node's
-    /// free list. Measured from the node's free count across the truncate, so another
-    /// process faulting or freeing pages of the node at that moment blurs it.
-    fn truncate_counting(&self, path: &Path, rec: &FileRecord) -> io::Result<u64> {
-        let file = fs::OpenOptions::new()
-            .write(true)
-            // O_NONBLOCK: a lease someone else holds on the file fails the open at once (the
-            // file is then only unlinked) instead of stalling the worker for lease-break-time.
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(path)?;
-        // The pages the file holds (hugetlbfs counts them in `st_blocks`), not its length:
-        // pages a VMM punched out (`discard-data`, a balloon) went back to the kernel already.
-        let pages = file.metadata()?.blocks() * 512 / rec.page_size.bytes();
-        let before = node_free_pages(rec.node, rec.page_size);
-        file.set_len(0)?;
-        let after = node_free_pages(rec.node, rec.page_size);
-        Ok(match (before, after) {
-            (Some(b), Some(a)) => pages.saturating_sub(a.saturating_sub(b)),
-            _ => 0,
-        })
     }
 }
 

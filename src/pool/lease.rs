@@ -98,16 +98,12 @@ impl Pool {
                 })
                 .collect()
         };
-        let mount = self
-            .mount(page_size)
-            .map(|m| m.root.clone())
-            .unwrap_or_default();
         let supply: Vec<NodeSupply> = warm
             .into_iter()
             .map(|(node, warm_bytes)| NodeSupply {
                 node,
                 warm_bytes,
-                free_bytes: self.supply.available_bytes(node, page_size, &mount),
+                free_bytes: self.host.available_bytes(node, page_size),
             })
             .collect();
         let (node, why) = placement::choose_node(&self.topology, pid_cpus.as_deref(), &supply);
@@ -135,7 +131,7 @@ impl Pool {
         tag: Option<&Idempotency>,
         tenant: Option<&Tenant>,
     ) -> Result<LeaseInfo> {
-        let started = Instant::now();
+        let started = self.host.now();
         // The lease, and the VMM start that follows it, go first (see `gate`).
         let _taking = self.gate.taking();
         let mut v = self.validate(req)?;
@@ -226,7 +222,7 @@ impl Pool {
     /// Chooses the file (under the lock) and journals the pre-lease state.
     fn reserve(&self, v: &ValidRequest) -> Result<(u64, LeaseSource, u64)> {
         let mount = self.mount(v.page_size)?;
-        let deadline = Instant::now() + LEASE_WAIT;
+        let deadline = self.host.now() + LEASE_WAIT;
         let mut st = self.lock();
         let mut waiting = false;
         // The kernel's pool is raised for this lease at most once (see `raise_for_lease`).
@@ -245,7 +241,7 @@ impl Pool {
             if let Err(e) = self.check_limits(&st, v) {
                 break Err(e);
             }
-            let view = self.view(&st, v, &mount.root, deadline);
+            let view = self.view(&st, v, deadline);
             match choose(&view) {
                 // More than the kind can supply: raise the node's kernel pool by what the
                 // kernel's free pages lack for the whole lease, once, then choose again.
@@ -307,7 +303,7 @@ impl Pool {
 
     /// What the lease sees of its kind: the pool's files under the lock, the kernel's free
     /// pages and the clock ([`core::choice::choose`] decides from it).
-    fn view(&self, st: &State, v: &ValidRequest, root: &Path, deadline: Instant) -> LeaseView {
+    fn view(&self, st: &State, v: &ValidRequest, deadline: Instant) -> LeaseView {
         let promised = st.promised(v.node, v.page_size);
         let idle = |state: FileState| -> Vec<(u64, u64)> {
             st.of_kind(v.node, v.page_size)
@@ -317,14 +313,12 @@ impl Pool {
         };
         LeaseView {
             size: v.size,
-            avail: self
-                .supply
-                .available_after(v.node, v.page_size, root, &promised),
+            avail: self.host.available_after(v.node, v.page_size, &promised),
             faulting: promised.bytes,
             warm: idle(FileState::Warm),
             dirty: idle(FileState::Dirty),
             pending: st.pending_clean_bytes(v.node, v.page_size),
-            may_wait: Instant::now() < deadline,
+            may_wait: self.host.now() < deadline,
         }
     }
 
@@ -392,53 +386,59 @@ impl Pool {
         old_size: u64,
         lease_path: &Path,
     ) -> std::result::Result<bool, (PoolError, Option<bool>)> {
-        let mount = self.mount(v.page_size).map_err(|e| (e, None))?;
-        let path = mount.file_path(id);
+        let at = host::FileAt {
+            page_size: v.page_size,
+            id,
+        };
         let cpus = self.cpus(v.node);
-        let file = (|| -> Result<BackingFile> {
+        let file = (|| -> Result<host::Handle> {
             match source {
-                LeaseSource::WarmExact => Ok(BackingFile::open(&path, v.page_size)?),
+                LeaseSource::WarmExact => Ok(self.host.open(at)?),
                 LeaseSource::WarmShrunk => {
-                    let mut f = BackingFile::open(&path, v.page_size)?;
-                    f.set_len(v.size)?;
+                    let mut f = self.host.open(at)?;
+                    self.host.resize(&mut f, v.size)?;
                     Ok(f)
                 }
                 LeaseSource::WarmGrown => {
-                    let mut f = BackingFile::open(&path, v.page_size)?;
-                    f.set_len(v.size)?;
-                    let t = Instant::now();
+                    let mut f = self.host.open(at)?;
+                    self.host.resize(&mut f, v.size)?;
+                    let t = self.host.now();
                     let _long = long_work(v.size - old_size);
                     let grown = self.fault_lease(id, &f, old_size..v.size, v.node, &cpus);
                     if let Err(e) = grown {
                         // The abort journals the file dirty at the size it has on the mount,
                         // whichever that is.
-                        let _ = f.set_len(old_size);
+                        let _ = self.host.resize(&mut f, old_size);
                         return Err(e.into());
                     }
-                    self.counters.lease_faulted(v.size - old_size, t.elapsed());
+                    let took = self.host.now().saturating_duration_since(t);
+                    self.counters.lease_faulted(v.size - old_size, took);
                     Ok(f)
                 }
                 LeaseSource::Cold => {
-                    let f = BackingFile::create(&path, v.size, v.page_size, None)?;
-                    let t = Instant::now();
+                    let f = self.host.create(at, v.size)?;
+                    let t = self.host.now();
                     let _long = long_work(v.size);
                     if let Err(e) = self.fault_lease(id, &f, 0..v.size, v.node, &cpus) {
                         // The abort removes it again (and its record), logging a failure.
-                        let _ = fs::remove_file(&path);
+                        let _ = self.host.unlink(at);
                         return Err(e.into());
                     }
-                    self.counters.lease_faulted(v.size, t.elapsed());
+                    let took = self.host.now().saturating_duration_since(t);
+                    self.counters.lease_faulted(v.size, took);
                     Ok(f)
                 }
             }
         })()
         .map_err(|e| (e, None))?;
         // From before anyone else can open it until its release: who opens it.
-        self.reach.watch(id, file.file());
+        self.host.watch(id, &file);
         if let Some(owner) = v.owner {
-            file.chown(owner).map_err(|e| (e.into(), Some(false)))?;
+            self.host
+                .chown(&file, owner)
+                .map_err(|e| (e.into(), Some(false)))?;
         }
-        if fs::symlink_metadata(lease_path).is_ok() {
+        if self.host.lease_path_taken(lease_path) {
             return Err((
                 PoolError::Field {
                     field: "name",
@@ -450,13 +450,13 @@ impl Pool {
         if let Some((dir, _)) = v.name.split_once('/') {
             // A tenant's directory (see `tenant::scope_dir`): others may pass through it to the
             // paths they were given, not list it.
-            let uid = nix::unistd::geteuid().as_raw();
-            mount
-                .lease_dir_handle()
-                .own_subdir(dir, 0o711, uid)
+            self.host
+                .tenant_dir(v.page_size, dir)
                 .map_err(|e| (e.into(), Some(false)))?;
         }
-        file.link(lease_path).map_err(|e| (e.into(), Some(false)))?;
+        self.host
+            .link_lease(&file, lease_path)
+            .map_err(|e| (e.into(), Some(false)))?;
         Ok(true)
     }
 
@@ -465,7 +465,7 @@ impl Pool {
     fn fault_lease(
         &self,
         id: u64,
-        file: &BackingFile,
+        file: &host::Handle,
         range: std::ops::Range<u64>,
         node: u32,
         cpus: &[usize],
@@ -475,7 +475,8 @@ impl Pool {
             // This lease's own fault is one of them.
             (st.faulting.len() > 1, st.taken(id).unwrap_or_default())
         };
-        fault::fault_lease_range(file, range, node, cpus, others, taken)
+        self.host
+            .fault_lease(file, range, node, cpus, others, taken)
     }
 
     /// Journals the lease and makes it visible.
@@ -499,7 +500,12 @@ impl Pool {
             pid: v.pid.map(|p| p.0),
             pid_start: v.pid.map(|p| p.1),
             source,
-            ready_ms: started.elapsed().as_secs_f64() * 1e3,
+            ready_ms: self
+                .host
+                .now()
+                .saturating_duration_since(started)
+                .as_secs_f64()
+                * 1e3,
             created_unix: now_unix(),
             idempotency: tag.cloned().map(Box::new),
             recycle: v.recycle,
@@ -533,13 +539,14 @@ impl Pool {
         let Ok(mount) = self.mount(v.page_size) else {
             return;
         };
-        let path = mount.file_path(id);
+        let at = host::FileAt {
+            page_size: v.page_size,
+            id,
+        };
         if linked == Some(true) {
-            if let Ok(m) = fs::metadata(&path) {
-                unlink_if_same(&mount.lease_dir.join(&v.name), m.dev(), m.ino());
-            }
+            self.host.unlink_lease(at, &mount.lease_dir.join(&v.name));
         }
-        let size = fs::metadata(&path).map(|m| m.len());
+        let size = self.host.file_size(at);
         let mut st = self.lock();
         st.taking.remove(&id);
         if source == LeaseSource::Cold {

@@ -23,10 +23,13 @@ pub mod core;
 mod counters;
 mod drain;
 mod driver;
+#[cfg(test)]
+mod driver_tests;
 mod error;
 pub mod fault;
 pub mod gate;
 pub mod holes;
+mod host;
 pub mod idempotency;
 mod jobs;
 mod kept;
@@ -53,7 +56,7 @@ mod worker;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -67,6 +70,7 @@ use crate::journal::Journal;
 use crate::page_size::PageSize;
 use crate::scrub::{ScrubControl, ScrubReport, Scrubber};
 use crate::topology::Topology;
+use host::Host as _;
 use state::State;
 
 pub use crate::policy::pool as policy;
@@ -176,12 +180,14 @@ use self::core::{Entry, Released, Work};
 /// The warm pool: files, leases, the journal and the background worker's shared state.
 #[derive(Debug)]
 pub struct Pool {
-    mounts: BTreeMap<PageSize, PoolMount>,
+    /// Shared with the host, which names files on them.
+    mounts: Arc<BTreeMap<PageSize, PoolMount>>,
     topology: Topology,
     /// Replaced whole by [`Pool::set_policy`] (a reload); readers take a snapshot.
     policy: std::sync::RwLock<Arc<PoolPolicy>>,
-    journal: Journal,
-    scrubber: Scrubber,
+    /// Every effect the driver performs: journal, files, free pages, clock (see [`host`]).
+    host: Arc<dyn host::Host>,
+    scrubber: Arc<Scrubber>,
     control: Arc<ScrubControl>,
     /// Holds refills and background scrubs while a VM start is under way.
     gate: Arc<gate::StartGate>,
@@ -189,7 +195,6 @@ pub struct Pool {
     changed: Condvar,
     shutdown: AtomicBool,
     clean_start: bool,
-    daemon_owner: Owner,
     reservations: reserve::Reservations,
     /// Held while a pool is raised and while a drain gives pages back, so that a raise
     /// decided before a drain never lands after it.
@@ -198,8 +203,6 @@ pub struct Pool {
     refusals: shortfall::Refusals,
     /// Bytes faulted since start.
     counters: counters::Counters,
-    /// The kernel's free pages, read from counters kept open.
-    supply: kernel::Supply,
     /// Long-term pins of pinned leases, by file id; dropped at release or shutdown.
     pins: Mutex<BTreeMap<u64, crate::sys::pin::LongTermPin>>,
     /// Warm targets set over the API, persisted; they win over the configuration's.
@@ -272,10 +275,22 @@ impl Pool {
         let api_targets = targets::ApiTargets::open(&config.state_dir, &page_sizes, &topology)?;
         let mut policy = config.policy;
         api_targets.apply(&mut policy);
-        let clean_start = journal.was_clean_shutdown();
-        let (files, max_id, report) = recover::reconcile(&journal, &mounts, clean_start)?;
+        let mounts = Arc::new(mounts);
+        let supply = kernel::Supply::open(&topology.node_ids(), mounts.keys().copied());
+        let scrubber = Arc::new(Scrubber::new(config.plan).map_err(|e| PoolError::Field {
+            field: "method",
+            message: e.to_string(),
+        })?);
+        let host = Arc::new(host::RealHost::new(
+            Arc::clone(&mounts),
+            journal,
+            supply,
+            Arc::clone(&scrubber),
+        ));
+        let clean_start = host.journal_was_clean();
+        let (files, max_id, report) = recover::reconcile(host.as_ref(), clean_start)?;
         // From here on a crash means warm records must be proven again.
-        journal.clear_clean_shutdown()?;
+        host.journal_clear_clean()?;
         tracing::info!(
             clean = clean_start,
             kept_leases = report.leases,
@@ -289,9 +304,10 @@ impl Pool {
             core: self::core::Core::with_files(files, next_id),
             ..State::default()
         };
-        let supply = kernel::Supply::open(&topology.node_ids(), mounts.keys().copied());
         let control = Arc::new(ScrubControl::default());
+        // Watching opens starts after recovery, as it always has.
         let reach = reach::Reach::new();
+        host.set_reach(Arc::clone(&reach));
         let gate = Arc::new(gate::StartGate::new(
             Arc::clone(&reach),
             Arc::clone(&control),
@@ -300,27 +316,19 @@ impl Pool {
         let pool = Arc::new(Pool {
             mounts,
             topology,
-            scrubber: Scrubber::new(config.plan).map_err(|e| PoolError::Field {
-                field: "method",
-                message: e.to_string(),
-            })?,
+            scrubber,
             policy: std::sync::RwLock::new(Arc::new(policy)),
-            journal,
+            host,
             control,
             gate,
             state: Mutex::new(state),
             changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
             clean_start,
-            daemon_owner: Owner {
-                uid: nix::unistd::getuid().as_raw(),
-                gid: nix::unistd::getgid().as_raw(),
-            },
             reservations,
             reserve_gate: Mutex::new(()),
             refusals: shortfall::Refusals::default(),
             counters: counters::Counters::default(),
-            supply,
             pins: Mutex::new(BTreeMap::new()),
             api_targets,
             reach,
@@ -529,6 +537,6 @@ impl Pool {
                 return Ok(());
             }
         }
-        Ok(self.journal.mark_clean_shutdown()?)
+        Ok(self.host.journal_mark_clean()?)
     }
 }

@@ -1,7 +1,7 @@
 //! Start-up reconciliation of the journal with the files on the mounts: the driver of
-//! [`core::recovery`](super::core::recovery), which decides. This file reads the facts (the
-//! journal, the pool and lease directories through their handles) and performs the plan's
-//! steps in order.
+//! [`core::recovery`](super::core::recovery), which decides. The host reads the facts and
+//! performs the plan's steps in order; for the real host this file does both (the journal,
+//! the pool and lease directories through their handles).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -33,18 +33,18 @@ fn remove_any(path: &std::path::Path) {
     }
 }
 
-/// Reconciles; returns the records to keep, the highest id seen and a report.
+/// Reconciles the host's journal with its mounts; returns the records to keep, the highest
+/// id seen and a report.
 pub(super) fn reconcile(
-    journal: &Journal,
-    mounts: &BTreeMap<PageSize, PoolMount>,
+    host: &dyn super::host::Host,
     clean: bool,
 ) -> Result<(Vec<FileRecord>, u64, RecoveryReport)> {
-    let facts = facts(journal, mounts, clean)?;
+    let facts = host.recovery_facts(clean)?;
     let plan = recovery::plan(&facts);
     for step in &plan.steps {
-        perform(journal, mounts, step)?;
+        host.recovery_step(step)?;
     }
-    remove_empty_scope_dirs(mounts);
+    host.recovery_finish();
     Ok((plan.kept, plan.max_id, plan.report))
 }
 
@@ -54,7 +54,7 @@ pub(super) fn reconcile(
 /// in the world-listable lease directory for good. Only at start: no lease is being made,
 /// so none can be linked into a directory this removes. A directory that still holds a
 /// lease path stays (`rmdir` refuses it) and goes at a later start.
-fn remove_empty_scope_dirs(mounts: &BTreeMap<PageSize, PoolMount>) {
+pub(super) fn remove_empty_scope_dirs(mounts: &BTreeMap<PageSize, PoolMount>) {
     for mount in mounts.values() {
         let Ok(dir) = fs::read_dir(mount.lease_dir_handle().fd_path()) else {
             continue;
@@ -80,7 +80,11 @@ fn remove_empty_scope_dirs(mounts: &BTreeMap<PageSize, PoolMount>) {
 
 /// Reads what recovery decides from: the journal and both directories of every mount, each
 /// listed through its handle (see `hugetlb::dir`).
-fn facts(journal: &Journal, mounts: &BTreeMap<PageSize, PoolMount>, clean: bool) -> Result<Facts> {
+pub(super) fn facts(
+    journal: &Journal,
+    mounts: &BTreeMap<PageSize, PoolMount>,
+    clean: bool,
+) -> Result<Facts> {
     let mut facts = Facts {
         records: journal.load_raw::<FileRecord>()?,
         served: mounts.keys().copied().collect(),
@@ -144,7 +148,11 @@ fn facts(journal: &Journal, mounts: &BTreeMap<PageSize, PoolMount>, clean: bool)
 
 /// Performs one step of the plan; a journal failure stops recovery (the daemon does not
 /// start on a journal it cannot write).
-fn perform(journal: &Journal, mounts: &BTreeMap<PageSize, PoolMount>, step: &Step) -> Result<()> {
+pub(super) fn perform(
+    journal: &Journal,
+    mounts: &BTreeMap<PageSize, PoolMount>,
+    step: &Step,
+) -> Result<()> {
     let mount = |ps: &PageSize| {
         mounts.get(ps).ok_or_else(|| PoolError::Field {
             field: "page_size",

@@ -9,7 +9,7 @@ impl Pool {
     /// Releases a lease: the file is journaled dirty, the lease path removed, the file taken
     /// back from its owner, and the worker scrubs it (or deletes it above target).
     pub fn release(&self, lease_id: u64) -> Result<LeaseInfo> {
-        let (id, info, mount, dirty) = {
+        let (id, info, page_size, dirty) = {
             let mut st = self.lock();
             // Busy from here: a second release of the same lease finds nothing.
             let Some((id, dirty)) = st.core.begin_release(lease_id) else {
@@ -22,8 +22,8 @@ impl Pool {
                 return Err(PoolError::NotFound { id: lease_id });
             };
             let info = LeaseInfo::of(e.rec(), lease);
-            let mount = self.mount(dirty.page_size)?.clone();
-            (id, info, mount, dirty)
+            let page_size = self.mount(dirty.page_size)?.page_size;
+            (id, info, page_size, dirty)
         };
         // The write runs outside the lock (see `commit`).
         let written = self.perform(&core::Action::Journal(dirty));
@@ -39,11 +39,9 @@ impl Pool {
                 Err(_) => return Err(PoolError::NotFound { id: lease_id }),
             }
         }
-        let path = mount.file_path(id);
-        if let Ok(m) = fs::metadata(&path) {
-            unlink_if_same(&info.path, m.dev(), m.ino());
-        }
-        self.take_back(&path);
+        let at = host::FileAt { page_size, id };
+        self.host.unlink_lease(at, &info.path);
+        self.host.take_back(at);
         // Before the scrub can start: the file leaves the lease unpinned.
         self.unpin(id);
         self.gate.forget(id);
@@ -56,21 +54,5 @@ impl Pool {
         self.changed.notify_all();
         tracing::info!(lease = lease_id, name = %info.name, file = id, "released");
         Ok(info)
-    }
-
-    /// Gives the file back to the daemon's user, mode 0600, so that its last owner cannot
-    /// open it again.
-    pub(super) fn take_back(&self, path: &Path) {
-        let o = self.daemon_owner;
-        // The pool directory (0700, the daemon's) keeps the file from anyone else by name
-        // either way, and the release proof does not depend on it; but a file its lessee
-        // still owns is worth a warning.
-        if let Err(err) = std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid))
-            .and_then(|()| fs::set_permissions(path, fs::Permissions::from_mode(0o600)))
-        {
-            if err.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(file = %path.display(), %err, "cannot take a released file back from its owner");
-            }
-        }
     }
 }

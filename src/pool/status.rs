@@ -95,7 +95,7 @@ impl Pool {
     pub fn status(&self) -> PoolStatus {
         let st = self.lock();
         let mut kinds = Vec::new();
-        for (ps, mount) in &self.mounts {
+        for (ps, mount) in self.mounts.iter() {
             for node in &self.topology.nodes {
                 let n = node.id;
                 let sum = |f: &dyn Fn(&Entry) -> bool| -> (u64, usize) {

@@ -53,29 +53,54 @@ impl Pool {
             let Some((job, pressing)) = self.wait_for_job() else {
                 return;
             };
-            tracing::debug!(?job, pressing, "pool worker");
-            // Work that faults nothing and restores a wanted file (a scrub of a released file,
-            // a cut, a give-back) runs at normal priority while the shape lacks a file; the
-            // rest (refills, raising the kernel's pool) at idle priority; their calls into the
-            // kernel that hold locks a lease needs leave it for their length (`OutOfIdle`).
-            let quick = matches!(job, Job::Scrub(..) | Job::Shrink(..) | Job::Delete(..));
-            if !(pressing && quick) {
-                // Refused at the worker's start already (and logged there).
-                let _ = set_current_thread_idle();
-            }
-            match job {
-                Job::Scrub(id, journal) => self.scrub_job(id, &journal, pressing),
-                Job::Delete(id, remove) => self.delete_job(id, &remove),
-                Job::Fill(id, journal) => self.fill_job(id, &journal),
-                Job::Shrink(id, size, journal) => self.shrink_job(id, size, &journal),
-                Job::Reserve {
-                    node,
-                    page_size,
-                    pages,
-                } => self.reserve_job(node, page_size, pages),
-            }
-            self.changed.notify_all();
+            self.do_job(job, pressing);
         }
+    }
+
+    /// Does one job the worker chose; `pressing`: the shape lacks a file.
+    fn do_job(&self, job: Job, pressing: bool) {
+        use crate::sys::priority::set_current_thread_idle;
+        tracing::debug!(?job, pressing, "pool worker");
+        // Work that faults nothing and restores a wanted file (a scrub of a released file,
+        // a cut, a give-back) runs at normal priority while the shape lacks a file; the
+        // rest (refills, raising the kernel's pool) at idle priority; their calls into the
+        // kernel that hold locks a lease needs leave it for their length (`OutOfIdle`).
+        let quick = matches!(job, Job::Scrub(..) | Job::Shrink(..) | Job::Delete(..));
+        if !(pressing && quick) {
+            // Refused at the worker's start already (and logged there).
+            let _ = set_current_thread_idle();
+        }
+        match job {
+            Job::Scrub(id, journal) => self.scrub_job(id, &journal, pressing),
+            Job::Delete(id, remove) => self.delete_job(id, &remove),
+            Job::Fill(id, journal) => self.fill_job(id, &journal),
+            Job::Shrink(id, size, journal) => self.shrink_job(id, size, &journal),
+            Job::Reserve {
+                node,
+                page_size,
+                pages,
+            } => self.reserve_job(node, page_size, pages),
+        }
+        self.changed.notify_all();
+    }
+
+    /// Chooses and does one job, as the worker's loop does, without waiting: whether there
+    /// was one. Tests drive the worker with it on the simulated host.
+    #[cfg(test)]
+    pub(super) fn work_once(&self) -> bool {
+        let (job, pressing) = {
+            let mut st = self.lock();
+            let decision = self.decide(&mut st, self.host.now());
+            let pressing = decision.pressing;
+            match self.begin(&mut st, decision) {
+                Some(job) => (job, pressing),
+                None => return false,
+            }
+        };
+        self.do_job(job, pressing);
+        // The job may have left the thread at idle priority: a test thread goes on at normal.
+        let _ = crate::sys::priority::set_current_thread_normal();
+        true
     }
 
     /// Decides until there is a job (with whether the pool lacks a wanted file), sleeping
@@ -86,7 +111,7 @@ impl Pool {
             if self.shutdown.load(Ordering::SeqCst) {
                 return None;
             }
-            let now = Instant::now();
+            let now = self.host.now();
             let decision = self.decide(&mut st, now);
             let pressing = decision.pressing;
             let wake = decision.wake;
@@ -198,13 +223,8 @@ struct KernelFigures<'a> {
 
 impl Figures for KernelFigures<'_> {
     fn free_bytes(&mut self, (node, ps): Kind) -> u64 {
-        let Ok(mount) = self.pool.mount(ps) else {
-            return 0;
-        };
         let promised = self.st.promised(node, ps);
-        self.pool
-            .supply
-            .available_after(node, ps, &mount.root, &promised)
+        self.pool.host.available_after(node, ps, &promised)
     }
 
     fn mount_free_pages(&mut self, ps: PageSize) -> Option<u64> {

@@ -159,6 +159,12 @@ impl Schedule {
         self.missed = true;
     }
 
+    /// Until when refills wait for the kernel's supply, if they do (for tests).
+    #[cfg(test)]
+    pub(crate) fn refill_backoff(&self) -> Option<Instant> {
+        self.refill_backoff
+    }
+
     /// The daemon gave pages back: the refill backoff no longer describes the supply.
     pub(crate) fn pages_returned(&mut self) {
         self.refill_backoff = None;

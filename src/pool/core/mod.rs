@@ -33,8 +33,6 @@ pub(crate) mod reshape;
 mod transitions;
 
 #[cfg(test)]
-mod sim;
-#[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;

@@ -19,8 +19,23 @@ fn rec(id: u64, size: u64, state: FileState) -> FileRecord {
     }
 }
 
+/// A lease record of `name` as a lease request would journal it.
 fn lease(id: u64, name: &str, source: LeaseSource) -> LeaseRecord {
-    super::sim::lease_record(id, name, source)
+    LeaseRecord {
+        id,
+        name: name.to_string(),
+        path: std::path::Path::new("/sim/leases").join(name),
+        uid: None,
+        gid: None,
+        pid: None,
+        pid_start: None,
+        source,
+        ready_ms: 0.0,
+        created_unix: 0,
+        idempotency: None,
+        recycle: crate::policy::pool::Recycle::Proven,
+        principal: None,
+    }
 }
 
 /// A core with warm files 1..=n of 2 MiB each, ids from 100.

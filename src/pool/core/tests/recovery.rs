@@ -225,16 +225,11 @@ fn a_recovered_core_has_no_work_in_flight_and_no_released_history() {
     assert_eq!(c.check(), Ok(()));
 }
 
-// Property tests: random event sequences through the simulator's world (leases, releases,
-// proofs, scrubs, refills, cuts, drains, clean restarts and crashes with recovery).
+// Property tests of recovery (random event sequences through the real driver, crashes
+// included, are `pool::driver_tests::sim`).
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
-
-    #[test]
-    fn random_event_sequences_keep_every_invariant(seed in any::<u64>(), steps in 1usize..400) {
-        super::sim::run_seed(seed, steps);
-    }
 
     #[test]
     fn recovery_of_any_journal_keeps_every_invariant(

@@ -1,0 +1,163 @@
+//! Failures the host injects: a full journal, a kernel that supplies fewer pages than its
+//! counters said, files that cannot be made. Each leaves no page, file or record behind.
+
+use super::*;
+
+#[test]
+fn a_full_journal_refuses_a_cold_lease_and_leaves_nothing() {
+    let r = rig("", 16);
+    r.host.inject(|f| f.journal_full_after = Some(0));
+    let err = r.lease("vm1", 4).unwrap_err();
+    assert!(matches!(err, PoolError::Journal(_)), "{err}");
+    assert!(r.host.files().is_empty());
+    assert!(r.host.lease_paths().is_empty());
+    assert_eq!(r.free(), 16);
+}
+
+#[test]
+fn a_full_journal_at_the_commit_unlinks_the_lease_and_removes_the_cold_file() {
+    let r = rig("", 16);
+    // The cold lease's first record goes in; its lease record does not.
+    r.host.inject(|f| f.journal_full_after = Some(1));
+    let err = r.lease("vm1", 4).unwrap_err();
+    assert!(matches!(err, PoolError::Journal(_)), "{err}");
+    assert!(r.host.lease_paths().is_empty());
+    r.host.inject(|f| f.journal_full_after = None);
+    r.settle();
+    assert!(r.host.files().is_empty());
+    assert_eq!(r.free(), 16);
+}
+
+#[test]
+fn a_full_journal_at_a_warm_leases_commit_sends_the_file_to_the_scrubber() {
+    let r = rig(&target(8, &[8]), 16);
+    r.settle();
+    r.host.inject(|f| f.journal_full_after = Some(0));
+    let err = r.lease("vm1", 8).unwrap_err();
+    assert!(matches!(err, PoolError::Journal(_)), "{err}");
+    assert!(r.host.lease_paths().is_empty());
+    r.host.inject(|f| f.journal_full_after = None);
+    r.settle();
+    assert_eq!(r.warm_bytes(), 8 * MIB);
+    assert_eq!(r.free(), 12);
+}
+
+#[test]
+fn a_full_journal_refuses_a_release_and_the_lease_stays() {
+    let r = rig("", 16);
+    let info = r.lease("vm1", 4).unwrap();
+    r.host.inject(|f| f.journal_full_after = Some(0));
+    let err = r.release(&info).unwrap_err();
+    assert!(matches!(err, PoolError::Journal(_)), "{err}");
+    assert_eq!(r.states(), ["leased"]);
+    assert!(r.host.lease_paths().contains_key(&r.path("vm1")));
+    r.host.inject(|f| f.journal_full_after = None);
+    r.release(&info).unwrap();
+}
+
+#[test]
+fn a_full_journal_stops_refills_without_leaving_a_file() {
+    let r = rig(&target(8, &[4]), 16);
+    r.host.inject(|f| f.journal_full_after = Some(0));
+    r.settle();
+    assert!(r.host.files().is_empty());
+    assert_eq!(r.free(), 16);
+    assert!(r.pool.lock().schedule.refill_backoff().is_some());
+}
+
+#[test]
+fn a_full_journal_before_a_scrub_deletes_the_released_file() {
+    let r = rig(&target(8, &[8]), 16);
+    r.settle();
+    let info = r.lease("vm1", 8).unwrap();
+    r.host.write(&r.path("vm1"), "tenant-a");
+    r.release(&info).unwrap();
+    r.host.inject(|f| f.journal_full_after = Some(0));
+    r.pool.work_once();
+    r.check();
+    r.host.inject(|f| f.journal_full_after = None);
+    r.settle();
+    assert!(r.host.files().values().all(|(_, f)| f.marks.is_empty()));
+    assert!(r.host.leaks().is_empty());
+}
+
+#[test]
+fn a_kernel_that_supplies_fewer_pages_than_counted_fails_the_lease_cleanly() {
+    let r = rig("", 4);
+    r.host.inject(|f| f.phantom_pages = 8);
+    let err = r.lease("vm1", 16).unwrap_err();
+    assert!(matches!(err, PoolError::Fault(_)), "{err}");
+    assert!(r.host.files().is_empty());
+    assert!(r.host.journal().is_empty());
+    assert_eq!(r.free(), 4);
+}
+
+#[test]
+fn a_kernel_that_supplies_fewer_pages_than_counted_fails_the_refill_cleanly() {
+    let r = rig(&target(16, &[16]), 4);
+    r.host.inject(|f| f.phantom_pages = 8);
+    r.settle();
+    assert!(r.host.files().is_empty());
+    assert_eq!(r.free(), 4);
+    assert!(r.pool.lock().schedule.refill_backoff().is_some());
+}
+
+#[test]
+fn pages_taken_by_another_user_of_the_machine_are_not_promised() {
+    let r = rig(&target(8, &[4]), 16);
+    r.host.take_free(0, PS, 14);
+    r.settle();
+    assert_eq!(r.warm_bytes(), 4 * MIB);
+    assert_eq!(r.free(), 0);
+    assert!(r.lease("vm1", 8).is_err());
+}
+
+#[test]
+fn a_file_that_cannot_be_created_fails_the_cold_lease_cleanly() {
+    let r = rig("", 16);
+    r.host.inject(|f| f.create_fails = true);
+    assert!(r.lease("vm1", 4).is_err());
+    assert!(r.host.files().is_empty());
+    assert!(r.host.journal().is_empty());
+}
+
+#[test]
+fn a_file_that_cannot_be_created_backs_the_refill_off() {
+    let r = rig(&target(8, &[4]), 16);
+    r.host.inject(|f| f.create_fails = true);
+    r.settle();
+    assert!(r.host.files().is_empty());
+    assert!(r.host.journal().is_empty());
+    assert!(r.pool.lock().schedule.refill_backoff().is_some());
+}
+
+#[test]
+fn a_time_jump_does_not_break_a_lease() {
+    let r = rig(&target(8, &[8]), 16);
+    r.settle();
+    r.host.advance(Duration::from_secs(3600 * 24));
+    let info = r.lease("vm1", 8).unwrap();
+    assert!(info.ready_ms >= 0.0);
+    r.release(&info).unwrap();
+    r.settle();
+    assert_eq!(r.warm_bytes(), 8 * MIB);
+}
+
+#[test]
+fn a_crash_before_a_cold_leases_fault_is_recovered_without_its_file() {
+    let mut r = rig("", 16);
+    // Before its second effect: the filling record is journaled, the file created, not faulted.
+    r.host.inject(|f| f.crash_after = Some(2));
+    let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        r.pool.lease(&request("vm1", 4))
+    }));
+    assert!(crashed.is_err());
+    let facts = r.host.recovery_facts(false).unwrap();
+    let plan = core::recovery::plan(&facts);
+    assert!(!plan.steps.is_empty(), "{facts:?}");
+    r.restart();
+    r.check();
+    assert!(r.host.files().is_empty());
+    assert!(r.host.journal().is_empty());
+    assert_eq!(r.free(), 16);
+}

@@ -1,0 +1,349 @@
+//! A seeded simulation of the real driver on the simulated host: one seed drives leases,
+//! releases (with each lessee's bytes written into its lease), lease paths deleted by the
+//! VMM's manager, the worker's jobs one at a time, drains and resumes, target changes, and the host's faults: a full journal, a kernel
+//! that supplies fewer pages than it counts or takes pages back, failed creates and scrubs,
+//! proofs that fail or find the file held, and time that jumps. After every step the rig's
+//! checks run (every page in exactly one file, every file the pool's or a lease's, no
+//! lessee's bytes handed to another, the core's invariants, the journal of idle files); at
+//! the end, with the faults gone, every lease released and the pool drained, every page is
+//! back with the kernel.
+//!
+//! Crashes: the daemon is killed before any effect on the host (a journal write, a create,
+//! a fault, a link, a scrub, a truncate, a step of recovery itself); a new one recovers with
+//! the daemon's own recovery from what the host keeps, and its open watch has forgotten
+//! every file (so files released before it take the kernel's path). Clean restarts too.
+//!
+//! A failing seed prints the one command that replays it:
+//! `HUGEPREP_DRIVER_SIM_SEED=<seed> cargo test --lib pool::driver_tests::sim -- --nocapture`.
+
+use std::collections::BTreeMap;
+
+use super::host::sim::ProofMode;
+use super::*;
+
+/// Seeds the suite runs; `HUGEPREP_DRIVER_SIM_SEEDS` runs more.
+const SEEDS: u64 = 300;
+/// Steps per seed.
+const STEPS: usize = 150;
+/// The effects the suite must have crashed before: each is found safe, or the suite fails.
+const CRASH_POINTS: &[&str] = &[
+    "journal filling",
+    "journal warm",
+    "journal leased",
+    "journal dirty",
+    "journal scrubbing",
+    "unjournal",
+    "journal the clean shutdown",
+    "clear the clean shutdown",
+    "create and fault a refill",
+    "create a lease's file",
+    "resize a file",
+    "fault a lease",
+    "link a lease path",
+    "unlink a lease path",
+    "take a released file back",
+    "refill holes",
+    "prove out of reach",
+    "scrub",
+    "truncate",
+    "unlink a pool file",
+    "recovery: unjournal",
+    "recovery: journal dirty",
+    "recovery: remove a file",
+];
+
+/// Free 2M pages the kernel starts with.
+const PAGES: u64 = 24;
+
+/// splitmix64: one seed, one stream, the same on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+}
+
+/// A target of `warm_mib` in files of 4 and 8 MiB; `demand`: sizes follow the leases (warm
+/// files are cut to a size in demand), else the fixed mix.
+fn policy(warm_mib: u64, demand: bool) -> PoolPolicy {
+    let mut text = format!(
+        "reserve = false\nlessee_grace_ms = 0\nverify = \"full\"\n{}",
+        target(warm_mib, &[4, 8])
+    );
+    if demand {
+        text = text.replace("shape = \"fixed\"", "shape = \"demand\"");
+    }
+    PoolPolicy::from_toml(&text).expect("simulated policy")
+}
+
+/// What one seed did, so the suite can tell it exercised each path.
+#[derive(Debug, Default)]
+struct Stats {
+    crashed_at: BTreeMap<&'static str, u64>,
+    crashes: u64,
+    restarts: u64,
+    leases: u64,
+    refused: u64,
+    releases: u64,
+    jobs: u64,
+    kernel_path: u64,
+    scrubbed_bytes: u64,
+}
+
+fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
+    let mut rng = Rng(seed);
+    let demand = rng.chance(500);
+    let mut r = rig(&target(8, &[4, 8]), PAGES);
+    r.pool.set_policy(policy(8, demand));
+    r.policy = policy(8, demand);
+    let crash_rate = rng.below(80);
+    let mut stats = Stats::default();
+    let mut leases: Vec<LeaseInfo> = Vec::new();
+    for step in 0..STEPS {
+        if rng.chance(crash_rate) {
+            let n = rng.below(8);
+            r.host.inject(|f| f.crash_after = Some(n));
+            trace.push(format!("{step}: crash before the effect {n} from here"));
+        }
+        if rng.chance(10) {
+            // A clean restart, as `systemctl restart` makes it.
+            r.pool.shutdown();
+            let marked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                r.pool.mark_clean_shutdown()
+            }));
+            trace.push(format!(
+                "{step}: clean restart (marked: {})",
+                marked.is_ok()
+            ));
+            r.restart();
+            stats.restarts += 1;
+            leases = r.pool.leases();
+            r.check();
+            continue;
+        }
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            one_step(&r, &mut rng, &mut leases, &mut stats, demand)
+        }));
+        let what = match stepped {
+            Ok(what) => what,
+            Err(panic) if panic.is::<super::host::sim::Crashed>() => {
+                if rng.chance(600) {
+                    // Killed again during its recovery.
+                    let n = rng.below(2);
+                    r.host.inject(|f| f.crash_after = Some(n));
+                }
+                r.restart();
+                stats.crashes += 1;
+                leases = r.pool.leases();
+                "crashed; a new daemon recovered".to_string()
+            }
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        r.host.inject(|f| f.tick = Duration::ZERO);
+        trace.push(format!("{step}: {what}"));
+        r.check();
+    }
+    // The end: faults gone, every lease back, the pool drained: every page with the kernel.
+    r.host.inject(|f| *f = Default::default());
+    let leases = r.pool.leases();
+    for info in leases {
+        r.pool.release(info.id).expect("a release without faults");
+    }
+    r.pool.set_policy(policy(0, demand));
+    r.settle();
+    r.pool
+        .drain(&DrainRequest::default(), Duration::ZERO)
+        .expect("a drain without faults");
+    r.settle();
+    r.check();
+    // Held files wait aside until proven again; the drain gives them up.
+    assert!(r.host.files().is_empty(), "left: {:?}", r.host.files());
+    assert_eq!(r.free(), r.host.total_pages(0, PS), "every page back");
+    stats.crashed_at = r.host.crashed_at();
+    let c = r.pool.counters();
+    stats.kernel_path = c.kernel_path_releases;
+    stats.scrubbed_bytes = c.scrubbed_bytes;
+    stats
+}
+
+/// One request, job or fault of the simulation: what it did.
+fn one_step(
+    r: &Rig,
+    rng: &mut Rng,
+    leases: &mut Vec<LeaseInfo>,
+    stats: &mut Stats,
+    demand: bool,
+) -> String {
+    match rng.below(100) {
+        0..=24 => {
+            let name = format!("vm{}", rng.below(6));
+            let size = (1 + rng.below(4)) * 2 * MIB;
+            // A lease that would wait for work nobody runs here reaches its deadline
+            // in a few turns of a clock that jumps.
+            r.host.inject(|f| f.tick = Duration::from_secs(40));
+            let res = r.pool.lease(&request(&name, size / MIB));
+            r.host.inject(|f| f.tick = Duration::ZERO);
+            match res {
+                Ok(info) => {
+                    r.host.write(&info.path, &format!("lessee-{}", info.id));
+                    stats.leases += 1;
+                    let s = format!("lease {name} {size} -> {:?} {}", info.source, info.id);
+                    leases.push(info);
+                    s
+                }
+                Err(e) => {
+                    stats.refused += 1;
+                    format!("lease {name} {size} refused: {e}")
+                }
+            }
+        }
+        25..=44 if !leases.is_empty() => {
+            let info = leases.remove(rng.below(leases.len() as u64) as usize);
+            match r.pool.release(info.id) {
+                Ok(_) => {
+                    stats.releases += 1;
+                    format!("release {}", info.id)
+                }
+                Err(e) => {
+                    leases.push(info.clone());
+                    format!("release {} failed: {e}", info.id)
+                }
+            }
+        }
+        45..=79 => {
+            let did = r.pool.work_once();
+            stats.jobs += u64::from(did);
+            format!("work: {did}")
+        }
+        80..=81 => {
+            let rep = r.pool.drain(&DrainRequest::default(), Duration::ZERO);
+            format!("drain: {:?}", rep.map(|d| d.kinds))
+        }
+        82..=83 => format!("resume: {:?}", r.pool.resume(None, None)),
+        84 => {
+            let warm = rng.below(5) * 4;
+            r.pool.set_policy(policy(warm, demand));
+            format!("target {warm}M")
+        }
+        85..=86 => {
+            let full = rng.chance(500).then_some(rng.below(3));
+            r.host.inject(|f| f.journal_full_after = full);
+            format!("journal full after {full:?} more writes")
+        }
+        87 => {
+            let phantom = rng.below(3) * rng.below(6);
+            r.host.inject(|f| f.phantom_pages = phantom);
+            format!("kernel counts {phantom} pages it does not have")
+        }
+        88..=89 => {
+            let mode = match rng.below(4) {
+                0 => ProofMode::Held,
+                1 => ProofMode::Fail,
+                _ => ProofMode::Pass,
+            };
+            r.host.inject(|f| f.proof = mode);
+            format!("proofs: {mode:?}")
+        }
+        97 => {
+            let rate = rng.below(3) * 100;
+            let seed = rng.next();
+            r.host.inject(|f| {
+                f.io_error_per_mille = rate;
+                f.io_seed = seed;
+            });
+            format!("{rate}/1000 of links, truncates, resizes, cuts and chowns fail")
+        }
+        90 => {
+            let fails = rng.chance(300);
+            r.host.inject(|f| f.scrub_fails = fails);
+            format!("scrubs fail: {fails}")
+        }
+        91 => {
+            let fails = rng.chance(300);
+            r.host.inject(|f| f.create_fails = fails);
+            format!("creates fail: {fails}")
+        }
+        92..=93 => {
+            let pages = rng.below(9) as i64 - 4;
+            r.host.take_free(0, PS, pages);
+            format!("another user takes {pages} free pages")
+        }
+        96 if !leases.is_empty() => {
+            let info = &leases[rng.below(leases.len() as u64) as usize];
+            r.host.delete_lease_path(&info.path);
+            format!("the lessee's manager deletes {}", info.path.display())
+        }
+        94..=95 => {
+            let secs = rng.below(4000);
+            r.host.advance(Duration::from_secs(secs));
+            format!("time jumps {secs} s")
+        }
+        _ => {
+            let did = r.pool.work_once();
+            stats.jobs += u64::from(did);
+            format!("work: {did}")
+        }
+    }
+}
+
+#[test]
+fn seeds_keep_every_page_in_one_file_and_every_byte_with_its_lessee() {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let seeds: Vec<u64> = match env("HUGEPREP_DRIVER_SIM_SEED") {
+        Some(seed) => vec![seed],
+        None => (0..env("HUGEPREP_DRIVER_SIM_SEEDS").unwrap_or(SEEDS)).collect(),
+    };
+    let one = seeds.len() == 1;
+    let mut total = Stats::default();
+    for seed in seeds {
+        let mut trace = Vec::new();
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(seed, &mut trace)));
+        match result {
+            Ok(s) => {
+                for (site, n) in s.crashed_at {
+                    *total.crashed_at.entry(site).or_default() += n;
+                }
+                total.crashes += s.crashes;
+                total.restarts += s.restarts;
+                total.leases += s.leases;
+                total.refused += s.refused;
+                total.releases += s.releases;
+                total.jobs += s.jobs;
+                total.kernel_path += s.kernel_path;
+                total.scrubbed_bytes += s.scrubbed_bytes;
+            }
+            Err(panic) => {
+                eprintln!("{}", trace.join("\n"));
+                eprintln!(
+                    "driver simulation failed: replay with\n  HUGEPREP_DRIVER_SIM_SEED={seed} cargo test --lib pool::driver_tests::sim -- --nocapture"
+                );
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+    eprintln!("simulated the driver: {total:?}");
+    if !one {
+        assert!(total.leases > 0 && total.refused > 0 && total.releases > 0);
+        assert!(total.kernel_path > 0 && total.scrubbed_bytes > 0);
+        assert!(total.crashes > 0 && total.restarts > 0);
+        let missed: Vec<&&str> = CRASH_POINTS
+            .iter()
+            .filter(|p| !total.crashed_at.contains_key(*p))
+            .collect();
+        assert!(missed.is_empty(), "never crashed before {missed:?}");
+    }
+}
