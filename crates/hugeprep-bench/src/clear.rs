@@ -17,14 +17,14 @@ use std::time::{Duration, Instant};
 pub use super::clear_config::{ClearBenchConfig, PolicyChoice, CHUNK_SIZES, MIN_REPS};
 pub use super::clear_results::{ClearBenchReport, KernelResult, MethodResult, PurposeResult};
 use super::Summary;
-use crate::clear::{ClearError, ClearPlan, ClearPurpose, Clearer, Method};
-use crate::hugetlb::lock::HugepageLock;
-use crate::hugetlb::{BackingFile, FileError};
-use crate::hugetlb::{PoolError, PoolTopUp};
-use crate::page_size::PageSize;
-use crate::sys::affinity::{allowed_cpus, pin_current_thread, AffinityError};
-use crate::sys::mmap::{MmapError, MmapRegion};
-use crate::units::{format_bytes, gbps};
+use hugeprep::clear::{ClearError, ClearPlan, ClearPurpose, Clearer, Method};
+use hugeprep::hugetlb::lock::HugepageLock;
+use hugeprep::hugetlb::{BackingFile, FileError};
+use hugeprep::hugetlb::{PoolError, PoolTopUp};
+use hugeprep::page_size::PageSize;
+use hugeprep::sys::affinity::{allowed_cpus, pin_current_thread, AffinityError};
+use hugeprep::sys::mmap::{MmapError, MmapRegion};
+use hugeprep::units::{format_bytes, gbps};
 
 /// A benchmark that cannot start or could not finish.
 #[derive(Debug, thiserror::Error)]

@@ -4,10 +4,10 @@
 use serde::Serialize;
 
 use super::clear::ClearBenchError;
-use crate::clear::{ClearPlan, Method};
-use crate::page_size::PageSize;
-use crate::policy::{Confidence, DecidedBy, Resolution};
-use crate::sys::affinity::allowed_cpus;
+use hugeprep::clear::{ClearPlan, Method};
+use hugeprep::page_size::PageSize;
+use hugeprep::policy::{Confidence, DecidedBy, Resolution};
+use hugeprep::sys::affinity::allowed_cpus;
 
 /// The chunk sizes of a full run: a base page, the smallest extent where a per-call `sfence`
 /// stops hurting, a 2 MiB hugepage, around and above the LLC, and a 1 GiB hugepage.
@@ -41,7 +41,7 @@ pub struct ClearBenchConfig {
     /// Page sizes whose kernel fault-in is measured as the baseline.
     pub kernel_page_sizes: Vec<PageSize>,
     /// The clearing decision in use, reported alongside; its plan is also timed for both
-    /// [`crate::clear::ClearPurpose`]s.
+    /// [`hugeprep::clear::ClearPurpose`]s.
     pub policy: Option<PolicyChoice>,
 }
 
@@ -50,7 +50,7 @@ impl ClearBenchConfig {
     /// 1 GiB buffer, 7 repetitions, 2 MiB and 1 GiB fault-in baselines.
     pub fn full() -> ClearBenchConfig {
         ClearBenchConfig {
-            methods: crate::clear::available_methods(),
+            methods: hugeprep::clear::available_methods(),
             chunk_sizes: CHUNK_SIZES.to_vec(),
             threads: (1..=allowed_cpus().len().max(1)).collect(),
             buffer_bytes: 1 << 30,

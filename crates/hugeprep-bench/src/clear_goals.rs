@@ -6,7 +6,7 @@
 use super::clear_report::POLICY_CHECK_MIN_CHUNK;
 use super::clear_results::ClearBenchReport;
 pub use super::clear_results::ThreadGoals;
-use crate::page_size::PageSize;
+use hugeprep::page_size::PageSize;
 
 /// The in-use method's tolerance against the best method measured: 10%.
 pub const GOAL_TOLERANCE: f64 = 0.10;
@@ -28,7 +28,7 @@ impl ClearBenchReport {
                     .min_by(|a, b| fraction(a).total_cmp(&fraction(b)));
                 let mut in_use: Vec<f64> = cells.iter().map(|v| v.policy_gbps).collect();
                 in_use.sort_by(f64::total_cmp);
-                let in_use_gbps = crate::stats::Summary::of(&in_use).map_or(0.0, |s| s.median);
+                let in_use_gbps = hugeprep::stats::Summary::of(&in_use).map_or(0.0, |s| s.median);
                 let best_gbps = cells.iter().map(|v| v.best_gbps).fold(0.0, f64::max);
                 let kernel = self
                     .kernel
@@ -41,7 +41,7 @@ impl ClearBenchReport {
                     .iter()
                     .filter_map(|v| {
                         let scrub = self.purposes.iter().find(|p| {
-                            p.purpose == crate::clear::ClearPurpose::Scrub
+                            p.purpose == hugeprep::clear::ClearPurpose::Scrub
                                 && p.chunk_bytes == v.chunk_bytes
                                 && p.threads == t
                         })?;
@@ -49,7 +49,7 @@ impl ClearBenchReport {
                         (a.max(b) > 0.0).then(|| (a - b).abs() / a.max(b))
                     })
                     .collect();
-                let noise = crate::stats::Summary::of(&spreads).map(|s| s.median);
+                let noise = hugeprep::stats::Summary::of(&spreads).map(|s| s.median);
                 ThreadGoals {
                     threads: t,
                     cells: cells.len(),
@@ -102,7 +102,7 @@ impl ClearBenchReport {
                 g.cells,
                 if g.within_10pct_everywhere { ": met" } else { ": NOT met" },
                 g.worst_fraction_of_best * 100.0,
-                crate::units::format_bytes(g.worst_chunk_bytes as u64),
+                hugeprep::units::format_bytes(g.worst_chunk_bytes as u64),
             );
         }
         out

@@ -4,10 +4,10 @@ use std::fmt::Write;
 
 use super::clear_results::{ClearBenchReport, KernelResult, MethodResult};
 use super::svg::{LineChart, ReferenceLine, Series};
-use crate::clear::{ClearPurpose, Method};
-use crate::page_size::PageSize;
-use crate::stats::Summary;
-use crate::units::format_bytes;
+use hugeprep::clear::{ClearPurpose, Method};
+use hugeprep::page_size::PageSize;
+use hugeprep::stats::Summary;
+use hugeprep::units::format_bytes;
 
 /// Chunks from this size up are where the policy's method must be within 10% of the best.
 pub const POLICY_CHECK_MIN_CHUNK: usize = 2 << 20;
@@ -28,7 +28,7 @@ pub struct PolicyVerdict {
     /// The kernel's fault-in of fresh 2 MiB pages at the same thread count, GB/s.
     pub kernel_2m_gbps: Option<f64>,
     /// The policy's method against the best method, each repetition against the same
-    /// repetition of the other (see [`crate::stats::Summary::paired_ratio`]), capped at 1,
+    /// repetition of the other (see [`hugeprep::stats::Summary::paired_ratio`]), capped at 1,
     /// and that method. `None` when the samples are not there (reports from before they
     /// were kept).
     pub paired: Option<(f64, Method)>,
@@ -401,7 +401,7 @@ mod tests {
         }
         ClearBenchReport {
             policy: Some(PolicyChoice::rule_only(
-                crate::clear::ClearPlan::always(Method::RepStosb),
+                hugeprep::clear::ClearPlan::always(Method::RepStosb),
                 "pending",
             )),
             buffer_bytes: 8 << 20,

@@ -6,8 +6,8 @@ use serde::Serialize;
 
 use super::clear_config::PolicyChoice;
 use super::Summary;
-use crate::clear::{ClearPurpose, Method};
-use crate::page_size::PageSize;
+use hugeprep::clear::{ClearPurpose, Method};
+use hugeprep::page_size::PageSize;
 
 /// One method at one chunk size and thread count.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::api::{self, ApiState, CpuReport};
-use crate::clear::ClearPlan;
-use crate::client::Client;
-use crate::pool::{Pool, PoolConfig, PoolError, PoolPolicy};
+use hugeprep::api::{self, ApiState, CpuReport};
+use hugeprep::clear::ClearPlan;
+use hugeprep::client::Client;
+use hugeprep::pool::{Pool, PoolConfig, PoolError, PoolPolicy};
 
 /// Starting or waiting for the benchmark's daemon failed.
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +74,7 @@ impl BenchDaemon {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .on_thread_start(|| {
-                let _ = crate::sys::priority::set_current_thread_api();
+                let _ = hugeprep::sys::priority::set_current_thread_api();
             })
             .enable_all()
             .build()
@@ -90,8 +90,8 @@ impl BenchDaemon {
                 plan,
                 rule: "bench".into(),
                 source: "the benchmark's own plan".into(),
-                decided_by: crate::policy::DecidedBy::Rule,
-                confidence: crate::policy::Confidence::default(),
+                decided_by: hugeprep::policy::DecidedBy::Rule,
+                confidence: hugeprep::policy::Confidence::default(),
                 reason: "the benchmark's own plan".into(),
                 calibration: None,
             }),

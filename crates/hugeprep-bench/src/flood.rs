@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::recycle_config::RecycleBenchError;
-use crate::hugetlb::BackingFile;
-use crate::page_size::PageSize;
-use crate::pool::reach::{Method, Reach};
+use hugeprep::hugetlb::BackingFile;
+use hugeprep::page_size::PageSize;
+use hugeprep::pool::reach::{Method, Reach};
 
 /// Opens timed per tenant and case.
 const OPENS: usize = 200;

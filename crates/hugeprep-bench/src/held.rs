@@ -20,11 +20,11 @@ use serde::Serialize;
 
 use super::daemon::BenchDaemon;
 use super::recycle::{RecycleBenchConfig, RecycleBenchError};
-use crate::bench::Summary;
-use crate::client::Client;
-use crate::page_size::PageSize;
-use crate::policy::pool::Flavor;
-use crate::pool::{LeaseRequest, PoolPolicy};
+use crate::Summary;
+use hugeprep::client::Client;
+use hugeprep::page_size::PageSize;
+use hugeprep::policy::pool::Flavor;
+use hugeprep::pool::{LeaseRequest, PoolPolicy};
 
 /// The uid (and gid) that holds the released files open: `nobody` on Debian.
 pub const HOLDER_UID: u32 = 65534;
@@ -344,14 +344,14 @@ pub fn run(
     counts: &[usize],
     log: &dyn Fn(&str),
 ) -> Result<Vec<HeldTiming>, RecycleBenchError> {
-    use crate::hugetlb::{MountOptions, OwnedMount, PoolTopUp};
+    use hugeprep::hugetlb::{MountOptions, OwnedMount, PoolTopUp};
     if cfg.reps == 0 {
         return Err(RecycleBenchError::Invalid {
             field: "reps",
             reason: "must be at least 1",
         });
     }
-    crate::hugetlb::check_size(cfg.lease_size, cfg.page_size)?;
+    hugeprep::hugetlb::check_size(cfg.lease_size, cfg.page_size)?;
     let most = counts.iter().copied().max().unwrap_or(0) as u64;
     let pages = 2 * (cfg.lease_size / cfg.page_size.bytes() + most);
     // Declared before the mount so that it drops after it (see `recycle::run`).

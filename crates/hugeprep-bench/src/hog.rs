@@ -8,57 +8,19 @@
 //! served from files warmed before it; the quiet case does exactly the same.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use hugeprep_testkit::hog::CpuHog;
+
 use super::recycle_config::{RecycleBenchConfig, RecycleBenchError};
-use crate::client::Client;
-use crate::pool::{LeaseRequest, LeaseSource};
-use crate::stats::Summary;
+use hugeprep::client::Client;
+use hugeprep::pool::{LeaseRequest, LeaseSource};
+use hugeprep::stats::Summary;
 
 /// Leases per batch, and warm files kept for it.
 pub const BATCH: usize = 8;
-
-/// One busy-looping `sh` per CPU, at nice 0 whatever the caller runs at; killed (by pid)
-/// and reaped on drop.
-#[derive(Debug)]
-pub struct CpuHog {
-    children: Vec<Child>,
-}
-
-impl CpuHog {
-    /// Starts `n` hogs.
-    pub fn start(n: usize) -> std::io::Result<CpuHog> {
-        let mut hog = CpuHog {
-            children: Vec::with_capacity(n),
-        };
-        for _ in 0..n {
-            let child = Command::new("sh")
-                .args(["-c", "while :; do :; done"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()?;
-            // Children inherit the spawning thread's nice value: make them ordinary.
-            let _ = crate::sys::priority::set_process_nice(child.id(), 0);
-            hog.children.push(child);
-        }
-        // Let them reach their loop before anything is timed.
-        std::thread::sleep(Duration::from_millis(100));
-        Ok(hog)
-    }
-}
-
-impl Drop for CpuHog {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// Latency of one case.
 #[derive(Debug, Clone, Serialize)]
@@ -123,17 +85,17 @@ pub fn hogged_latency(
     };
     let daemon = super::recycle_config::lease_daemon(cfg, mount, &base, BATCH as u64)?;
     let client = Client::new(daemon.socket());
-    let nice_before = crate::sys::priority::current_thread_nice();
+    let nice_before = hugeprep::sys::priority::current_thread_nice();
     if let Some(n) = cfg.client_nice {
-        crate::sys::priority::set_current_thread_nice(n).map_err(|source| {
+        hugeprep::sys::priority::set_current_thread_nice(n).map_err(|source| {
             RecycleBenchError::Daemon(super::daemon::BenchDaemonError::Io {
                 op: "set the client's nice value (--client-nice)",
                 source,
             })
         })?;
     }
-    let client_nice = crate::sys::priority::current_thread_nice();
-    let hogs = crate::sys::affinity::allowed_cpus().len();
+    let client_nice = hugeprep::sys::priority::current_thread_nice();
+    let hogs = hugeprep::sys::affinity::allowed_cpus().len();
     let rounds = cfg.leases.div_ceil(BATCH).max(1);
     // (client ms, daemon ms, warm-exact) per case: 0 quiet, 1 hogged.
     let mut samples: [(Vec<f64>, Vec<f64>, usize); 2] = Default::default();
@@ -178,7 +140,7 @@ pub fn hogged_latency(
         }
         Ok(())
     })();
-    let _ = crate::sys::priority::set_current_thread_nice(nice_before);
+    let _ = hugeprep::sys::priority::set_current_thread_nice(nice_before);
     drop(daemon);
     let _ = std::fs::remove_dir_all(&base);
     result?;

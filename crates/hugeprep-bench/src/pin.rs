@@ -20,16 +20,16 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::bench::daemon::{BenchDaemon, BenchDaemonError};
-use crate::bench::svg::{LineChart, Series};
-use crate::bench::Summary;
-use crate::clear::ClearPlan;
-use crate::client::ClientError;
-use crate::hugetlb::{BackingFile, FileError, MountError, MountOptions, OwnedMount, PoolTopUp};
-use crate::page_size::PageSize;
-use crate::pool::{LeaseInfo, LeaseRequest, PoolPolicy, LESSEE_GRACE};
-use crate::sys::pin::{LongTermPin, PinError};
-use crate::units::format_bytes;
+use crate::daemon::{BenchDaemon, BenchDaemonError};
+use crate::svg::{LineChart, Series};
+use crate::Summary;
+use hugeprep::clear::ClearPlan;
+use hugeprep::client::ClientError;
+use hugeprep::hugetlb::{BackingFile, FileError, MountError, MountOptions, OwnedMount, PoolTopUp};
+use hugeprep::page_size::PageSize;
+use hugeprep::pool::{LeaseInfo, LeaseRequest, PoolPolicy, LESSEE_GRACE};
+use hugeprep::sys::pin::{LongTermPin, PinError};
+use hugeprep::units::format_bytes;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -324,7 +324,7 @@ pub fn run(cfg: &PinBenchConfig, log: &dyn Fn(&str)) -> Result<PinBenchReport, P
         for &size in &cfg.sizes {
             // A size that is no whole number of these pages (256M of 1G pages, where the
             // default page sizes include 1G) is no case to measure: skipped and listed.
-            if let Err(e) = crate::hugetlb::check_size(size, ps) {
+            if let Err(e) = hugeprep::hugetlb::check_size(size, ps) {
                 let why = format!("{} of {ps} pages: {e}", format_bytes(size));
                 log(&format!("skipped: {why}"));
                 skipped.push(why);

@@ -19,16 +19,16 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::qemu::{self, QemuConfig, QemuError, QemuVm};
 use super::Summary;
-use crate::hugetlb::{
+use hugeprep::hugetlb::{
     BackingFile, FileError, MountError, MountOptions, OwnedMount, PoolError, PoolTopUp,
 };
-use crate::page_size::PageSize;
-use crate::prefault::{default_threads, prefault, PrefaultError, PrefaultOptions};
-use crate::sys::affinity::allowed_cpus;
-use crate::topology::{Topology, TopologyError};
-use crate::units::{format_bytes, gbps};
+use hugeprep::page_size::PageSize;
+use hugeprep::prefault::{default_threads, prefault, PrefaultError, PrefaultOptions};
+use hugeprep::sys::affinity::allowed_cpus;
+use hugeprep::topology::{Topology, TopologyError};
+use hugeprep::units::{format_bytes, gbps};
+use hugeprep_testkit::qemu::{self, QemuConfig, QemuError, QemuVm};
 
 /// How long QEMU may take to become ready (a first touch since boot is ~25x slower).
 const QEMU_READY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -232,7 +232,7 @@ pub fn run(cfg: &PrefaultBenchConfig, log: &dyn Fn(&str)) -> Result<PrefaultBenc
             reason: "must be at least 1".into(),
         });
     }
-    if crate::hugetlb::check_size(cfg.size, cfg.page_size).is_err() {
+    if hugeprep::hugetlb::check_size(cfg.size, cfg.page_size).is_err() {
         return Err(PrefaultBenchError::Invalid {
             field: "size",
             reason: format!(

@@ -15,10 +15,10 @@ use serde::Serialize;
 
 use super::host::BusyHost;
 use super::recycle_config::RecycleBenchError;
-use crate::bench::Summary;
-use crate::hugetlb::BackingFile;
-use crate::page_size::PageSize;
-use crate::pool::reach::{cgroup::Hierarchies, Method, Reach};
+use crate::Summary;
+use hugeprep::hugetlb::BackingFile;
+use hugeprep::page_size::PageSize;
+use hugeprep::pool::reach::{cgroup::Hierarchies, Method, Reach};
 
 /// How long a proof took, per release, by one method on one host.
 #[derive(Debug, Clone, Serialize)]
@@ -56,7 +56,7 @@ pub fn time_proofs(
         // A page in it, as in every lease; closed again, as the pool's files are between
         // their uses (a proof wants the daemon's one descriptor).
         let file = BackingFile::create(&path, size, page_size, None)?;
-        crate::pool::fault::fault_range(&file, 0..size, 0, &[0])?;
+        hugeprep::pool::fault::fault_range(&file, 0..size, 0, &[0])?;
     }
     let cgroup = root.join(format!("hugeprep-bench-proof-{}", std::process::id()));
     let _ = std::fs::remove_dir(&cgroup);
@@ -143,7 +143,7 @@ fn prove_once(
     page_size: PageSize,
     path: &Path,
     cgroup: &Path,
-) -> Result<Result<f64, crate::pool::reach::Unproven>, RecycleBenchError> {
+) -> Result<Result<f64, hugeprep::pool::reach::Unproven>, RecycleBenchError> {
     reach.watch(1, BackingFile::open(path, page_size)?.file());
     let mut lessee = Command::new("sh")
         .arg("-c")
@@ -170,8 +170,8 @@ fn prove_once(
     loop {
         match reach.prove(1, fresh.file()) {
             Err(
-                crate::pool::reach::Unproven::OpenElsewhere
-                | crate::pool::reach::Unproven::Referenced { .. },
+                hugeprep::pool::reach::Unproven::OpenElsewhere
+                | hugeprep::pool::reach::Unproven::Referenced { .. },
             ) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }

@@ -11,15 +11,15 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::bench::Summary;
-use crate::clear::{ClearPlan, Clearer};
-use crate::client::Client;
-use crate::hugetlb::{BackingFile, FileError, MountOptions, OwnedMount, PoolTopUp};
-use crate::policy::pool::Verification;
-use crate::pool::{fault, LeaseRequest, LeaseSource};
-use crate::scrub::{ScrubControl, ScrubOptions, Scrubber};
-use crate::sys::mmap::MmapRegion;
-use crate::units::gbps;
+use crate::Summary;
+use hugeprep::clear::{ClearPlan, Clearer};
+use hugeprep::client::Client;
+use hugeprep::hugetlb::{BackingFile, FileError, MountOptions, OwnedMount, PoolTopUp};
+use hugeprep::policy::pool::Verification;
+use hugeprep::pool::{fault, LeaseRequest, LeaseSource};
+use hugeprep::scrub::{ScrubControl, ScrubOptions, Scrubber};
+use hugeprep::sys::mmap::MmapRegion;
+use hugeprep::units::gbps;
 
 use super::recycle_config::lease_daemon;
 pub use super::recycle_config::{RecycleBenchConfig, RecycleBenchError};
@@ -28,7 +28,7 @@ pub use super::recycle_report::{
 };
 
 fn cpus(threads: usize) -> Vec<usize> {
-    let mut c = crate::sys::affinity::allowed_cpus();
+    let mut c = hugeprep::sys::affinity::allowed_cpus();
     c.truncate(threads.max(1));
     c
 }
@@ -252,10 +252,10 @@ pub fn run(
             reason: "must be at least 1",
         });
     }
-    crate::hugetlb::check_size(cfg.size, cfg.page_size)?;
-    crate::hugetlb::check_size(cfg.lease_size, cfg.page_size)?;
+    hugeprep::hugetlb::check_size(cfg.size, cfg.page_size)?;
+    hugeprep::hugetlb::check_size(cfg.lease_size, cfg.page_size)?;
     let lease_files = if cfg.hog {
-        crate::bench::hog::BATCH as u64 + 2
+        crate::hog::BATCH as u64 + 2
     } else {
         6
     };
@@ -275,7 +275,7 @@ pub fn run(
     for f in ["scrub", "refault"] {
         let _ = std::fs::remove_file(mount.path().join(f));
     }
-    let proofs = crate::bench::proof::time_proofs(
+    let proofs = crate::proof::time_proofs(
         mount.path(),
         cfg.size,
         cfg.page_size,
@@ -283,7 +283,7 @@ pub fn run(
         cfg.host_processes,
         log,
     )?;
-    let with_proof = |p: &crate::bench::proof::ProofTiming| {
+    let with_proof = |p: &crate::proof::ProofTiming| {
         let with_proof: Vec<f64> = scrub
             .samples_gbps
             .iter()
@@ -296,8 +296,8 @@ pub fn run(
     let floods = if cfg.flood.is_empty() {
         Vec::new()
     } else {
-        let exe = crate::bench::host::bench_exe().map_err(RecycleBenchError::Proof)?;
-        crate::bench::flood::time_floods(mount.path(), cfg.page_size, &cfg.flood, &exe, log)?
+        let exe = crate::host::bench_exe().map_err(RecycleBenchError::Proof)?;
+        crate::flood::time_floods(mount.path(), cfg.page_size, &cfg.flood, &exe, log)?
     };
     let proven_scrub = proven_scrubs.first().cloned();
     let latency = if cfg.leases > 0 {
@@ -306,7 +306,7 @@ pub fn run(
         None
     };
     let hog = if cfg.leases > 0 && cfg.hog {
-        Some(crate::bench::hog::hogged_latency(cfg, mount.path(), log)?)
+        Some(crate::hog::hogged_latency(cfg, mount.path(), log)?)
     } else {
         None
     };

@@ -4,13 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::bench::daemon::{BenchDaemon, BenchDaemonError};
-use crate::clear::{ClearError, ClearPlan, Method};
-use crate::client::ClientError;
-use crate::hugetlb::{FileError, MountError};
-use crate::page_size::PageSize;
-use crate::pool::{fault, PoolPolicy};
-use crate::scrub::ScrubError;
+use crate::daemon::{BenchDaemon, BenchDaemonError};
+use hugeprep::clear::{ClearError, ClearPlan, Method};
+use hugeprep::client::ClientError;
+use hugeprep::hugetlb::{FileError, MountError};
+use hugeprep::page_size::PageSize;
+use hugeprep::pool::{fault, PoolPolicy};
+use hugeprep::scrub::ScrubError;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -35,16 +35,16 @@ pub struct RecycleBenchConfig {
     /// Directory for the journal of the latency part (fsync cost depends on it).
     pub state_dir: Option<PathBuf>,
     /// Also time warm leases with a busy-looping process on every CPU, against quiet
-    /// (`--hog`, see [`crate::bench::hog`]).
+    /// (`--hog`, see [`crate::hog`]).
     pub hog: bool,
     /// Nice value of the benchmark's client thread during `--hog` (default: unchanged, i.e.
     /// an ordinary caller); `-10` times a caller that runs at the API's priority.
     pub client_nice: Option<i32>,
     /// Extra processes of a busy host the release proof is timed beside, after the quiet
-    /// host (0: quiet only; see [`crate::bench::host`]).
+    /// host (0: quiet only; see [`crate::host`]).
     pub host_processes: usize,
     /// Threads of one lessee's open floods, each timed against another tenant's opens and
-    /// the daemon's ([`crate::bench::flood`]); empty: none.
+    /// the daemon's ([`crate::flood`]); empty: none.
     pub flood: Vec<usize>,
 }
 
@@ -67,13 +67,13 @@ pub enum RecycleBenchError {
     Mount(#[from] MountError),
     /// The kernel's hugepage pool could not be read or raised.
     #[error("bench recycle: {0}")]
-    KernelPool(#[from] crate::hugetlb::PoolError),
+    KernelPool(#[from] hugeprep::hugetlb::PoolError),
     /// Faulting a file's pages failed.
     #[error("bench recycle: {0}")]
     Fault(#[from] fault::FaultError),
     /// Running the warm pool failed.
     #[error("bench recycle: {0}")]
-    WarmPool(#[from] crate::pool::PoolError),
+    WarmPool(#[from] hugeprep::pool::PoolError),
     /// The clearing plan cannot run on this CPU.
     #[error("bench recycle: {0}")]
     Clear(#[from] ClearError),

@@ -3,10 +3,10 @@
 
 use serde::Serialize;
 
-use crate::bench::Summary;
-use crate::clear::Method;
-use crate::page_size::PageSize;
-use crate::units::format_bytes;
+use crate::Summary;
+use hugeprep::clear::Method;
+use hugeprep::page_size::PageSize;
+use hugeprep::units::format_bytes;
 
 /// The scrub of a released file should reach this fraction of the best clearing throughput
 /// measured at the same thread count (goal b; reported, not asserted).
@@ -71,16 +71,16 @@ pub struct RecycleBenchReport {
     pub ratio: f64,
     /// The release proof's own cost (a lessee that opened the file and exited), ms: the
     /// daemon's method on the quiet host.
-    pub proof: Option<crate::bench::proof::ProofTiming>,
+    pub proof: Option<crate::proof::ProofTiming>,
     /// The whole proven release: the scrub's throughput with the median proof added to
     /// each repetition's time, GB/s.
     pub proven_scrub: Option<Summary>,
     /// Every proof timed: each method on the quiet host and beside the busy one.
-    pub proofs: Vec<crate::bench::proof::ProofTiming>,
+    pub proofs: Vec<crate::proof::ProofTiming>,
     /// The proven scrub by each of `proofs`, in the same order, GB/s.
     pub proven_scrubs: Vec<Summary>,
     /// Opens under one lessee's flood, quiet first, by each method.
-    pub floods: Vec<crate::bench::flood::FloodTiming>,
+    pub floods: Vec<crate::flood::FloodTiming>,
     /// Every method clearing the same file, interleaved with the two paths.
     pub clear_methods: Vec<MethodClear>,
     /// The fastest of `clear_methods` by median.
@@ -96,7 +96,7 @@ pub struct RecycleBenchReport {
     /// Lease latency, when run.
     pub latency: Option<LatencyResult>,
     /// Quiet against hogged lease latency, with `--hog`.
-    pub hog: Option<crate::bench::hog::HogLatency>,
+    pub hog: Option<crate::hog::HogLatency>,
 }
 
 impl RecycleBenchReport {
@@ -181,7 +181,7 @@ impl RecycleBenchReport {
                 "method", "threads", "another tenant p50/p99/max", "the daemon p50/p99/max"
             );
             for f in &self.floods {
-                let l = |o: &crate::bench::flood::OpenLatency| {
+                let l = |o: &crate::flood::OpenLatency| {
                     format!("{:.3}/{:.3}/{:.3}", o.p50_ms, o.p99_ms, o.max_ms)
                 };
                 s += &format!(

@@ -73,7 +73,7 @@ impl LineChart {
     /// Renders the chart as an SVG document.
     ///
     /// ```
-    /// use hugeprep::bench::svg::{LineChart, Series};
+    /// use hugeprep_bench::svg::{LineChart, Series};
     /// let chart = LineChart {
     ///     title: "GB/s".into(),
     ///     log_x: true,

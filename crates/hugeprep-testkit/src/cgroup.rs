@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::pool::reach::cgroup::Hierarchies;
+use hugeprep::pool::reach::cgroup::Hierarchies;
 
 /// How long removing an emptied cgroup may keep failing with `EBUSY` (the kernel updates a
 /// cgroup's population just after its last process is reaped).
@@ -108,7 +108,7 @@ pub struct VmmCgroup {
 impl VmmCgroup {
     /// Makes the process `cmd` spawns join this cgroup before it execs.
     pub fn enter_on_spawn(&self, cmd: &mut Command) {
-        crate::sys::cgroup::join_before_exec(cmd, Arc::clone(&self.procs));
+        hugeprep::sys::cgroup::join_before_exec(cmd, Arc::clone(&self.procs));
     }
 
     /// The cgroup's directory.

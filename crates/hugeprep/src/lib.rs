@@ -16,7 +16,6 @@
 
 pub mod api;
 pub mod background;
-pub mod bench;
 pub mod clear;
 pub mod client;
 pub mod cpu;

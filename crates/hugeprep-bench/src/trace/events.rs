@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::TraceBenchError;
-use crate::units::parse_bytes;
+use hugeprep::units::parse_bytes;
 
 /// The most leases a trace may hold.
 pub const MAX_EVENTS: usize = 100_000;

@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::bench::Summary;
-use crate::clear::ClearPlan;
-use crate::hugetlb::{BackingFile, MountError, MountOptions, OwnedMount, PoolTopUp};
-use crate::page_size::PageSize;
-use crate::policy::pool::Shape;
-use crate::pool::{LeaseRequest, LeaseSource, Pool, PoolConfig, PoolError, PoolPolicy};
-use crate::units::format_bytes;
+use crate::Summary;
+use hugeprep::clear::ClearPlan;
+use hugeprep::hugetlb::{BackingFile, MountError, MountOptions, OwnedMount, PoolTopUp};
+use hugeprep::page_size::PageSize;
+use hugeprep::policy::pool::Shape;
+use hugeprep::pool::{LeaseRequest, LeaseSource, Pool, PoolConfig, PoolError, PoolPolicy};
+use hugeprep::units::format_bytes;
 
 mod events;
 pub use events::{held_at_arrival, mixed_trace, parse_trace, TraceEvent, MAX_EVENTS};
@@ -56,7 +56,7 @@ pub enum TraceBenchError {
     Mount(#[from] MountError),
     /// The kernel's hugepage pool could not be read or raised.
     #[error("bench trace: {0}")]
-    KernelPool(#[from] crate::hugetlb::PoolError),
+    KernelPool(#[from] hugeprep::hugetlb::PoolError),
     /// The pool failed (other than a refused lease, which is counted).
     #[error("bench trace: {0}")]
     WarmPool(#[from] PoolError),
@@ -355,8 +355,8 @@ fn replay(
 fn warm_up(mount: &Path, ps: PageSize, bytes: u64) {
     let path = mount.join("warm-up");
     if let Ok(f) = BackingFile::create(&path, bytes, ps, None) {
-        let cpus = crate::sys::affinity::allowed_cpus();
-        let _ = crate::pool::fault::fault_range(&f, 0..bytes, 0, &cpus);
+        let cpus = hugeprep::sys::affinity::allowed_cpus();
+        let _ = hugeprep::pool::fault::fault_range(&f, 0..bytes, 0, &cpus);
     }
     let _ = std::fs::remove_file(&path);
 }

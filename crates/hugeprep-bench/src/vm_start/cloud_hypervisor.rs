@@ -10,9 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{Case, Result, Starter, VmStartBenchError, Vmm, World};
-use crate::bench::cgroup::VmmCgroup;
-use crate::client::Client;
-use crate::vmm::{cloud_hypervisor as handoff, pvh_guest, GuestMemoryFile};
+use hugeprep::client::Client;
+use hugeprep::vmm::{cloud_hypervisor as handoff, pvh_guest, GuestMemoryFile};
+use hugeprep_testkit::cgroup::VmmCgroup;
 
 /// How long a start may take (a liveness bound; a first touch since boot is ~25x slower).
 const READY_TIMEOUT: Duration = Duration::from_secs(300);

@@ -1,9 +1,9 @@
 //! Holding the kernel's free pages back from the pool while a start or a storm is timed.
 
 use super::Result;
-use crate::hugetlb::BackingFile;
-use crate::page_size::PageSize;
-use crate::sys::mmap::MmapRegion;
+use hugeprep::hugetlb::BackingFile;
+use hugeprep::page_size::PageSize;
+use hugeprep::sys::mmap::MmapRegion;
 
 /// Maps (without faulting or zeroing) a file of `pages` pages, so that the kernel's free
 /// pages it reserves cannot be taken by a refill while a start or a storm is timed.

@@ -20,14 +20,14 @@ use super::holdback::Holdback;
 use super::table;
 use super::world::page_world;
 use super::{check, Result, VmStartBenchConfig, World};
-use crate::bench::qemu::{vm_args, QemuVm};
-use crate::bench::turns::turns;
-use crate::bench::Summary;
-use crate::client::Client;
-use crate::page_size::PageSize;
-use crate::units::format_bytes;
-use crate::vmm::qemu_hotplug::{self, Hotplug, HotplugDevice};
-use crate::vmm::GuestMemoryFile;
+use crate::turns::turns;
+use crate::Summary;
+use hugeprep::client::Client;
+use hugeprep::page_size::PageSize;
+use hugeprep::units::format_bytes;
+use hugeprep::vmm::qemu_hotplug::{self, Hotplug, HotplugDevice};
+use hugeprep::vmm::GuestMemoryFile;
+use hugeprep_testkit::qemu::{vm_args, QemuVm};
 
 /// The target: a warm plug takes at most this share of `prealloc=on`'s time.
 pub const TARGET: f64 = 0.10;
@@ -122,7 +122,7 @@ pub fn run(
     log: &dyn Fn(&str),
 ) -> Result<HotplugReport> {
     check(cfg)?;
-    let load_before = crate::bench::load_average();
+    let load_before = crate::load_average();
     let mut not_measured = Vec::new();
     let cgroups = super::vmm_cgroups(&[super::Vmm::Qemu], &mut not_measured, log);
     let mut results = Vec::new();
@@ -154,10 +154,10 @@ pub fn run(
     Ok(HotplugReport {
         threads: cfg.threads,
         reps: cfg.reps,
-        qemu_version: crate::bench::qemu::version(&cfg.qemu),
+        qemu_version: hugeprep_testkit::qemu::version(&cfg.qemu),
         results,
         skipped,
-        load_average: (load_before, crate::bench::load_average()),
+        load_average: (load_before, crate::load_average()),
     })
 }
 

@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::{Case, Result, Starter, VmStartBenchConfig, VmStartBenchError, Vmm, World};
-use crate::page_size::PageSize;
-use crate::vmm::libvirt::sandbox::{QemuAs, Sandbox};
-use crate::vmm::libvirt::{Fallback, HookConfig};
+use hugeprep::page_size::PageSize;
+use hugeprep::vmm::libvirt::sandbox::{QemuAs, Sandbox};
+use hugeprep::vmm::libvirt::{Fallback, HookConfig};
 
 /// What libvirt needs on this machine.
 const TOOLS: [(&str, &str); 3] = [

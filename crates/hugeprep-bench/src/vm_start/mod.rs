@@ -25,7 +25,7 @@
 //! to the warm target so the pool does not refill behind a lease while a start is timed.
 //!
 //! Each QEMU or cloud-hypervisor the run starts itself runs in a fresh cgroup of its own
-//! ([`crate::bench::cgroup`]), as libvirt runs each QEMU in its machine cgroup: its release
+//! ([`hugeprep_testkit::cgroup`]), as libvirt runs each QEMU in its machine cgroup: its release
 //! is then proven unreachable and scrubbed in place, the path "release to warm" times.
 
 mod cloud_hypervisor;
@@ -46,15 +46,15 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::cgroup::{VmmCgroup, VmmCgroupError, VmmCgroups};
 use super::daemon::BenchDaemonError;
-use super::qemu::QemuError;
 use super::turns::turns;
-use crate::clear::ClearPlan;
-use crate::client::ClientError;
-use crate::hugetlb::{FileError, MountError, PoolError};
-use crate::page_size::PageSize;
 use holdback::Holdback;
+use hugeprep::clear::ClearPlan;
+use hugeprep::client::ClientError;
+use hugeprep::hugetlb::{FileError, MountError, PoolError};
+use hugeprep::page_size::PageSize;
+use hugeprep_testkit::cgroup::{VmmCgroup, VmmCgroupError, VmmCgroups};
+use hugeprep_testkit::qemu::QemuError;
 
 pub use report::{CaseResult, Saving, SizeResult, VmStartReport, WarmBreakdown};
 pub(crate) use world::World;
@@ -232,7 +232,7 @@ pub enum VmStartBenchError {
     Daemon(#[from] BenchDaemonError),
     /// The libvirt sandbox failed.
     #[error("bench vm-start: libvirt: {0}")]
-    Libvirt(#[from] crate::vmm::libvirt::sandbox::SandboxError),
+    Libvirt(#[from] hugeprep::vmm::libvirt::sandbox::SandboxError),
     /// A `virsh` command failed.
     #[error("bench vm-start: {command}: {stderr}")]
     Virsh {
@@ -348,7 +348,7 @@ fn check(cfg: &VmStartBenchConfig) -> Result<()> {
     let smallest = cfg.page_sizes.iter().copied().min_by_key(|p| p.bytes());
     for &size in &cfg.sizes {
         if let Some(ps) = smallest {
-            if crate::hugetlb::check_size(size, ps).is_err() || size < (2 << 20) {
+            if hugeprep::hugetlb::check_size(size, ps).is_err() || size < (2 << 20) {
                 return invalid(
                     "sizes",
                     format!(
@@ -365,7 +365,7 @@ fn check(cfg: &VmStartBenchConfig) -> Result<()> {
 /// Runs the benchmark; `log` gets a line per start.
 pub fn run(cfg: &VmStartBenchConfig, log: &dyn Fn(&str)) -> Result<VmStartReport> {
     check(cfg)?;
-    let load_before = crate::bench::load_average();
+    let load_before = crate::load_average();
     let mut not_measured = Vec::new();
     let mut vmms = cfg.vmms.clone();
     if vmms.iter().any(|v| v.is_libvirt()) {
@@ -409,7 +409,7 @@ fn run_size(
     skipped: &mut Vec<String>,
     log: &dyn Fn(&str),
 ) -> Result<Option<SizeResult>> {
-    let size_name = crate::units::format_bytes(size);
+    let size_name = hugeprep::units::format_bytes(size);
     // Gigantic pages first: their free pages are set aside already, and a 2M top-up after
     // them sees the memory that is left.
     let mut order = cfg.page_sizes.clone();

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{Case, Result, Starter, VmStartBenchConfig, VmStartBenchError, Vmm, World};
-use crate::bench::qemu::{self as launcher, QemuConfig, QemuVm};
-use crate::client::Client;
-use crate::hugetlb::BackingFile;
-use crate::vmm::{qemu as handoff, GuestMemoryFile};
+use hugeprep::client::Client;
+use hugeprep::hugetlb::BackingFile;
+use hugeprep::vmm::{qemu as handoff, GuestMemoryFile};
+use hugeprep_testkit::qemu::{self as launcher, QemuConfig, QemuVm};
 
 /// How long QEMU may take to become ready (a first touch since boot is ~25x slower).
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -36,11 +36,11 @@ impl QemuStarter {
         let _ = std::fs::remove_file(&path);
         let file = BackingFile::create(&path, world.size, world.page_size, None)?;
         let node = 0;
-        let cpus = crate::topology::Topology::detect()
+        let cpus = hugeprep::topology::Topology::detect()
             .ok()
             .and_then(|t| t.node(node).ok().map(|n| n.cpus.clone()))
             .unwrap_or_default();
-        let result = crate::pool::fault::fault_range(&file, 0..world.size, node, &cpus)
+        let result = hugeprep::pool::fault::fault_range(&file, 0..world.size, node, &cpus)
             .map_err(|e| VmStartBenchError::Io {
                 op: "fault the present file",
                 source: std::io::Error::other(e.to_string()),

@@ -4,10 +4,10 @@
 use serde::Serialize;
 
 use super::{Case, VmStartBenchConfig, Vmm};
-use crate::bench::svg::{LineChart, Series};
-use crate::bench::Summary;
-use crate::page_size::PageSize;
-use crate::units::format_bytes;
+use crate::svg::{LineChart, Series};
+use crate::Summary;
+use hugeprep::page_size::PageSize;
+use hugeprep::units::format_bytes;
 
 /// The share of `(T_immediate - T_floor)` a start must take off to meet the goal.
 pub const GOAL: f64 = 0.9;
@@ -283,17 +283,17 @@ pub(super) fn report(
         page_sizes: cfg.page_sizes.clone(),
         threads: cfg.threads,
         reps: cfg.reps,
-        qemu_version: crate::bench::qemu::version(&cfg.qemu),
+        qemu_version: hugeprep_testkit::qemu::version(&cfg.qemu),
         cloud_hypervisor_version: cfg
             .cloud_hypervisor
             .as_deref()
             .filter(|_| vmms.contains(&Vmm::CloudHypervisor))
-            .and_then(crate::bench::qemu::version),
+            .and_then(hugeprep_testkit::qemu::version),
         vmms: vmms.to_vec(),
         not_measured,
         sizes,
         skipped,
-        load_average: (load_before, crate::bench::load_average()),
+        load_average: (load_before, crate::load_average()),
     }
 }
 

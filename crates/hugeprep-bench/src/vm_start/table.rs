@@ -1,9 +1,9 @@
 //! What the hot-plug and migration reports share: the pairing of cases per repetition,
 //! the table's head and its cells, and the skipped sizes.
 
-use crate::bench::Summary;
-use crate::page_size::PageSize;
-use crate::units::format_bytes;
+use crate::Summary;
+use hugeprep::page_size::PageSize;
+use hugeprep::units::format_bytes;
 
 /// The samples measured for `case`; `samples[i]` belong to `cases[i]` (empty when `case`
 /// did not run).

@@ -5,11 +5,11 @@
 use std::path::PathBuf;
 
 use super::{mem_available, vmm_cgroup, Result, VmStartBenchConfig, VmStartBenchError, SETTLE};
-use crate::bench::cgroup::{VmmCgroup, VmmCgroups};
-use crate::bench::daemon::BenchDaemon;
-use crate::hugetlb::{MountOptions, OwnedMount, PoolTopUp};
-use crate::page_size::PageSize;
-use crate::pool::{LeaseRequest, PoolPolicy, Verification};
+use crate::daemon::BenchDaemon;
+use hugeprep::hugetlb::{MountOptions, OwnedMount, PoolTopUp};
+use hugeprep::page_size::PageSize;
+use hugeprep::pool::{LeaseRequest, PoolPolicy, Verification};
+use hugeprep_testkit::cgroup::{VmmCgroup, VmmCgroups};
 
 /// One size's world: fresh files on `scratch`, hugeprep's pool on its own mount.
 pub(crate) struct World {
@@ -104,7 +104,7 @@ pub(super) fn top_up(
     let pages = size / ps.bytes();
     // Pages a raise would take from the rest of the machine: the pool's free pages are
     // already set aside.
-    let free = crate::hugetlb::pool::available(None, ps).unwrap_or(0);
+    let free = hugeprep::hugetlb::pool::available(None, ps).unwrap_or(0);
     let fits = |copies: u64| {
         let taken = copies.saturating_mul(pages).saturating_sub(free) * ps.bytes();
         taken == 0 || !mem_available().is_some_and(|m| m < taken + cfg.headroom)
@@ -112,7 +112,7 @@ pub(super) fn top_up(
     let mut why = format!(
         "needs {} of {ps} hugepages, more than the pool's free pages and the memory available \
          less the headroom",
-        crate::units::format_bytes(size)
+        hugeprep::units::format_bytes(size)
     );
     for copies in [2, 1] {
         if !fits(copies) {

@@ -10,11 +10,11 @@
 use std::fmt::Write as _;
 
 /// `service/hugeprep.toml`, installed as `/etc/hugeprep/hugeprep.toml`.
-pub const HUGEPREP_TOML: &str = include_str!("../../service/hugeprep.toml");
+pub const HUGEPREP_TOML: &str = include_str!("../../../../service/hugeprep.toml");
 /// `policies/pool.toml`: the keys of `[pool]`.
-pub const POOL_TOML: &str = include_str!("../../policies/pool.toml");
+pub const POOL_TOML: &str = include_str!("../../../../policies/pool.toml");
 /// `integration/libvirt/libvirt-hook.toml`, installed as `/etc/hugeprep/libvirt-hook.toml`.
-pub const HOOK_TOML: &str = include_str!("../../integration/libvirt/libvirt-hook.toml");
+pub const HOOK_TOML: &str = include_str!("../../../../integration/libvirt/libvirt-hook.toml");
 
 /// Keys documented together (one comment paragraph), in a table.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -332,7 +332,7 @@ mod tests {
 
     #[test]
     fn the_hook_wrappers_program_is_found() {
-        let shipped = include_str!("../../integration/libvirt/hook");
+        let shipped = include_str!("../../../../integration/libvirt/hook");
         let (program, _) = hook_program(shipped).unwrap();
         assert_eq!(program, PathBuf::from("/usr/bin/hugeprep"));
         let guarded = "#!/bin/sh\n[ -x /usr/bin/hugeprep ] || exit 0\nexec /usr/bin/hugeprep x\n";

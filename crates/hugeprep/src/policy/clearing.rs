@@ -15,7 +15,7 @@ use crate::clear::{calibrate, CalibrateError, Calibration, ClearPlan, ClearPurpo
 use crate::cpu::CpuInfo;
 
 /// The text of `policies/clearing.toml`, compiled into the binary.
-pub const EMBEDDED_CLEARING_POLICY: &str = include_str!("../../policies/clearing.toml");
+pub const EMBEDDED_CLEARING_POLICY: &str = include_str!("../../../../policies/clearing.toml");
 
 /// The name errors and reports give the embedded policy.
 pub const EMBEDDED_CLEARING_POLICY_PATH: &str = "policies/clearing.toml";

@@ -14,7 +14,7 @@ use super::target::{default_file_size, field_bytes, round_down};
 pub use super::target::{Flavor, FlavorSpec, Target, TargetSpec, MAX_FLAVORS, MAX_FLAVOR_COUNT};
 
 /// The embedded default policy (keeps nothing warm).
-pub const EMBEDDED: &str = include_str!("../../policies/pool.toml");
+pub const EMBEDDED: &str = include_str!("../../../../policies/pool.toml");
 
 /// How a scrubbed file is checked before it is trusted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -26,13 +26,13 @@ use super::holdback::Holdback;
 use super::table;
 use super::world::{page_world, PageWorld};
 use super::{check, mem_available, Result, VmStartBenchConfig, VmStartBenchError, World};
-use crate::bench::qemu::{vm_args, QemuConfig, QemuVm};
-use crate::bench::turns::turns;
-use crate::client::Client;
-use crate::hugetlb::{BackingFile, PoolTopUp};
-use crate::page_size::PageSize;
-use crate::units::format_bytes;
-use crate::vmm::{qemu as handoff, GuestMemoryFile};
+use crate::turns::turns;
+use hugeprep::client::Client;
+use hugeprep::hugetlb::{BackingFile, PoolTopUp};
+use hugeprep::page_size::PageSize;
+use hugeprep::units::format_bytes;
+use hugeprep::vmm::{qemu as handoff, GuestMemoryFile};
+use hugeprep_testkit::qemu::{vm_args, QemuConfig, QemuVm};
 
 pub use report::{MigrateCaseResult, MigrateReport, MigrateResult, READY_TARGET_S};
 
@@ -111,7 +111,7 @@ pub fn run(
     log: &dyn Fn(&str),
 ) -> Result<MigrateReport> {
     check(cfg)?;
-    let load_before = crate::bench::load_average();
+    let load_before = crate::load_average();
     let mut not_measured = Vec::new();
     let cgroups = super::vmm_cgroups(&[super::Vmm::Qemu], &mut not_measured, log);
     let mut results = Vec::new();
@@ -153,7 +153,7 @@ pub(super) fn three_copies(
     ps: PageSize,
 ) -> std::result::Result<PoolTopUp, String> {
     let pages = 3 * (size / ps.bytes());
-    let free = crate::hugetlb::pool::available(None, ps).unwrap_or(0);
+    let free = hugeprep::hugetlb::pool::available(None, ps).unwrap_or(0);
     let taken = pages.saturating_sub(free) * ps.bytes();
     if taken > 0 && mem_available().is_some_and(|m| m < taken + cfg.headroom) {
         return Err(format!(

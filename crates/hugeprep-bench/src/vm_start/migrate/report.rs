@@ -6,8 +6,8 @@ use serde::Serialize;
 use super::super::table;
 use super::super::{VmStartBenchConfig, World};
 use super::{MigrateCase, Sample};
-use crate::bench::Summary;
-use crate::page_size::PageSize;
+use crate::Summary;
+use hugeprep::page_size::PageSize;
 
 /// The target: a warm destination is ready within this many seconds of the floor's.
 pub const READY_TARGET_S: f64 = 0.005;
@@ -150,11 +150,11 @@ pub(super) fn report(
     MigrateReport {
         threads: cfg.threads,
         reps: cfg.reps,
-        qemu_version: crate::bench::qemu::version(&cfg.qemu),
+        qemu_version: hugeprep_testkit::qemu::version(&cfg.qemu),
         results,
         skipped,
         not_measured,
-        load_average: (load_before, crate::bench::load_average()),
+        load_average: (load_before, crate::load_average()),
     }
 }
 

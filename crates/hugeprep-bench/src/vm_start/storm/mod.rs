@@ -23,13 +23,13 @@ mod report;
 mod world;
 
 use super::{Result, VmStartBenchConfig, VmStartBenchError, Vmm};
-use crate::bench::cgroup::VmmCgroups;
-use crate::bench::daemon::BenchDaemon;
-use crate::bench::turns::turns;
-use crate::bench::Summary;
-use crate::hugetlb::{MountOptions, OwnedMount, PoolTopUp};
-use crate::pool::{PoolPolicy, Verification};
-use crate::units::format_bytes;
+use crate::daemon::BenchDaemon;
+use crate::turns::turns;
+use crate::Summary;
+use hugeprep::hugetlb::{MountOptions, OwnedMount, PoolTopUp};
+use hugeprep::pool::{PoolPolicy, Verification};
+use hugeprep::units::format_bytes;
+use hugeprep_testkit::cgroup::VmmCgroups;
 
 pub use case::{Refill, StormCase};
 pub use report::{StormCaseResult, StormReport, StormResult};
@@ -58,7 +58,7 @@ pub fn run(
     log: &dyn Fn(&str),
 ) -> Result<StormReport> {
     super::check(cfg)?;
-    let load_before = crate::bench::load_average();
+    let load_before = crate::load_average();
     if counts.is_empty() || counts.contains(&0) {
         return Err(VmStartBenchError::Invalid {
             field: "concurrent",
@@ -102,7 +102,7 @@ pub fn run(
             // The warm pool for all, and fresh files for all; the pool's free pages are set
             // aside already, a raise takes the rest from the machine.
             let needed = 2 * count as u64 * size;
-            let free = crate::hugetlb::pool::available(None, ps).unwrap_or(0) * ps.bytes();
+            let free = hugeprep::hugetlb::pool::available(None, ps).unwrap_or(0) * ps.bytes();
             let taken = needed.saturating_sub(free);
             if taken > 0 && super::mem_available().is_some_and(|m| m < taken + cfg.headroom) {
                 let why = format!(
@@ -142,7 +142,7 @@ pub fn run(
         storms,
         skipped,
         not_measured,
-        load_average: (load_before, crate::bench::load_average()),
+        load_average: (load_before, crate::load_average()),
     })
 }
 
@@ -151,7 +151,7 @@ pub fn run(
 struct Shape {
     count: usize,
     size: u64,
-    ps: crate::page_size::PageSize,
+    ps: hugeprep::page_size::PageSize,
 }
 
 fn run_count(
@@ -246,7 +246,7 @@ fn run_count(
         } else {
             all_pages
         };
-        let free = crate::hugetlb::pool::available(None, ps)?;
+        let free = hugeprep::hugetlb::pool::available(None, ps)?;
         let held = match refill {
             Refill::HeldBack => free.saturating_sub(needed),
             Refill::Free | Refill::FreeUngated => 0,

@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 use super::super::Result;
 use super::world::StormWorld;
 use super::StormCase;
-use crate::bench::cgroup::VmmCgroup;
-use crate::bench::qemu::{self as launcher, QemuConfig, QemuVm};
-use crate::client::Client;
-use crate::vmm::{qemu as handoff, GuestMemoryFile};
+use hugeprep::client::Client;
+use hugeprep::vmm::{qemu as handoff, GuestMemoryFile};
+use hugeprep_testkit::cgroup::VmmCgroup;
+use hugeprep_testkit::qemu::{self as launcher, QemuConfig, QemuVm};
 
 /// How long one QEMU of a storm may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -89,7 +89,7 @@ impl StormWorld {
             }
             StormCase::Warm | StormCase::HalfWarm => {
                 let client = Client::new(self.daemon.socket());
-                let lease = client.blocking(client.lease(&crate::pool::LeaseRequest {
+                let lease = client.blocking(client.lease(&hugeprep::pool::LeaseRequest {
                     name: format!("storm-{tag}-{i}"),
                     size: self.size,
                     page_size: Some(self.ps),

@@ -4,9 +4,9 @@ use serde::Serialize;
 
 use super::super::Vmm;
 use super::{Refill, StormCase};
-use crate::bench::Summary;
-use crate::page_size::PageSize;
-use crate::units::format_bytes;
+use crate::Summary;
+use hugeprep::page_size::PageSize;
+use hugeprep::units::format_bytes;
 
 /// One case of one storm size.
 #[derive(Debug, Clone, Serialize)]

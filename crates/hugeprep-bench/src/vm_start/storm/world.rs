@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use super::super::libvirt::LibvirtStarter;
 use super::super::{Result, Vmm, SETTLE};
 use super::StormCase;
-use crate::bench::cgroup::VmmCgroups;
-use crate::bench::daemon::BenchDaemon;
-use crate::page_size::PageSize;
-use crate::pool::PoolPolicy;
+use crate::daemon::BenchDaemon;
+use hugeprep::page_size::PageSize;
+use hugeprep::pool::PoolPolicy;
+use hugeprep_testkit::cgroup::VmmCgroups;
 
 /// One storm's world: scratch mount, pool mount, the daemon (and libvirtd, dropped first).
 pub(super) struct StormWorld {

@@ -212,7 +212,7 @@ mod tests {
 
     #[test]
     fn the_shipped_example_is_valid() {
-        let text = include_str!("../../../integration/libvirt/libvirt-hook.toml");
+        let text = include_str!("../../../../../integration/libvirt/libvirt-hook.toml");
         let c: HookConfig = toml::from_str(text).unwrap();
         assert_eq!(c.owner, None, "QEMU's user comes from libvirt");
         assert_eq!(

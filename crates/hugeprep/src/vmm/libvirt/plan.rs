@@ -320,18 +320,18 @@ mod tests {
     fn the_integration_examples_opt_in_and_plan() {
         for (xml, expected) in [
             (
-                include_str!("../../../integration/libvirt/domain-1cell.xml"),
+                include_str!("../../../../../integration/libvirt/domain-1cell.xml"),
                 vec![("pc.ram", 4u64 << 30, None)],
             ),
             (
-                include_str!("../../../integration/libvirt/domain-2cell.xml"),
+                include_str!("../../../../../integration/libvirt/domain-2cell.xml"),
                 vec![
                     ("ram-node0", 4 << 30, Some(0)),
                     ("ram-node1", 4 << 30, Some(1)),
                 ],
             ),
             (
-                include_str!("../../../integration/libvirt/domain-metadata.xml"),
+                include_str!("../../../../../integration/libvirt/domain-metadata.xml"),
                 vec![
                     ("ram-node0", 1 << 30, Some(0)),
                     ("ram-node1", 1 << 30, Some(1)),

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// The script behind the sandbox, as in `integration/libvirt/sandbox.sh`.
-pub const SCRIPT: &str = include_str!("../../../integration/libvirt/sandbox.sh");
+pub const SCRIPT: &str = include_str!("../../../../../integration/libvirt/sandbox.sh");
 
 /// Starting, driving or stopping the sandbox failed.
 #[derive(Debug, thiserror::Error)]

@@ -1,15 +1,17 @@
 //! `hugeprep bench clear` as a library call on a small configuration: every combination is
 //! reported, skipped ones say why, and the hugepages it borrowed are given back. No speed is
-//! asserted (timing belongs to the benchmark's own output).
+//! asserted (timing belongs to the benchmark's own output). The benchmark crate's own tests:
+//! they drive what the command cannot (a rule handed in, progress callbacks, cancelling after
+//! one step).
 
 use std::ops::ControlFlow;
 
-use hugeprep::bench::clear::{self, ClearBenchConfig, PolicyChoice};
 use hugeprep::clear::{available_methods, ClearPurpose};
 use hugeprep::hugetlb::lock::HugepageLock;
 use hugeprep::hugetlb::pool::{self, Scope};
 use hugeprep::sys::affinity::allowed_cpus;
 use hugeprep::{ClearPlan, Method, PageSize};
+use hugeprep_bench::clear::{self, ClearBenchConfig, PolicyChoice};
 
 #[test]
 fn small_run_reports_every_combination_and_gives_pages_back() {
