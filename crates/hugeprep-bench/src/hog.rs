@@ -10,14 +10,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
-use hugeprep_testkit::hog::CpuHog;
-
-use super::recycle_config::{RecycleBenchConfig, RecycleBenchError};
 use hugeprep::client::Client;
 use hugeprep::pool::{LeaseRequest, LeaseSource};
 use hugeprep::stats::Summary;
+use hugeprep_testkit::hog::CpuHog;
+use serde::Serialize;
+
+use super::recycle_config::{RecycleBenchConfig, RecycleBenchError};
 
 /// Leases per batch, and warm files kept for it.
 pub const BATCH: usize = 8;
