@@ -13,52 +13,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use daemon_util::users::{curl_as, kvm_gid};
 use daemon_util::{Env, MIB};
-
-/// The socket's group in these tests: Debian's `kvm`, the group libvirt runs QEMU in.
-fn kvm_gid() -> u32 {
-    nix::unistd::Group::from_name("kvm")
-        .unwrap()
-        .expect("group kvm (qemu-system-x86 makes it)")
-        .gid
-        .as_raw()
-}
-
-/// `curl` on the daemon's socket as `uid` with primary group `gid` and no other group:
-/// (status, body).
-fn curl_as(uid: u32, gid: u32, env: &Env, method: &str, path: &str, body: &str) -> (u16, String) {
-    let out = Command::new("setpriv")
-        .args([
-            &format!("--reuid={uid}"),
-            &format!("--regid={gid}"),
-            "--clear-groups",
-            "--",
-            "curl",
-            "-s",
-            "--max-time",
-            "30",
-            "-o",
-            "-",
-            "-w",
-            "\n%{http_code}",
-            "-X",
-            method,
-            "--unix-socket",
-        ])
-        .arg(&env.socket)
-        .args(["-H", "Content-Type: application/json"])
-        .args(if body.is_empty() {
-            vec![]
-        } else {
-            vec!["-d", body]
-        })
-        .arg(format!("http://localhost{path}"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (code.trim().parse().unwrap_or(0), body.to_string())
-}
 
 #[test]
 fn a_second_principal_cannot_see_or_release_a_lease_and_the_socket_group_is_not_admin() {

@@ -11,9 +11,9 @@
 
 mod daemon_util;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use daemon_util::users::curl_json_as as curl_as;
 use daemon_util::{Env, MIB};
 
 /// The tenant that cycles many leases.
@@ -22,51 +22,6 @@ const A: u32 = 65534;
 const B: u32 = 65533;
 /// The tenant's leases.
 const MANY: usize = 12;
-
-fn kvm_gid() -> u32 {
-    nix::unistd::Group::from_name("kvm")
-        .unwrap()
-        .expect("group kvm (qemu-system-x86 makes it)")
-        .gid
-        .as_raw()
-}
-
-/// `curl` on the daemon's socket as `uid` in group `kvm` only: (status, JSON body).
-fn curl_as(uid: u32, env: &Env, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    let mut cmd = Command::new("setpriv");
-    cmd.args([
-        &format!("--reuid={uid}"),
-        &format!("--regid={}", kvm_gid()),
-        "--clear-groups",
-        "--",
-        "curl",
-        "-s",
-        "--max-time",
-        "60",
-        "-o",
-        "-",
-        "-w",
-        "\n%{http_code}",
-        "-X",
-        method,
-        "--unix-socket",
-    ])
-    .arg(&env.socket)
-    .args(["-H", "Content-Type: application/json"]);
-    if !body.is_empty() {
-        cmd.args(["-d", body]);
-    }
-    let out = cmd
-        .arg(format!("http://localhost{path}"))
-        .output()
-        .expect("setpriv and curl");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (
-        code.trim().parse().unwrap_or(0),
-        serde_json::from_str(body).unwrap_or(serde_json::Value::String(body.to_string())),
-    )
-}
 
 /// Leases 2 MiB as `uid`: the lease id.
 fn lease_as(uid: u32, env: &Env, name: &str) -> u64 {

@@ -261,6 +261,10 @@ enum Kept {
     Map(MmapRegion),
     /// An open file of the lease, read with `pread` when asked.
     Open(fs::File),
+    /// An open file (with a read lease), a shared read-only mapping of all of it (left
+    /// mapped until the process ends) and a pipe holding a `vmsplice`d piece of its first
+    /// page: read through the pipe when asked.
+    Held(fs::File, OwnedFd),
 }
 
 fn map(path: &Path, size: usize) -> (fs::File, MmapRegion) {
@@ -327,7 +331,7 @@ impl Kept {
                 f.read_to_end(&mut out).unwrap();
                 count(&out)
             }
-            Kept::Pipe(fd) => {
+            Kept::Pipe(fd) | Kept::Held(_, fd) => {
                 let mut f = fs::File::from(fd.try_clone().unwrap());
                 let mut out = vec![0u8; 64 << 10];
                 let n = f.read(&mut out).unwrap();
@@ -489,6 +493,46 @@ pub fn entry() {
             let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) };
             assert_eq!(rc, 0, "F_SETLEASE: {}", std::io::Error::last_os_error());
             Kept::Open(f)
+        }
+        // The attack on kept files: grows its file to SIZE bytes (a length, no page), takes
+        // a read lease, maps all of it shared and read-only (a read fault past the leased
+        // size would take a free hugepage of the host) and `vmsplice`s 64 KiB of its first
+        // page into a pipe it keeps: once the kernel takes its lease away, the file is
+        // pinned and still reached (the open file, the mapping).
+        "rdlease-grow-pin" => {
+            // SAFETY: SIG_IGN installs no handler: no code runs on the signal.
+            unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+            fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(size as u64)
+                .unwrap();
+            let f = fs::File::open(&path).unwrap();
+            // SAFETY: F_SETLEASE takes an integer argument; no memory is passed.
+            let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) };
+            assert_eq!(rc, 0, "F_SETLEASE: {}", std::io::Error::last_os_error());
+            // SAFETY: a new shared read-only mapping of a file this process has open; it is
+            // never unmapped (the process ends with it), so the slice below stays valid.
+            let at = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    size,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED,
+                    f.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_ne!(at, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+            // SAFETY: the first 64 KiB of the live mapping above.
+            let piece = unsafe { std::slice::from_raw_parts(at.cast::<u8>(), 64 << 10) };
+            let (rd, wr) = nix::unistd::pipe().unwrap();
+            let iov = [std::io::IoSlice::new(piece)];
+            let n =
+                nix::fcntl::vmsplice(wr.as_fd(), &iov, nix::fcntl::SpliceFFlags::empty()).unwrap();
+            assert_eq!(n, 64 << 10);
+            Kept::Held(f, rd)
         }
         "reopen" => Kept::Reopen(PathBuf::from(std::env::var(SOCKET).unwrap()), None),
         // Opens the link only when asked to read: a later process of the same user.

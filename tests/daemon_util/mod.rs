@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod lessee;
+pub mod users;
 
 use std::fs;
 use std::os::unix::net::UnixDatagram;
@@ -39,22 +40,6 @@ impl Env {
         Env::try_with_page_size(name, PageSize::Size2M, mount_bytes).unwrap_or_else(|| {
             panic!("{name}: the kernel cannot supply {mount_bytes} bytes of 2 MiB pages")
         })
-    }
-
-    /// As [`Env::new`], with `reserve_bytes` (at least `mount_bytes`) of 2 MiB pages
-    /// reserved: room for worlds [`Env::beside`] it.
-    #[allow(dead_code)]
-    pub fn reserving(name: &str, mount_bytes: u64, reserve_bytes: u64) -> Env {
-        let pages = reserve_bytes.max(mount_bytes) / PageSize::Size2M.bytes();
-        let reservation = HugepageReservation::ensure_free(PageSize::Size2M, pages)
-            .expect("reading/writing the hugepage pool (run as root)")
-            .unwrap_or_else(|| {
-                panic!("{name}: the kernel cannot supply {reserve_bytes} bytes of 2 MiB pages")
-            });
-        let mut env = Env::with_mount(name, &format!("pagesize=2M,size={mount_bytes}"));
-        env.mount_bytes = mount_bytes;
-        env._reservation = Some(reservation);
-        env
     }
 
     /// As [`Env::new`] with pages of `page_size`; `None` when the kernel cannot supply them

@@ -279,7 +279,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 }
 
 /// Waits until `stop` says true.
-pub(super) async fn stopped(mut stop: watch::Receiver<bool>) {
+async fn stopped(mut stop: watch::Receiver<bool>) {
     // An error is the sender gone, which means stopping too.
     let _ = stop.wait_for(|s| *s).await;
 }
@@ -389,6 +389,62 @@ fn unavailable_response(why: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// The connections a listener serves: each runs in its own task holding a token, and
+/// [`Connections::finished`] waits until every token is dropped. The unix socket and the TLS
+/// listener both serve through it, so a stop waits for the same things on both.
+pub(super) struct Connections {
+    app: Router,
+    limits: Limits,
+    stop: watch::Receiver<bool>,
+    done_tx: Option<mpsc::Sender<()>>,
+    done_rx: mpsc::Receiver<()>,
+}
+
+impl Connections {
+    /// No connection yet.
+    pub(super) fn new(app: Router, limits: Limits, stop: watch::Receiver<bool>) -> Connections {
+        let (done_tx, done_rx) = mpsc::channel::<()>(1);
+        Connections {
+            app,
+            limits,
+            stop,
+            done_tx: Some(done_tx),
+            done_rx,
+        }
+    }
+
+    /// Serves `stream` in a task of its own; `ticket` (its place under the listener's
+    /// limits) is dropped when the connection ends.
+    pub(super) fn serve<S, T>(&self, stream: S, peer: Peer, ticket: T)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        T: Send + 'static,
+    {
+        let Some(done) = self.done_tx.clone() else {
+            // Only after `finished` began, which consumes `self`: cannot happen.
+            return;
+        };
+        let (app, limits, stop) = (self.app.clone(), self.limits, self.stop.clone());
+        tokio::spawn(async move {
+            serve_connection(stream, peer, app, limits, stop).await;
+            drop(ticket);
+            drop(done);
+        });
+    }
+
+    /// Waits until `stop` says true: when the listener stops accepting.
+    pub(super) async fn stopping(&self) {
+        stopped(self.stop.clone()).await;
+    }
+
+    /// Takes no more connections; returns once every connection served has ended.
+    pub(super) async fn finished(&mut self) {
+        drop(self.done_tx.take());
+        // `None` once every connection's sender is dropped: what this waits for.
+        let _ = self.done_rx.recv().await;
+    }
+}
+
 /// Serves the unix socket until `stop`, each connection through the gate; then waits for
 /// the connections to finish. A connection that arrives meanwhile is answered 503 with
 /// `Retry-After`, unless the socket is systemd's (`activated`): then it stays queued on the
@@ -402,13 +458,11 @@ pub async fn serve_unix(
     gate: Arc<Gate<u32>>,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
-    let stop_accepting = stopped(stop.clone());
-    tokio::pin!(stop_accepting);
+    let mut conns = Connections::new(app, limits, stop);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            () = &mut stop_accepting => break,
+            () = conns.stopping() => break,
         };
         let stream = match accepted {
             Ok((s, _)) => s,
@@ -430,25 +484,21 @@ pub async fn serve_unix(
             let _ = stream.try_write(&busy_response());
             continue;
         };
-        let (app, stop, done) = (app.clone(), stop.clone(), done_tx.clone());
-        tokio::spawn(async move {
-            serve_connection(stream, peer, app, limits, stop).await;
-            drop(ticket);
-            drop(done);
-        });
+        conns.serve(stream, peer, ticket);
     }
-    drop(done_tx);
     if activated {
         // systemd holds the listening socket too: what queues now is the next daemon's.
-        let _ = done_rx.recv().await;
+        conns.finished().await;
         return Ok(());
     }
     // Until the connections in flight are done the socket stays bound: a client that comes
     // now is told to retry (the daemon is stopping, most often for a restart) instead of
     // waiting in the backlog for a close.
+    let finished = conns.finished();
+    tokio::pin!(finished);
     loop {
         tokio::select! {
-            _ = done_rx.recv() => break,
+            () = &mut finished => break,
             accepted = listener.accept() => {
                 if let Ok((stream, _)) = accepted {
                     tracing::info!("answered 503 with retry-after {RETRY_AFTER_S} s: shutting down");

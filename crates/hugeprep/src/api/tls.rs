@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::limits::{serve_connection, stopped, AddrGate, Gate, Limits, Ticket};
+use super::limits::{AddrGate, Connections, Gate, Limits, Ticket};
 use super::peer::Peer;
 
 /// Handshaken connections waiting for the HTTP server.
@@ -280,29 +280,20 @@ pub async fn serve_tls(
     limits: Limits,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
-    let stop_accepting = stopped(stop.clone());
-    tokio::pin!(stop_accepting);
+    let mut conns = Connections::new(app, limits, stop);
     loop {
         let conn = tokio::select! {
             c = rx.recv() => match c { Some(c) => c, None => break },
-            () = &mut stop_accepting => break,
+            () = conns.stopping() => break,
         };
-        let (app, stop, done) = (app.clone(), stop.clone(), done_tx.clone());
-        tokio::spawn(async move {
-            let Handshaken {
-                stream,
-                peer,
-                ticket,
-            } = conn;
-            serve_connection(stream, peer, app, limits, stop).await;
-            drop(ticket);
-            drop(done);
-        });
+        let Handshaken {
+            stream,
+            peer,
+            ticket,
+        } = conn;
+        conns.serve(stream, peer, ticket);
     }
     drop(rx);
-    drop(done_tx);
-    // `None` once every connection's sender is dropped: what this waits for.
-    let _ = done_rx.recv().await;
+    conns.finished().await;
     Ok(())
 }

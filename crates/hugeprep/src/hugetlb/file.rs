@@ -299,6 +299,19 @@ impl BackingFile {
         self.size
     }
 
+    /// What the file takes from the host, read now: its length rounded up to whole pages,
+    /// or its allocated pages (hugetlbfs counts them in `st_blocks`; another process may
+    /// have allocated pages past its end with `FALLOC_FL_KEEP_SIZE`), whichever is larger.
+    /// [`BackingFile::size`] when the file cannot be read.
+    pub fn extent(&self) -> u64 {
+        let Ok(m) = self.file.metadata() else {
+            return self.size;
+        };
+        let page = self.page_size.bytes();
+        let length = m.len().div_ceil(page).saturating_mul(page);
+        length.max(std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512))
+    }
+
     /// The open file.
     pub fn file(&self) -> &File {
         &self.file

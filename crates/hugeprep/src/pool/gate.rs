@@ -61,7 +61,7 @@ pub struct StartGate {
     control: Arc<ScrubControl>,
     /// Off: background work never waits for starts (as before the gate; benchmarks compare).
     enabled: AtomicBool,
-    /// The lessee grace, ms: the windows above are cut to it.
+    /// The lessee grace, ms (the one the pool keeps): the windows above are cut to it.
     grace_ms: AtomicU64,
 }
 
@@ -95,6 +95,11 @@ impl StartGate {
         self.grace_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// The lessee grace in force (see [`StartGate::set_grace`]).
+    pub fn grace(&self) -> Duration {
+        Duration::from_millis(self.grace_ms.load(Ordering::Relaxed))
+    }
+
     /// Turns the gate on or off (off: background work never waits for a start).
     pub fn set_enabled(&self, enabled: bool) {
         self.enabled.store(enabled, Ordering::Relaxed);
@@ -111,9 +116,9 @@ impl StartGate {
         InFlight(self)
     }
 
-    /// File `id` was leased now: its VMM's start follows.
-    pub fn leased(&self, id: u64) {
-        self.lock().leased.insert(id, Instant::now());
+    /// File `id` was leased at `now`: its VMM's start follows.
+    pub fn leased(&self, id: u64, now: Instant) {
+        self.lock().leased.insert(id, now);
     }
 
     /// File `id` is no longer leased.
@@ -121,15 +126,14 @@ impl StartGate {
         self.lock().leased.remove(&id);
     }
 
-    /// Whether a start is under way (see the module documentation). Forgets starts that are
-    /// over.
-    pub fn under_way(&self) -> bool {
-        let grace = Duration::from_millis(self.grace_ms.load(Ordering::Relaxed));
+    /// Whether a start is under way at `now` (see the module documentation). Forgets starts
+    /// that are over.
+    pub fn under_way(&self, now: Instant) -> bool {
+        let grace = self.grace();
         if !self.enabled.load(Ordering::Relaxed) || grace.is_zero() {
             return false;
         }
         let (open_wait, settle) = (OPEN_WAIT.min(grace), SETTLE.min(grace));
-        let now = Instant::now();
         let mut st = self.lock();
         let reach = &self.reach;
         st.leased
@@ -146,20 +150,22 @@ impl StartGate {
         now < since + MAX_DEFER
     }
 
-    /// Whether background work may run now: no start under way, or a lease waits for the
-    /// work, or the daemon is stopping.
-    pub fn open(&self) -> bool {
-        self.control.is_urgent() || self.control.is_cancelled() || !self.under_way()
+    /// Whether background work may run at `now`: no start under way, or a lease waits for
+    /// the work, or the daemon is stopping.
+    pub fn open(&self, now: Instant) -> bool {
+        self.control.is_urgent() || self.control.is_cancelled() || !self.under_way(now)
     }
 }
 
 impl Yield for StartGate {
     fn wait_turn(&self) {
         let began = Instant::now();
-        while !self.open() {
+        let mut now = began;
+        while !self.open(now) {
             std::thread::sleep(POLL);
+            now = Instant::now();
         }
-        let waited = began.elapsed();
+        let waited = now.saturating_duration_since(began);
         if waited >= POLL {
             tracing::debug!(
                 waited_ms = waited.as_millis() as u64,
@@ -180,46 +186,81 @@ mod tests {
     #[test]
     fn a_lease_in_flight_shuts_the_gate_until_it_ends() {
         let g = gate();
-        assert!(g.open());
+        let now = Instant::now();
+        assert!(g.open(now));
         let taking = g.taking();
-        assert!(!g.open());
+        assert!(!g.open(now));
         drop(taking);
-        assert!(g.open());
+        assert!(g.open(now));
     }
 
     #[test]
     fn an_unopened_lease_shuts_the_gate_for_the_open_wait() {
         let g = gate();
-        g.leased(7);
-        assert!(!g.open());
+        let now = Instant::now();
+        g.leased(7, now);
+        assert!(!g.open(now));
         g.forget(7);
-        assert!(g.open());
+        assert!(g.open(now));
     }
 
     #[test]
     fn a_zero_grace_turns_the_gate_off() {
         let g = gate();
+        let now = Instant::now();
         g.set_grace(Duration::ZERO);
         let _taking = g.taking();
-        g.leased(7);
-        assert!(g.open());
+        g.leased(7, now);
+        assert!(g.open(now));
         g.set_grace(Duration::from_millis(1));
-        assert!(!g.open());
+        assert!(!g.open(now));
     }
 
     #[test]
     fn urgency_and_cancellation_open_the_gate() {
         let control = Arc::new(ScrubControl::default());
         let g = StartGate::new(Reach::new(), Arc::clone(&control));
+        let now = Instant::now();
         let _taking = g.taking();
-        assert!(!g.open());
+        assert!(!g.open(now));
         control.begin_urgent();
-        assert!(g.open());
+        assert!(g.open(now));
         control.end_urgent();
-        assert!(!g.open());
+        assert!(!g.open(now));
         control.cancel();
-        assert!(g.open());
+        assert!(g.open(now));
         // Returns at once when open.
         g.wait_turn();
+    }
+
+    #[test]
+    fn an_unopened_lease_keeps_the_gate_shut_for_the_open_wait_of_its_commit_time() {
+        let g = gate();
+        let t0 = Instant::now();
+        g.leased(7, t0);
+        assert!(!g.open(t0 + OPEN_WAIT - Duration::from_millis(1)));
+        assert!(g.open(t0 + OPEN_WAIT), "the open wait ran out");
+        // Forgotten once over: a later look finds the gate open.
+        assert!(g.open(t0));
+    }
+
+    #[test]
+    fn a_grace_shorter_than_the_open_wait_cuts_it() {
+        let g = gate();
+        g.set_grace(Duration::from_millis(100));
+        let t0 = Instant::now();
+        g.leased(7, t0);
+        assert!(!g.open(t0 + Duration::from_millis(99)));
+        assert!(g.open(t0 + Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn a_gate_shut_without_a_break_opens_after_the_longest_deferral() {
+        let g = gate();
+        let _taking = g.taking();
+        let t0 = Instant::now();
+        assert!(!g.open(t0), "shut since t0");
+        assert!(!g.open(t0 + MAX_DEFER - Duration::from_millis(1)));
+        assert!(g.open(t0 + MAX_DEFER));
     }
 }

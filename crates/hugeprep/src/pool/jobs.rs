@@ -9,7 +9,6 @@ use super::aside::Verdict;
 use super::core::{Action, Released};
 use super::counters::ReleaseFailure;
 use super::reach::Unproven;
-use super::worker::REFILL_BACKOFF;
 use super::{fault, holes, FileRecord, Pool};
 use crate::background::Yield;
 use crate::hugetlb::BackingFile;
@@ -131,7 +130,8 @@ impl Pool {
         let limit = self.held_limit(principal);
         let mut st = self.lock();
         st.prune_aside();
-        let verdict = st.aside.held(id, principal, size, limit, Instant::now());
+        let now = Instant::now();
+        let verdict = st.aside.held(id, principal, size, limit, now);
         match verdict {
             Verdict::Wait(due) => {
                 if let Err(err) = st.core.held_aside(id, size) {
@@ -144,7 +144,7 @@ impl Pool {
                     id,
                     principal,
                     reason = reason.label(),
-                    retry_ms = due.saturating_duration_since(Instant::now()).as_millis() as u64,
+                    retry_ms = due.saturating_duration_since(now).as_millis() as u64,
                     "released file still held: waits aside"
                 );
                 true
@@ -202,7 +202,9 @@ impl Pool {
             // A file its lessee cut to nothing has no page to recycle: waiting for its
             // holder gains nothing, and the kernel's path costs nothing more.
             Proved::Held(reason) if file.size() > 0 => {
-                if self.set_aside(id, released.as_ref(), file.size(), &reason) {
+                // Counted against `held_bytes` by what it holds, pages allocated past its
+                // end included, not by its length.
+                if self.set_aside(id, released.as_ref(), file.extent(), &reason) {
                     return;
                 }
                 Some(reason)
@@ -364,7 +366,7 @@ impl Pool {
             tracing::error!(%err, "cannot journal a refill");
             let mut st = self.lock();
             st.end_faulting(id);
-            st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
+            st.schedule.refill_failed(Instant::now());
             if let Err(err) = st.core.forget_unjournaled(id) {
                 tracing::error!(%err, "pool core refused to forget a refill");
             }
@@ -401,7 +403,7 @@ impl Pool {
             },
             Err(err) => {
                 tracing::warn!(%err, size = rec.size, "refill failed; retrying later");
-                st.refill_backoff = Some(Instant::now() + REFILL_BACKOFF);
+                st.schedule.refill_failed(Instant::now());
             }
         }
         match st.core.fill_failed(id) {

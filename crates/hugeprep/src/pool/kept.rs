@@ -19,9 +19,9 @@
 //! [`super::reach::Reach::pinned_pages`]) is kept the same way, untruncated: a truncate would
 //! take those pages out of the file and leave them with their holder, charged to nobody and
 //! out of every count the daemon reads. The keeper reads the file's counts again, at most
-//! [`PROOFS_PER_TURN`] pinned files a turn (the longest unread first), and truncates and
-//! unlinks it once no page is pinned and nothing but the keeper reaches it (a mapping or an
-//! open file could pin again). It is never recycled into the pool. The pages nobody pins
+//! [`PROOFS_PER_TURN`] pinned files a turn (by turns of principals, the longest unread
+//! first), and truncates and unlinks it once no page is pinned and nothing but the keeper
+//! reaches it (a mapping or an open file could pin again). It is never recycled into the pool. The pages nobody pins
 //! are punched out when it is kept (`kernel_path`). With the walk (no kernel counts) the
 //! daemon cannot see pins: such files are truncated as before.
 //!
@@ -45,9 +45,10 @@ use super::{FileRecord, PageSize, Pool};
 /// How often the keeper opens the kept files again.
 pub const KEEP_TURN: Duration = Duration::from_millis(250);
 
-/// How many pinned kept files the keeper reads the counts of in one turn: each read is a
-/// run of the probe over the file's pages, so a tenant that pins many files makes its own
-/// wait longer (its `leases` and `leased_bytes` bound how many), not the daemon's work.
+/// How many pinned kept files the keeper reads the counts of in one turn (by turns of
+/// principals): each read is a run of the probe over the file's pages, so a tenant that pins
+/// many files makes its own wait longer (its `leases` and `leased_bytes` bound how many), not
+/// the daemon's work or another principal's wait.
 pub const PROOFS_PER_TURN: usize = 8;
 
 /// The prefix of a kept file's name in the pool directory (pool files are `p<id>`; recovery
@@ -76,6 +77,36 @@ struct KeptFile {
     proven: Instant,
 }
 
+impl KeptFile {
+    /// What the file takes from the host now, read with one `statat` of its name (through
+    /// the pool directory's handle), not the figure taken when it was kept: a file kept for
+    /// a read lease may still be mapped by that lease's holder, who can fault pages in up to
+    /// its length (a length it may have grown before the release), so it counts by its
+    /// length rounded up to whole pages or its pages, whichever is larger. A file kept for
+    /// pins is reached by nothing else (the rule it was kept by) and had its unpinned pages
+    /// punched out: it counts by its pages. The figure taken when it was kept when the name
+    /// cannot be read.
+    fn charge(&self) -> u64 {
+        let Ok(st) = rustix::fs::statat(
+            rustix::fs::CWD,
+            &self.path,
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        ) else {
+            return self.bytes;
+        };
+        let pages = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+        if self.pinned {
+            return pages;
+        }
+        let page = self.page_size.bytes();
+        let length = u64::try_from(st.st_size)
+            .unwrap_or(0)
+            .div_ceil(page)
+            .saturating_mul(page);
+        pages.max(length)
+    }
+}
+
 /// The kept files.
 #[derive(Debug, Default)]
 pub(super) struct Kept {
@@ -97,7 +128,8 @@ impl Kept {
             .filter(|f| f.principal.as_deref() == Some(principal))
         {
             files += 1;
-            *bytes.entry(f.page_size).or_default() += f.bytes;
+            let sum: &mut u64 = bytes.entry(f.page_size).or_default();
+            *sum = sum.saturating_add(f.charge());
         }
         (files, bytes)
     }
@@ -105,7 +137,12 @@ impl Kept {
     /// Files and bytes kept in all.
     pub(super) fn totals(&self) -> (usize, u64) {
         let files = self.lock();
-        (files.len(), files.iter().map(|f| f.bytes).sum())
+        (
+            files.len(),
+            files
+                .iter()
+                .fold(0u64, |sum, f| sum.saturating_add(f.charge())),
+        )
     }
 
     /// Takes kept file `path` out of the list (`None`: another turn took it).
@@ -160,6 +197,26 @@ pub(super) fn parse_kept_name(name: &str) -> Option<(u64, u32, Option<String>)> 
     Some((id, node, principal))
 }
 
+/// The pinned files whose counts the keeper reads this turn, at most `n`, by turns of
+/// principals: each principal's longest unread file, then each one's second, and so on, the
+/// longest unread first within a round. A tenant that pins many files lengthens its own
+/// wait, not another principal's.
+fn proof_turns(files: &[KeptFile], n: usize) -> Vec<usize> {
+    let mut pinned: Vec<usize> = (0..files.len()).filter(|&i| files[i].pinned).collect();
+    pinned.sort_by_key(|&i| files[i].proven);
+    let mut rounds: BTreeMap<Option<&str>, usize> = BTreeMap::new();
+    let mut ranked: Vec<(usize, Instant, usize)> = pinned
+        .into_iter()
+        .map(|i| {
+            let round = rounds.entry(files[i].principal.as_deref()).or_default();
+            *round += 1;
+            (*round, files[i].proven, i)
+        })
+        .collect();
+    ranked.sort_unstable();
+    ranked.into_iter().take(n).map(|(_, _, i)| i).collect()
+}
+
 /// Opens a kept file for writing without waiting for a lease to be given up.
 fn open_for_truncate(path: &Path) -> io::Result<fs::File> {
     fs::OpenOptions::new()
@@ -184,7 +241,15 @@ impl Pool {
         pinned: bool,
     ) -> bool {
         let kept = path.with_file_name(kept_name(rec.id, rec.node, principal.as_deref()));
-        if let Err(err) = fs::rename(path, &kept) {
+        // Never over another kept file: a name that clashed (ids come from the clock, which
+        // may step back across a restart) would lose that file's charge.
+        if let Err(err) = rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::CWD,
+            &kept,
+            rustix::fs::RenameFlags::NOREPLACE,
+        ) {
             tracing::warn!(id = rec.id, %err, "cannot keep a released file that another process holds a lease on");
             return false;
         }
@@ -225,12 +290,9 @@ impl Pool {
                 .map(|f| f.path.clone())
                 .collect();
             if principal.is_none() {
-                let mut pinned: Vec<&mut KeptFile> =
-                    files.iter_mut().filter(|f| f.pinned).collect();
-                pinned.sort_by_key(|f| f.proven);
-                for f in pinned.into_iter().take(PROOFS_PER_TURN) {
-                    f.proven = now;
-                    tries.push(f.path.clone());
+                for i in proof_turns(&files, PROOFS_PER_TURN) {
+                    files[i].proven = now;
+                    tries.push(files[i].path.clone());
                 }
             }
             tries
@@ -255,16 +317,37 @@ impl Pool {
     }
 
     /// Whether kept file `path` (open for writing: `file`) must stay untruncated: pages of
-    /// it are pinned (`Ok`: so many), or, once it was found pinned, anything but the keeper
-    /// still reaches it (a mapping or an open file could pin again between this look and
-    /// the truncate), or its counts cannot be read (`Err`). `None`: truncate it (also
-    /// without kernel counts, where pins cannot be seen).
+    /// it are pinned and nothing but the keeper reaches it (`Ok`: so many pages;
+    /// [`keep_file`](super::reach::kernel::Pins::keep_file), the rule the release applied), or its counts cannot be read
+    /// (`Err`). `None`: truncate it, also when something else still reaches it (a read
+    /// lease's holder that kept its descriptor, a mapping) whether pinned or not, and
+    /// without kernel counts, where pins cannot be seen. A file that turns out pinned here
+    /// for the first time (it was kept for a read lease) has its unpinned pages punched out,
+    /// as the release does.
     fn still_held(&self, path: &Path, file: &fs::File) -> Option<Result<u64, String>> {
-        let was_pinned = self.kept.lock().iter().any(|f| f.path == path && f.pinned);
+        let (was_pinned, page_size, id) = {
+            let files = self.kept.lock();
+            let f = files.iter().find(|f| f.path == path)?;
+            (f.pinned, f.page_size, f.id)
+        };
         match self.reach.pinned_pages(file) {
+            Ok(Some(p)) if p.keep_file() => {
+                if !was_pinned {
+                    super::kernel_path::punch_unpinned(file, &p, page_size, id);
+                }
+                Some(Ok(p.pages))
+            }
+            Ok(Some(p)) => {
+                if p.pages > 0 {
+                    tracing::warn!(
+                        id,
+                        held_pages = p.pages,
+                        "pages of a kept released file are pinned and the file is still reached (an open file, a mapping): truncated, the pinned pages stay with their holder uncharged"
+                    );
+                }
+                None
+            }
             Ok(None) => None,
-            Ok(Some(p)) if p.pages > 0 || (was_pinned && p.reachable) => Some(Ok(p.pages)),
-            Ok(Some(_)) => None,
             Err(e) => Some(Err(e)),
         }
     }
@@ -391,6 +474,40 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pinned(principal: &str, proven: Instant) -> KeptFile {
+        KeptFile {
+            path: PathBuf::from(format!("kept-{principal}")),
+            principal: Some(principal.into()),
+            page_size: PageSize::Size2M,
+            node: 0,
+            bytes: 0,
+            id: 0,
+            lease: 0,
+            since: proven,
+            pinned: true,
+            proven,
+        }
+    }
+
+    #[test]
+    fn the_keeper_proves_pinned_files_by_turns_of_principals() {
+        let t = Instant::now();
+        // A tenant's 20 files, all unread for longer than the honest one's.
+        let mut files: Vec<KeptFile> = (0..20)
+            .map(|i| pinned("uid:65534", t + Duration::from_millis(i)))
+            .collect();
+        files.push(pinned("uid:65533", t + Duration::from_secs(1)));
+        let mut unpinned = pinned("uid:65533", t);
+        unpinned.pinned = false;
+        files.push(unpinned);
+        let turn = proof_turns(&files, PROOFS_PER_TURN);
+        assert_eq!(turn.len(), PROOFS_PER_TURN);
+        // The honest one's file is read in the first round, second after the tenant's oldest.
+        assert_eq!(turn[..2], [0, 20]);
+        // Then the tenant's, longest unread first; never an unpinned file.
+        assert_eq!(turn[2..], [1, 2, 3, 4, 5, 6]);
+    }
 
     #[test]
     fn a_kept_name_holds_its_id_node_and_principal() {

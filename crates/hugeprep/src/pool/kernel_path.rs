@@ -12,7 +12,7 @@ use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use super::{FileRecord, FileState, Pool, Released};
+use super::{FileRecord, FileState, PageSize, Pool, Released};
 use crate::pool::kernel::node_free_pages;
 
 impl Pool {
@@ -112,7 +112,15 @@ impl Pool {
             return false;
         };
         let pins = match self.reach.pinned_pages(&file) {
-            Ok(Some(pins)) if pins.pages > 0 => pins,
+            Ok(Some(pins)) if pins.keep_file() => pins,
+            Ok(Some(pins)) if pins.pages > 0 => {
+                tracing::warn!(
+                    id = rec.id,
+                    held_pages = pins.pages,
+                    "pages of a released file are pinned and the file is still reached (an open file, a mapping): truncated, the pinned pages stay with their holder uncharged"
+                );
+                return false;
+            }
             Ok(_) => return false,
             Err(err) => {
                 tracing::warn!(id = rec.id, %err, "cannot read the kernel's counts of a released file before its truncate: pages a pin holds, if any, leave it charged to nobody");
@@ -120,26 +128,9 @@ impl Pool {
             }
         };
         let held = pins.pages;
-        // Something else still reaches the file (an open file, a mapping): kept, every page
-        // of it would stay with that holder, who could fault it back in or pin more, and on
-        // the hook's leases (an admin's, without limits) nobody would pay for them. The
-        // truncate takes back all but the pinned pages, as the kernel's path always did;
-        // those stay charged to nobody (docs/security.md, "Gaps still open").
-        if pins.reachable {
-            tracing::warn!(
-                id = rec.id,
-                held_pages = held,
-                "pages of a released file are pinned and the file is still reached (an open file, a mapping): truncated, the pinned pages stay with their holder uncharged"
-            );
-            return false;
-        }
         // Nothing else reaches the file (nothing can pin another page of it meanwhile) and
         // every pinned page is known: the others go back now.
-        if let Some(at) = &pins.at {
-            if let Err(err) = punch_all_but(&file, at, rec.page_size.bytes()) {
-                tracing::warn!(id = rec.id, %err, "cannot give back the pages of a released file that nobody pins: it is kept whole");
-            }
-        }
+        punch_unpinned(&file, &pins, rec.page_size, rec.id);
         let bytes = file.metadata().map_or(0, |m| m.blocks() * 512);
         drop(file);
         if !self.keep(path, rec, lessee(released), bytes, true) {
@@ -180,6 +171,21 @@ impl Pool {
             (Some(b), Some(a)) => pages.saturating_sub(a.saturating_sub(b)),
             _ => 0,
         })
+    }
+}
+
+/// Punches out the pages of a file kept for `pins` that nobody pins, when every pinned
+/// page is known (the file is kept whole otherwise, its pages charged to its lessee).
+pub(super) fn punch_unpinned(
+    file: &fs::File,
+    pins: &super::reach::kernel::Pins,
+    ps: PageSize,
+    id: u64,
+) {
+    if let Some(at) = &pins.at {
+        if let Err(err) = punch_all_but(file, at, ps.bytes()) {
+            tracing::warn!(id, %err, "cannot give back the pages of a released file that nobody pins: it is kept whole");
+        }
     }
 }
 

@@ -366,7 +366,9 @@ impl Pool {
         }
         self.start_taking(st, v, claimed.0);
         st.note_demand(v.node, v.page_size, v.size);
-        st.missed |= source != LeaseSource::WarmExact;
+        if source != LeaseSource::WarmExact {
+            st.schedule.missed();
+        }
         Ok(claimed)
     }
 
@@ -519,8 +521,9 @@ impl Pool {
         }
         // Counted by its journaled record from here.
         st.taking.remove(&id);
-        st.lessee_grace = self.lessee_grace_until();
-        self.gate.leased(id);
+        let now = Instant::now();
+        st.schedule.grace_from(now, self.gate.grace());
+        self.gate.leased(id, now);
         self.changed.notify_all();
         Ok(info)
     }

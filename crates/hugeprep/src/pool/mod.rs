@@ -17,7 +17,7 @@
 //! (and a clean shutdown waits for requests in flight), so the file is scrubbed, never
 //! handed out unproven. See `docs/pool.md`.
 
-mod aside;
+use self::core::aside;
 pub mod capacity;
 pub mod core;
 mod counters;
@@ -202,8 +202,6 @@ pub struct Pool {
     supply: kernel::Supply,
     /// Long-term pins of pinned leases, by file id; dropped at release or shutdown.
     pins: Mutex<BTreeMap<u64, crate::sys::pin::LongTermPin>>,
-    /// The lessee grace in force, ms ([`LESSEE_GRACE`] unless set).
-    grace_ms: std::sync::atomic::AtomicU64,
     /// Warm targets set over the API, persisted; they win over the configuration's.
     api_targets: targets::ApiTargets,
     /// Who opened leased files, and the proofs that released ones are out of reach.
@@ -291,7 +289,6 @@ impl Pool {
             core: self::core::Core::with_files(files, next_id),
             ..State::default()
         };
-        let grace_ms = u64::try_from(policy.lessee_grace.as_millis()).unwrap_or(u64::MAX);
         let supply = kernel::Supply::open(&topology.node_ids(), mounts.keys().copied());
         let control = Arc::new(ScrubControl::default());
         let reach = reach::Reach::new();
@@ -325,7 +322,6 @@ impl Pool {
             counters: counters::Counters::default(),
             supply,
             pins: Mutex::new(BTreeMap::new()),
-            grace_ms: std::sync::atomic::AtomicU64::new(grace_ms),
             api_targets,
             reach,
             tenant_limits: Mutex::new(BTreeMap::new()),
@@ -473,8 +469,6 @@ impl Pool {
     /// [`LESSEE_GRACE`] existed; benchmarks compare both).
     pub fn set_lessee_grace(&self, grace: Duration) {
         self.gate.set_grace(grace);
-        let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-        self.grace_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Turns the start gate on (the default) or off: off, refills and background scrubs run
@@ -483,12 +477,6 @@ impl Pool {
     pub fn set_start_gate(&self, enabled: bool) {
         self.gate.set_enabled(enabled);
         self.changed.notify_all();
-    }
-
-    /// The grace window starting now.
-    fn lessee_grace_until(&self) -> Option<Instant> {
-        let ms = self.grace_ms.load(Ordering::Relaxed);
-        (ms > 0).then(|| Instant::now() + Duration::from_millis(ms))
     }
 
     /// How released leases are proven (see [`reach::Method`]).

@@ -44,7 +44,38 @@ pub(super) fn reconcile(
     for step in &plan.steps {
         perform(journal, mounts, step)?;
     }
+    remove_empty_scope_dirs(mounts);
     Ok((plan.kept, plan.max_id, plan.report))
+}
+
+/// Removes the tenants' directories (`.uid-N`, `.p-...`) that hold no lease path any more:
+/// those recovery just emptied, and those of an earlier naming scheme (before the keyed
+/// `.p-<HMAC>` names, a principal's name in hex), which would otherwise name their principal
+/// in the world-listable lease directory for good. Only at start: no lease is being made,
+/// so none can be linked into a directory this removes. A directory that still holds a
+/// lease path stays (`rmdir` refuses it) and goes at a later start.
+fn remove_empty_scope_dirs(mounts: &BTreeMap<PageSize, PoolMount>) {
+    for mount in mounts.values() {
+        let Ok(dir) = fs::read_dir(mount.lease_dir_handle().fd_path()) else {
+            continue;
+        };
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            if !name.as_encoded_bytes().starts_with(b".") {
+                continue;
+            }
+            // Not empty, not a directory, gone: an error leaves it as it is.
+            if rustix::fs::unlinkat(
+                mount.lease_dir_handle().fd(),
+                name.as_os_str(),
+                rustix::fs::AtFlags::REMOVEDIR,
+            )
+            .is_ok()
+            {
+                tracing::info!(dir = %name.to_string_lossy(), "removed an empty tenant directory");
+            }
+        }
+    }
 }
 
 /// Reads what recovery decides from: the journal and both directories of every mount, each

@@ -51,7 +51,8 @@ impl Pool {
         if let Err(err) = st.core.release_done(id) {
             tracing::error!(%err, "pool core refused a release's end");
         }
-        st.lessee_grace = self.lessee_grace_until();
+        st.schedule
+            .grace_from(std::time::Instant::now(), self.gate.grace());
         self.changed.notify_all();
         tracing::info!(lease = lease_id, name = %info.name, file = id, "released");
         Ok(info)

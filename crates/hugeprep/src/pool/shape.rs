@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::{FileRecord, FileState, Pool, State, Work};
+use super::{FileState, State};
 use crate::page_size::PageSize;
 use crate::policy::pool::{Shape, Target};
 
@@ -44,22 +44,6 @@ impl State {
             h.pop_front();
         }
         h.push_back(Demand { size, held });
-    }
-
-    /// Sizes of the files that are or will be warm (as [`State::pool_bytes`] counts them).
-    fn warm_sizes(&self, node: u32, ps: PageSize) -> BTreeMap<u64, usize> {
-        let mut have = BTreeMap::new();
-        for e in self.of_kind(node, ps) {
-            let counted = match e.busy() {
-                Some(Work::Scrub) | Some(Work::Refill) => true,
-                None => e.rec().state == FileState::Warm,
-                _ => false,
-            };
-            if counted {
-                *have.entry(e.rec().size).or_insert(0) += 1;
-            }
-        }
-        have
     }
 }
 
@@ -156,7 +140,10 @@ pub fn wanted(target: &Target, shape: Shape, history: &[Demand], page: u64) -> V
 
 /// Wanted minus warm: the sizes missing (largest first, with repeats) and the sizes in
 /// excess, by size.
-fn compare(want: &[u64], have: &BTreeMap<u64, usize>) -> (Vec<u64>, BTreeMap<u64, usize>) {
+pub(super) fn compare(
+    want: &[u64],
+    have: &BTreeMap<u64, usize>,
+) -> (Vec<u64>, BTreeMap<u64, usize>) {
     let mut want_n: BTreeMap<u64, usize> = BTreeMap::new();
     for &s in want {
         *want_n.entry(s).or_insert(0) += 1;
@@ -178,125 +165,13 @@ fn compare(want: &[u64], have: &BTreeMap<u64, usize>) -> (Vec<u64>, BTreeMap<u64
 
 /// What the demand-shaped worker does next (before refilling).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Reshape {
+pub(crate) enum Reshape {
     /// Scrub the dirty file and keep it, cut to this size first.
     Keep(u64, u64),
     /// Delete the file.
     Delete(u64),
     /// Cut the warm file to this size (frees the tail; faults nothing).
     Shrink(u64, u64),
-}
-
-impl Pool {
-    /// The kind's wanted warm files under the current target, history and drain.
-    pub(super) fn wanted_sizes(&self, st: &State, node: u32, ps: PageSize) -> Vec<u64> {
-        if st.drained.contains(&(node, ps)) {
-            return Vec::new();
-        }
-        let policy = self.policy();
-        let Some(target) = policy.target(node, ps) else {
-            return Vec::new();
-        };
-        let history: Vec<Demand> = st
-            .demand
-            .get(&(node, ps))
-            .map(|h| h.iter().copied().collect())
-            .unwrap_or_default();
-        wanted(target, policy.shape, &history, ps.bytes())
-    }
-
-    /// The largest missing size that fits the kind's byte deficit (the refill's next file
-    /// under the demand shape).
-    pub(super) fn next_missing(&self, st: &State, node: u32, ps: PageSize, deficit: u64) -> u64 {
-        let want = self.wanted_sizes(st, node, ps);
-        let (missing, _) = compare(&want, &st.warm_sizes(node, ps));
-        missing.into_iter().find(|&s| s <= deficit).unwrap_or(0)
-    }
-
-    /// Decides what to do with a released (dirty) file under the demand shape.
-    pub(super) fn reshape_dirty(&self, st: &State, rec: &FileRecord) -> Reshape {
-        let (node, ps, s) = (rec.node, rec.page_size, rec.size);
-        let want = self.wanted_sizes(st, node, ps);
-        let have = st.warm_sizes(node, ps);
-        let (missing, _) = compare(&want, &have);
-        if missing.contains(&s) {
-            return Reshape::Keep(rec.id, s);
-        }
-        if let Some(&w) = missing.iter().find(|&&w| w < s) {
-            return Reshape::Keep(rec.id, w);
-        }
-        let target: u64 = want.iter().sum();
-        if st.pool_bytes(node, ps) + s <= target {
-            return Reshape::Keep(rec.id, s);
-        }
-        Reshape::Delete(rec.id)
-    }
-
-    /// Reshapes one kind's idle warm files toward the wanted shape: cut a file of a size in
-    /// excess to a missing size below it, else give back files in excess while the pool is
-    /// above its target or a missing file has no room.
-    pub(super) fn reshape_warm(&self, st: &State, node: u32, ps: PageSize) -> Option<Reshape> {
-        let want = self.wanted_sizes(st, node, ps);
-        let target: u64 = want.iter().sum();
-        let (missing, excess) = compare(&want, &st.warm_sizes(node, ps));
-        let idle: Vec<(u64, u64)> = st
-            .of_kind(node, ps)
-            .filter(|e| e.busy().is_none() && e.rec().state == FileState::Warm)
-            .map(|e| (e.rec().id, e.rec().size))
-            .collect();
-        let surplus: Vec<(u64, u64)> = idle
-            .iter()
-            .copied()
-            .filter(|(_, s)| excess.contains_key(s))
-            .collect();
-        for &w in &missing {
-            if let Some(&(id, _)) = surplus
-                .iter()
-                .filter(|(_, s)| *s > w)
-                .min_by_key(|(_, s)| *s)
-            {
-                return Some(Reshape::Shrink(id, w));
-            }
-        }
-        let pool = st.pool_bytes(node, ps);
-        let no_room = missing
-            .last()
-            .is_some_and(|&w| pool + w > target && !surplus.is_empty());
-        if pool > target || no_room {
-            let victim = surplus
-                .iter()
-                .max_by_key(|(_, s)| *s)
-                .or_else(|| (pool > target).then(|| idle.iter().max_by_key(|(_, s)| *s))?);
-            return victim.map(|&(id, _)| Reshape::Delete(id));
-        }
-        None
-    }
-
-    /// Whether some kind lacks a wanted file (none warm, being scrubbed or refilled for it):
-    /// the lessee grace yields then to work that faults nothing (see `worker`).
-    pub(super) fn incomplete(&self, st: &State) -> bool {
-        self.mounts.keys().any(|ps| {
-            self.topology.node_ids().into_iter().any(|node| {
-                let want = self.wanted_sizes(st, node, *ps);
-                !compare(&want, &st.warm_sizes(node, *ps)).0.is_empty()
-            })
-        })
-    }
-
-    /// The next reshaping step of any kind under the demand shape.
-    pub(super) fn reshape_any(&self, st: &State) -> Option<Reshape> {
-        if self.policy().shape != Shape::Demand {
-            return None;
-        }
-        for ps in self.mounts.keys() {
-            for node in self.topology.node_ids() {
-                if let Some(r) = self.reshape_warm(st, node, *ps) {
-                    return Some(r);
-                }
-            }
-        }
-        None
-    }
 }
 
 #[cfg(test)]

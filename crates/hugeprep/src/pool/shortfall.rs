@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::{kernel, reserve, Pool, PoolMount, State};
+use super::{kernel, reserve, Pool, State};
 use crate::page_size::PageSize;
 use crate::units::format_bytes;
 
@@ -91,10 +91,6 @@ impl Refusals {
     }
 }
 
-/// How long the worker waits before raising a kernel pool again after the kernel or a limit
-/// gave fewer pages than the target needs (each try may compact memory).
-const RESERVE_BACKOFF: Duration = Duration::from_secs(30);
-
 /// What a raise for a lease did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Raised {
@@ -106,47 +102,6 @@ pub(super) struct Raised {
 }
 
 impl Pool {
-    /// A kind's target lacks `deficit` bytes and the kernel cannot supply the next file of
-    /// `size`: the pages to raise the node's pool by, or else `None` with the reason logged
-    /// and shown (or a back-off still running).
-    pub(super) fn shortfall(
-        &self,
-        st: &mut State,
-        node: u32,
-        ps: PageSize,
-        mount: &PoolMount,
-        deficit: u64,
-        size: u64,
-    ) -> Option<u64> {
-        let page = ps.bytes();
-        if let Some(free) = kernel::mount_free_pages(&mount.root) {
-            if free * page < size {
-                let reason = format!(
-                    "mount {} is full: its size limit leaves {} free (remount it larger)",
-                    mount.root.display(),
-                    format_bytes(free * page)
-                );
-                self.explain(st, node, ps, Some(reason));
-                return None;
-            }
-        }
-        let free = crate::hugetlb::pool::available(Some(node), ps).unwrap_or(0);
-        let short = deficit.div_ceil(page).saturating_sub(free).max(1);
-        if !self.policy().reserve.enabled {
-            let reason = reserve::Limit::Disabled.explain(node, ps, short);
-            self.explain(st, node, ps, Some(reason));
-            return None;
-        }
-        if st
-            .reserve_backoff
-            .get(&(node, ps))
-            .is_some_and(|t| Instant::now() < *t)
-        {
-            return None;
-        }
-        Some(short)
-    }
-
     /// Raises `node`'s pool by up to `short` pages, as far as the policy's limit, the node's
     /// memory and the kernel allow; whatever is still missing is explained.
     pub(super) fn reserve_job(&self, node: u32, ps: PageSize, short: u64) {
@@ -201,8 +156,7 @@ impl Pool {
             )),
         };
         if reason.is_some() {
-            st.reserve_backoff
-                .insert((node, ps), Instant::now() + RESERVE_BACKOFF);
+            st.schedule.reserve_short((node, ps), Instant::now());
             self.explain(&mut st, node, ps, reason);
         }
     }
@@ -228,19 +182,7 @@ impl Pool {
         if pages == 0 {
             return Raised::default();
         }
-        if !policy.reserve.enabled {
-            let why = reserve::Limit::Disabled.explain(node, ps, pages);
-            self.refusals.set_why(node, ps, Some(why));
-            return Raised::default();
-        }
-        // A mount's size limit that leaves less than the lease lacks: more kernel pages
-        // would not be usable.
-        if let Some(free) = kernel::mount_free_pages(mount).filter(|free| *free < pages) {
-            let why = format!(
-                "mount {} is full: its size limit leaves {} free (remount it larger)",
-                mount.display(),
-                format_bytes(free * ps.bytes())
-            );
+        if let Some(why) = ruled_out(&policy.reserve, node, ps, mount, pages) {
             self.refusals.set_why(node, ps, Some(why));
             return Raised::default();
         }
@@ -268,11 +210,8 @@ impl Pool {
         // Then, while the kernel falls short, compact the node's memory and ask again, within
         // a bounded time, before the lease is refused.
         let pull_in = reserve::pull_in_bytes(&policy.reserve, available);
-        let (added, compactions) = match self
-            .reservations
-            .raise_compacting(node, ps, asked, pull_in)
-        {
-            Ok(r) => (r.added, r.compactions),
+        match self.reservations.raise_compacting(node, ps, asked, pull_in) {
+            Ok(r) => self.raised_for_lease(node, ps, pages, &r),
             Err(err) => {
                 tracing::warn!(node, page_size = %ps, %err, "raising the kernel's hugepage pool for a lease failed");
                 self.refusals.set_why(
@@ -280,9 +219,15 @@ impl Pool {
                     ps,
                     Some(format!("raising the kernel's pool failed: {err}")),
                 );
-                return Raised::default();
+                Raised::default()
             }
-        };
+        }
+    }
+
+    /// The kernel added `r.added` of the `pages` a lease lacked: logged, and what it could
+    /// not add remembered as the reason should the lease be refused.
+    fn raised_for_lease(&self, node: u32, ps: PageSize, pages: u64, r: &reserve::Raise) -> Raised {
+        let (added, asked, compactions) = (r.added, r.asked, r.compactions);
         if added > 0 {
             tracing::info!(
                 node, page_size = %ps, added, asked = pages,
@@ -345,10 +290,31 @@ impl Pool {
                 if st.reasons.remove(&key).is_some() {
                     tracing::info!(node, page_size = %ps, "warm target met");
                 }
-                st.reserve_backoff.remove(&key);
+                st.schedule.target_met(key);
             }
         }
     }
+}
+
+/// Why no raise may cover a lease's `pages`, before any is tried: the policy raises no
+/// pool, or the mount's size limit leaves less than the lease lacks (more kernel pages would
+/// not be usable).
+fn ruled_out(
+    reserve: &crate::policy::pool::ReservePolicy,
+    node: u32,
+    ps: PageSize,
+    mount: &std::path::Path,
+    pages: u64,
+) -> Option<String> {
+    if !reserve.enabled {
+        return Some(reserve::Limit::Disabled.explain(node, ps, pages));
+    }
+    let free = kernel::mount_free_pages(mount).filter(|free| *free < pages)?;
+    Some(format!(
+        "mount {} is full: its size limit leaves {} free (remount it larger)",
+        mount.display(),
+        format_bytes(free * ps.bytes())
+    ))
 }
 
 /// What to add to a gigantic-page shortfall's reason: what the pull-in got, and the remedy.

@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Instant;
 
 use crate::prefault::Taken;
 
@@ -14,21 +13,12 @@ use super::{idempotency, shape, Entry, FileState, PageSize, ScrubReport, Work};
 pub(super) struct State {
     /// Every pool file, in its phase (see [`super::core`]): changed only by its transitions.
     pub(super) core: Core,
-    pub(super) refill_turn: usize,
-    /// Until then refills wait: the kernel could not supply the last one (see
-    /// [`State::pages_returned`]).
-    pub(super) refill_backoff: Option<Instant>,
-    /// Until then the worker starts no refill or background scrub: the lessee's VMM is
-    /// starting (see [`LESSEE_GRACE`]).
-    pub(super) lessee_grace: Option<Instant>,
-    /// A lease was served other than warm-exact since the pool last had every wanted file:
-    /// refills no longer wait for the lessee grace (see `worker`).
-    pub(super) missed: bool,
+    /// What the worker's decisions remember: the lessee grace, the refill and reserve
+    /// backoffs, whether a lease missed (see [`super::core::decide`]).
+    pub(super) schedule: super::core::decide::Schedule,
     pub(super) last_scrub: Option<ScrubReport>,
     /// Why a kind's target is not met, as last logged (see `Pool::explain`).
     pub(super) reasons: BTreeMap<(u32, PageSize), String>,
-    /// When a kind's pool may be raised again after the kernel or a limit refused.
-    pub(super) reserve_backoff: BTreeMap<(u32, PageSize), Instant>,
     /// Kinds emptied by a drain: kept at a target of zero until resumed.
     pub(super) drained: BTreeSet<(u32, PageSize)>,
     /// Recent lease sizes per kind, that the demand shape learns from.
@@ -78,7 +68,7 @@ impl State {
     /// `REFILL_BACKOFF` later), and a VM started meanwhile was served cold. It cannot spin:
     /// each give-back clears it once, and a refill that still finds too little sets it again.
     pub(super) fn pages_returned(&mut self) {
-        self.refill_backoff = None;
+        self.schedule.pages_returned();
     }
 
     /// What faults in progress of the kind were promised (see `faulting`). Read before the
@@ -142,21 +132,18 @@ impl State {
         });
     }
 
-    pub(super) fn of_kind(&self, node: u32, ps: PageSize) -> impl Iterator<Item = &Entry> {
-        self.core.of_kind(node, ps)
+    /// What the worker's decisions read of the state (see [`super::core::decide`]).
+    pub(super) fn view(&self) -> super::core::reshape::View<'_> {
+        super::core::reshape::View {
+            core: &self.core,
+            aside: &self.aside,
+            drained: &self.drained,
+            demand: &self.demand,
+        }
     }
 
-    /// Bytes that are or will be warm: warm files not on their way out, plus scrubs and
-    /// refills in progress.
-    pub(super) fn pool_bytes(&self, node: u32, ps: PageSize) -> u64 {
-        self.of_kind(node, ps)
-            .filter(|e| match e.busy() {
-                Some(Work::Scrub) | Some(Work::Refill) => true,
-                None => e.rec().state == FileState::Warm,
-                _ => false,
-            })
-            .map(|e| e.rec().size)
-            .sum()
+    pub(super) fn of_kind(&self, node: u32, ps: PageSize) -> impl Iterator<Item = &Entry> {
+        self.core.of_kind(node, ps)
     }
 
     /// Bytes that a waiting lease could get once the worker has caught up.

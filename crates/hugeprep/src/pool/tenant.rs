@@ -70,6 +70,10 @@ impl ScopeKey {
                 },
             )?;
             let tmp = state_dir.join(format!("{SCOPE_KEY_FILE}.{}", std::process::id()));
+            // A crash between the create and the link below leaves this name; a later start
+            // with the same pid would then fail. The state directory is the daemon's alone,
+            // so the name is its own leftover: gone or not, the create below says.
+            let _ = std::fs::remove_file(&tmp);
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -154,6 +158,14 @@ pub struct Usage {
     pub held_bytes: u64,
 }
 
+impl Usage {
+    /// Adds `bytes` of `page_size` to the leased bytes, saturating.
+    fn add_bytes(&mut self, page_size: PageSize, bytes: u64) {
+        let sum = self.leased_bytes.entry(page_size).or_default();
+        *sum = sum.saturating_add(bytes);
+    }
+}
+
 /// The descriptors a request makes the daemon hold: a pidfd for `pid`, a ring for `pin`.
 fn descriptors_of(v: &ValidRequest) -> u64 {
     u64::from(v.pid.is_some()) + u64::from(v.pin)
@@ -194,33 +206,38 @@ pub(crate) fn over(
 impl Pool {
     /// What `principal` holds now (under the state lock).
     pub(super) fn usage_locked(&self, st: &State, principal: &str) -> Usage {
+        // Every sum saturates: a lessee may grow a file to near 2^63 bytes (hugetlbfs takes
+        // any page-aligned length up to `s_maxbytes`), and two such files must not wrap the
+        // total back under a limit.
         let mut u = Usage::default();
         for e in st.core.files() {
             if let FileState::Leased(l) = &e.rec().state {
                 if l.principal.as_deref() == Some(principal) {
-                    *u.leased_bytes.entry(e.rec().page_size).or_default() +=
-                        self.leased_extent(e.rec());
-                    u.leases += 1;
-                    u.descriptors += u64::from(l.pid.is_some());
-                    u.descriptors += u64::from(st.pinned.contains(&e.rec().id));
+                    u.add_bytes(e.rec().page_size, self.leased_extent(e.rec()));
+                    u.leases = u.leases.saturating_add(1);
+                    u.descriptors = u.descriptors.saturating_add(
+                        u64::from(l.pid.is_some()) + u64::from(st.pinned.contains(&e.rec().id)),
+                    );
                 }
             }
         }
         for t in st.taking.values().filter(|t| t.principal == principal) {
-            *u.leased_bytes.entry(t.page_size).or_default() += t.size;
-            u.leases += 1;
-            u.descriptors += t.descriptors;
+            u.add_bytes(t.page_size, t.size);
+            u.leases = u.leases.saturating_add(1);
+            u.descriptors = u.descriptors.saturating_add(t.descriptors);
         }
         // Pages kept past a release (a read lease on a file the kernel's path could not
         // truncate) are still the principal's: each file counts as a lease of its bytes
         // until its holder lets go (see `kept`).
         let (files, kept) = self.kept.of(principal);
-        u.leases += files;
+        u.leases = u.leases.saturating_add(files);
         for (ps, bytes) in kept {
-            *u.leased_bytes.entry(ps).or_default() += bytes;
-            u.held_bytes += bytes;
+            u.add_bytes(ps, bytes);
+            u.held_bytes = u.held_bytes.saturating_add(bytes);
         }
-        u.held_bytes += st.aside.held_bytes(Some(principal));
+        u.held_bytes = u
+            .held_bytes
+            .saturating_add(st.aside.held_bytes(Some(principal)));
         u
     }
 
@@ -373,6 +390,22 @@ mod tests {
         );
         assert_eq!(mode & 0o777, 0o600);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn files_grown_past_2_pow_63_saturate_the_sum_instead_of_wrapping_under_a_limit() {
+        // Two files grown near 2^63 and one of 4 MiB once summed to 2^64, which wrapped to 0
+        // in a release build (and panicked in a debug one, under the state lock).
+        let mut u = Usage::default();
+        let ps = PageSize::Size2M;
+        u.add_bytes(ps, (1 << 63) - 2 * M);
+        u.add_bytes(ps, (1 << 63) - 2 * M);
+        u.add_bytes(ps, 4 * M);
+        assert_eq!(u.leased_bytes[&ps], u64::MAX);
+        assert_eq!(
+            over(&limits(), &u, ps, 2 * M, 0),
+            Some(("leased_bytes.2M".into(), 8 * M, u64::MAX, 2 * M))
+        );
     }
 
     #[test]

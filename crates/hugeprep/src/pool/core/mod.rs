@@ -22,10 +22,14 @@
 //!
 //! See `docs/architecture.md` for where each transition is driven.
 
+pub(crate) mod aside;
 pub(crate) mod choice;
+pub(crate) mod decide;
+pub mod forecast;
 mod invariants;
 mod order;
 pub mod recovery;
+pub(crate) mod reshape;
 mod transitions;
 
 #[cfg(test)]

@@ -331,9 +331,12 @@ impl Reach {
         let at = (r.pinned_folios as usize <= crate::sys::reach_bpf::PINNED_AT
             && base_page_index())
         .then(|| {
+            // The index counts the kernel's base pages: 4 KiB on x86, 16 or 64 KiB on some
+            // arm64 and ppc64 kernels.
+            let base = rustix::param::page_size() as u64;
             r.pinned_at[..r.pinned_folios as usize]
                 .iter()
-                .map(|&i| i.saturating_mul(4096))
+                .map(|&i| i.saturating_mul(base))
                 .collect()
         });
         Ok(Some(Pins {
@@ -360,6 +363,19 @@ pub struct Pins {
     /// [`crate::sys::reach_bpf::PINNED_AT`], on a kernel that indexes hugetlb's page cache
     /// in base pages, 6.7 and later).
     pub at: Option<Vec<u64>>,
+}
+
+impl Pins {
+    /// Whether a released file with these counts is kept untruncated, charged to its
+    /// lessee (see `pool::kept`): only while pages of it are pinned and nothing else reaches
+    /// it. A file something else still reaches (an open file, a mapping) is truncated
+    /// whether pinned or not: kept, every page would stay with that holder, who could fault
+    /// more in up to its length or pin them, for as long as it likes; truncated, only the
+    /// pages already pinned stay with it (docs/security.md, "Gaps still open"). The one rule
+    /// for the release and for every later look of the keeper.
+    pub fn keep_file(&self) -> bool {
+        self.pages > 0 && !self.reachable
+    }
 }
 
 /// Whether this kernel indexes hugetlb's page cache in base pages (6.7 and later).

@@ -17,9 +17,12 @@
 //!   files at the same sizes, lease paths belong to kept leases, and no warm file holds a
 //!   lessee's bytes.
 //!
+//! The worker's jobs are the core's own decisions (`decide`), at a simulated time, on
+//! policies, demand histories, start gates and kernel supplies drawn from the seed.
+//!
 //! What it does not check: the proof itself (`reach`, tested against the kernel by
-//! `tests/lessee_isolation.rs`), sizes the kernel cannot supply, and timing (the worker's
-//! grace and gate): those decide *which* transition comes next, never whether it is allowed.
+//! `tests/lessee_isolation.rs`), and sizes the kernel cannot supply: those decide *which*
+//! transition comes next, never whether it is allowed.
 //!
 //! A failing seed prints the one command that replays it:
 //! `HUGEPREP_SIM_SEED=<seed> cargo test --lib pool::core::sim -- --nocapture`.
@@ -27,13 +30,16 @@
 
 mod ops;
 mod restart;
+mod worker;
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
+use super::decide::Schedule;
 use super::recovery::Step;
 use super::{Action, Core, Phase};
 use crate::page_size::PageSize;
-use crate::policy::pool::Recycle;
+use crate::policy::pool::{PoolPolicy, Recycle};
 use crate::pool::record::{file_key, FileRecord, FileState, LeaseRecord, LeaseSource};
 
 /// Seeds the suite runs (a failing one prints how to replay it alone).
@@ -42,6 +48,9 @@ pub const SEEDS: u64 = 3000;
 const STEPS: usize = 250;
 const PS: PageSize = PageSize::Size2M;
 const PAGE: u64 = 2 << 20;
+
+/// The lessee grace the simulated leases start.
+const GRACE: Duration = Duration::from_millis(500);
 
 /// splitmix64: one seed, one stream, the same on every machine.
 #[derive(Debug, Clone)]
@@ -176,6 +185,11 @@ pub struct Sim {
     error_rate: u64,
     crash_rate: u64,
     names: u64,
+    /// The worker's decisions' memory (grace, backoffs), and the simulation's time.
+    schedule: Schedule,
+    clock: Instant,
+    /// The policy the drawn ones start from.
+    policy: PoolPolicy,
     /// Crashes and clean restarts survived, files scrubbed in place, leases handed out.
     pub stats: Stats,
 }
@@ -275,6 +289,10 @@ impl Sim {
             error_rate,
             crash_rate,
             names: 0,
+            schedule: Schedule::default(),
+            // Only differences from it matter: the simulation never reads the clock again.
+            clock: Instant::now(),
+            policy: PoolPolicy::embedded(),
             stats: Stats::default(),
         }
     }
@@ -410,67 +428,6 @@ impl Sim {
         };
         self.note(format!("start {op:?}"));
         self.ops.push(op);
-    }
-
-    /// The worker's choice, as `worker::next_job` makes it (minus sizes and timing).
-    fn worker_job(&mut self) -> Option<Op> {
-        let idle = |p: Phase| {
-            let ids: Vec<u64> = self
-                .core
-                .files()
-                .filter(|e| e.phase() == Some(p))
-                .map(|e| e.rec().id)
-                .collect();
-            ids
-        };
-        let dirty = idle(Phase::Dirty);
-        let warm = idle(Phase::Warm);
-        match self.rng.below(4) {
-            0 if !dirty.is_empty() => {
-                let id = dirty[0];
-                let rec = self.core.get(id)?.rec().clone();
-                let size = if rec.size > PAGE && self.rng.chance(200) {
-                    rec.size - PAGE
-                } else {
-                    rec.size
-                };
-                let journal = self.core.begin_scrub(id, size).ok()?;
-                Some(Op::Scrub {
-                    id,
-                    journal: Some(journal),
-                    at: 0,
-                })
-            }
-            1 if !dirty.is_empty() || !warm.is_empty() => {
-                let id = *dirty.first().or(warm.first())?;
-                let remove = self.core.begin_delete(id).ok()?;
-                Some(Op::Delete { id, remove })
-            }
-            2 if !warm.is_empty() => {
-                let id = warm[0];
-                let size = self.core.get(id)?.rec().size;
-                if size <= PAGE {
-                    return None;
-                }
-                let journal = self.core.begin_cut(id, size - PAGE).ok()?;
-                Some(Op::Cut {
-                    id,
-                    size: size - PAGE,
-                    journal,
-                    cut: false,
-                })
-            }
-            _ if warm.len() < 4 => {
-                let size = (1 + self.rng.below(3)) * PAGE;
-                let (id, journal) = self.core.new_fill(0, PS, size);
-                Some(Op::Fill {
-                    id,
-                    journal: Some(journal),
-                    faulted: false,
-                })
-            }
-            _ => None,
-        }
     }
 
     /// A drain: every idle file that is not leased is given back.

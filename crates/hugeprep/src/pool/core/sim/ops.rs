@@ -131,6 +131,10 @@ impl Sim {
                 if self.perform("lease: journal leased", &Action::Journal(rec.clone()))? {
                     self.core.leased(id, rec).expect("leased");
                     self.stats.leases += 1;
+                    self.schedule.grace_from(self.clock, super::GRACE);
+                    if source != LeaseSource::WarmExact {
+                        self.schedule.missed();
+                    }
                 } else {
                     self.abort(id, source, &name, size, true)?;
                 }
@@ -349,6 +353,7 @@ impl Sim {
                 return Ok(None);
             }
         }
+        self.schedule.refill_failed(self.clock);
         for action in self.core.fill_failed(id).expect("fill failed") {
             self.perform("failed refill: remove file, unjournal", &action)?;
         }

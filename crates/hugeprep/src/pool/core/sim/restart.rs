@@ -61,6 +61,7 @@ impl Sim {
             self.recovery_step(step);
         }
         self.core = Core::with_files(plan.kept.clone(), plan.max_id + 1);
+        self.schedule = Default::default();
         self.check_recovered(&plan.kept, clean);
         Ok(())
     }

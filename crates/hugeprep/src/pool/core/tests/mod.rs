@@ -531,5 +531,6 @@ fn a_clean_shutdown_journals_every_dirty_file_first() {
     );
 }
 
+mod decide;
 mod invariants;
 mod recovery;

@@ -5,8 +5,9 @@
 //! back to dirty and waits here; the worker proves it again after a backoff that doubles
 //! from [`FIRST_BACKOFF`] up to [`MAX_BACKOFF`], and once [`BOUND`] has passed since the
 //! first proof the file takes the kernel's path (truncated and deleted: every mapping of it
-//! loses its pages, the refill faults new ones). Fresh releases always go before files
-//! waiting aside, so an honest release never queues behind a tenant's held files.
+//! loses its pages, the refill faults new ones). Fresh releases go before files waiting
+//! aside, so an honest release never queues behind a tenant's held files, but a file past
+//! its bound goes before them: a stream of fresh releases cannot hold it past the bound.
 //!
 //! While a file waits aside its bytes count against its lessee's `held_bytes` limit (see
 //! `pool::tenant`): a file whose lessee already has that much aside takes the kernel's path
@@ -108,6 +109,15 @@ impl AsideQueue {
         self.files.get(&id).is_some_and(|a| a.due > now)
     }
 
+    /// Whether file `id` waits aside and its [`BOUND`] has passed at `now`: its next proof
+    /// goes before every fresh release, so a stream of them cannot hold its pages out of
+    /// the pool past the bound.
+    pub(crate) fn past_bound(&self, id: u64, now: Instant) -> bool {
+        self.files
+            .get(&id)
+            .is_some_and(|a| now.saturating_duration_since(a.since) >= BOUND)
+    }
+
     /// Whether file `id` waits aside at all.
     pub(crate) fn contains(&self, id: u64) -> bool {
         self.files.contains_key(&id)
@@ -133,13 +143,17 @@ impl AsideQueue {
         self.files
             .values()
             .filter(|a| a.principal.as_deref() == principal)
-            .map(|a| a.bytes)
-            .sum()
+            .fold(0u64, |sum, a| sum.saturating_add(a.bytes))
     }
 
     /// Files and bytes waiting aside in all.
     pub(crate) fn totals(&self) -> (usize, u64) {
-        (self.files.len(), self.files.values().map(|a| a.bytes).sum())
+        (
+            self.files.len(),
+            self.files
+                .values()
+                .fold(0u64, |sum, a| sum.saturating_add(a.bytes)),
+        )
     }
 }
 

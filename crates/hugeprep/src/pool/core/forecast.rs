@@ -1,0 +1,590 @@
+//! The adaptive warm target: how much warm memory of one page size on one node the pool
+//! keeps, chosen to reach the operator's warm-start goal with the least warm memory idle.
+//!
+//! Pure: the driver feeds each VM start (its time and bytes) and, at each look, the time,
+//! the known demand and the host's figures; nothing here reads a clock or a file.
+//!
+//! # The model
+//! A start is warm when the pool holds its whole memory at that moment. The pool is full
+//! again one *horizon* after it gave memory out (the time its refill takes to make a typical
+//! start's memory warm, from the measured refill rate), so what decides a start is its
+//! *window demand*: the bytes started in the horizon before it, itself included. With a
+//! target of `w` bytes, a start whose window demand is at most `w` is warm.
+//!
+//! Each start's window demand is a sample of its *bucket*: the hour of the day on a weekday
+//! or on a weekend day (48 buckets; public-cloud VM arrivals follow the day and the week).
+//! The plan picks one target per bucket. Raising bucket `b`'s target from one sample's
+//! demand to the next makes that many more starts a week warm, at the cost of the increase
+//! times the hours a week the bucket lasts (5 for a weekday hour, 2 for a weekend one): the
+//! GiB·hours of memory that waits warm. The plan takes the steps with the most warm starts
+//! per GiB·hour first, across all buckets, until the goal's share of starts is warm
+//! (a Lagrangian relaxation of the knapsack; each bucket's steps are first replaced by its
+//! upper convex hull, so the greedy order is exact on it). Hours whose starts are rare and
+//! large are what the goal's remainder (1% at a 99% goal) lets go cold.
+//!
+//! At a look, the target is the plan's value for the bucket of the moment (or of the next
+//! hour, when it begins within a horizon, so the pool is warm when that hour starts), plus
+//! the known demand (allocations made and not yet leased: VMs that start within seconds),
+//! raised to the recent window demand when the last hour saw more than its bucket's history
+//! (a burst the forecast did not see: its follow-ons are served warm), and cut to the
+//! operator's ceiling and to the host's free memory share. Until a bucket has samples
+//! (the first week), the recent peak of a day stands in for it.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::Serialize;
+
+/// Buckets: 24 weekday hours, then 24 weekend hours.
+pub const BUCKETS: usize = 48;
+
+/// Weeks of samples kept: older ones are dropped as a new week begins.
+pub const WEEKS_KEPT: u64 = 4;
+
+/// Samples kept per bucket and week (a week's busiest hour on a large host stays well
+/// under it; past it the later samples of that week replace random earlier ones).
+pub const SAMPLES_PER_WEEK: usize = 2048;
+
+/// The shortest horizon: the start gate holds refills while VMs start and the lessee grace
+/// leaves a new VM alone for 2 s, so a pool is never full again sooner.
+pub const MIN_HORIZON_S: f64 = 30.0;
+
+/// The longest horizon considered.
+pub const MAX_HORIZON_S: f64 = 3600.0;
+
+/// How far back the recent window demand reaches, s.
+pub const RECENT_S: f64 = 3600.0;
+
+/// How far back the stand-in for a bucket without samples reaches, s.
+pub const LEARNING_S: f64 = 86_400.0;
+
+const DAY_S: f64 = 86_400.0;
+const WEEK_S: f64 = 7.0 * DAY_S;
+
+/// The operator's goal, in place of a size.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Goal {
+    /// The share of VM starts whose whole memory should be warm (0 to 1).
+    pub warm_start_rate: f64,
+    /// Never more warm memory than this, bytes.
+    pub ceiling: u64,
+}
+
+/// What the driver measured, fed in at a look.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Inputs {
+    /// Local time in seconds since the Unix epoch (the epoch was a Thursday): places the
+    /// look in the day and the week.
+    pub now_s: f64,
+    /// Bytes of allocations made (Placement) and not yet leased.
+    pub pending: u64,
+    /// Bytes per second the pool makes warm: its measured fault (or scrub) rate.
+    pub refill_rate: f64,
+    /// Bytes of the host's free memory the pool may hold.
+    pub free_share: u64,
+}
+
+/// Why the target has its value: shown by the API and the metrics.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Why {
+    /// The bucket of the look: `weekday 09h` or `weekend 23h`.
+    pub bucket: String,
+    /// The plan's target for it (or for the next hour, whichever is larger), bytes.
+    pub planned: u64,
+    /// Whether the plan lets this hour go cold: its starts are among the goal's remainder.
+    pub cold_hour: bool,
+    /// The largest window demand of the last hour, bytes.
+    pub recent_peak: u64,
+    /// Whether the recent peak raised the target (more than the bucket's history, or no
+    /// history yet).
+    pub recent_raised: bool,
+    /// Known demand added, bytes.
+    pub pending: u64,
+    /// The horizon the window demands were measured over, s.
+    pub horizon_s: f64,
+    /// What cut the target, if anything: `ceiling` or `free memory`.
+    pub capped_by: Option<&'static str>,
+    /// The share of the kept starts the plan serves warm.
+    pub planned_rate: f64,
+}
+
+/// A target and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Target {
+    /// Warm bytes to keep.
+    pub bytes: u64,
+    /// Why.
+    pub why: Why,
+}
+
+/// One bucket's window demands of one week.
+#[derive(Debug, Clone, Default)]
+struct Week {
+    samples: Vec<u64>,
+    seen: u64,
+}
+
+/// The adaptive target of one page size on one node: what it has seen and its plan.
+#[derive(Debug, Clone)]
+pub struct Forecast {
+    goal: Goal,
+    /// Per bucket, per week number: window demands.
+    weeks: Vec<BTreeMap<u64, Week>>,
+    /// Starts within the last horizon: (time, bytes).
+    window: VecDeque<(f64, u64)>,
+    /// Window demands of the last day: (time, bytes).
+    recent: VecDeque<(f64, u64)>,
+    /// The mean bytes of a start (exponentially weighted).
+    mean_bytes: f64,
+    horizon_s: f64,
+    /// Per bucket: the planned target (`None`: no samples yet).
+    plan: [Option<u64>; BUCKETS],
+    /// Per bucket: the largest window demand among the samples the plan was made from.
+    planned_max: [u64; BUCKETS],
+    planned_rate: f64,
+    /// Random state for replacing samples past [`SAMPLES_PER_WEEK`] (splitmix64).
+    rng: u64,
+}
+
+/// The bucket of local time `t_s`: hour of the day, weekend hours after weekday ones.
+pub fn bucket(t_s: f64) -> usize {
+    let day = (t_s / DAY_S).floor();
+    // 1970-01-01 was a Thursday: day 0 is weekday 3 (Monday = 0).
+    let weekday = (day as i64 + 3).rem_euclid(7);
+    let hour = ((t_s - day * DAY_S) / 3600.0).floor().clamp(0.0, 23.0) as usize;
+    if weekday >= 5 {
+        24 + hour
+    } else {
+        hour
+    }
+}
+
+/// The name of bucket `b`.
+pub fn bucket_name(b: usize) -> String {
+    let kind = if b < 24 { "weekday" } else { "weekend" };
+    format!("{kind} {:02}h", b % 24)
+}
+
+/// Hours a week bucket `b` lasts.
+fn bucket_hours(b: usize) -> f64 {
+    if b < 24 {
+        5.0
+    } else {
+        2.0
+    }
+}
+
+impl Forecast {
+    /// A forecast with nothing seen, for `goal`.
+    pub fn new(goal: Goal) -> Forecast {
+        Forecast {
+            goal,
+            weeks: vec![BTreeMap::new(); BUCKETS],
+            window: VecDeque::new(),
+            recent: VecDeque::new(),
+            mean_bytes: 0.0,
+            horizon_s: MIN_HORIZON_S,
+            plan: [None; BUCKETS],
+            planned_max: [0; BUCKETS],
+            planned_rate: 0.0,
+            rng: 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    /// The goal in force.
+    pub fn goal(&self) -> Goal {
+        self.goal
+    }
+
+    /// Replaces the goal (a reload); the plan follows at the next [`Forecast::replan`].
+    pub fn set_goal(&mut self, goal: Goal) {
+        self.goal = goal;
+    }
+
+    /// The horizon window demands are measured over, s.
+    pub fn horizon_s(&self) -> f64 {
+        self.horizon_s
+    }
+
+    /// A VM started at local time `at_s` with `bytes` of memory of this pool's page size.
+    /// `refill_rate`: the pool's measured rate, bytes/s, which sets the horizon.
+    pub fn started(&mut self, at_s: f64, bytes: u64, refill_rate: f64) {
+        self.mean_bytes = if self.mean_bytes == 0.0 {
+            bytes as f64
+        } else {
+            0.95 * self.mean_bytes + 0.05 * bytes as f64
+        };
+        self.horizon_s = horizon(self.mean_bytes, refill_rate);
+        // A clock stepped back: what the window held is not before this start.
+        if self.window.back().is_some_and(|&(t, _)| t > at_s) {
+            self.window.clear();
+        }
+        while self
+            .window
+            .front()
+            .is_some_and(|&(t, _)| t < at_s - self.horizon_s)
+        {
+            self.window.pop_front();
+        }
+        self.window.push_back((at_s, bytes));
+        let demand = self
+            .window
+            .iter()
+            .fold(0u64, |sum, &(_, b)| sum.saturating_add(b));
+        while self
+            .recent
+            .front()
+            .is_some_and(|&(t, _)| t < at_s - LEARNING_S)
+        {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((at_s, demand));
+        self.record(at_s, demand);
+    }
+
+    fn record(&mut self, at_s: f64, demand: u64) {
+        let week = (at_s / WEEK_S).floor().max(0.0) as u64;
+        let weeks = &mut self.weeks[bucket(at_s)];
+        weeks.retain(|&w, _| w + WEEKS_KEPT > week);
+        let slot = weeks.entry(week).or_default();
+        slot.seen += 1;
+        if slot.samples.len() < SAMPLES_PER_WEEK {
+            slot.samples.push(demand);
+        } else {
+            // Reservoir sampling: each of the week's samples stays with the same chance.
+            self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.rng;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            let i = (z ^ (z >> 31)) % slot.seen;
+            if let Some(s) = slot.samples.get_mut(i as usize) {
+                *s = demand;
+            }
+        }
+    }
+
+    /// Plans every bucket's target from the samples kept (see the module's doc). Cheap
+    /// enough for every few minutes: a sort of each bucket's samples and one greedy pass.
+    pub fn replan(&mut self) {
+        let mut steps = Vec::new();
+        let mut total = 0.0;
+        let mut bucket_samples: Vec<Vec<u64>> = Vec::with_capacity(BUCKETS);
+        for (b, weeks) in self.weeks.iter().enumerate() {
+            // Each sample weighs its week's starts over its week's samples (a reservoir keeps
+            // fewer than it saw), per week kept: warm starts a week.
+            let n_weeks = weeks.len().max(1) as f64;
+            let mut weighted: Vec<(u64, f64)> = weeks
+                .values()
+                .flat_map(|w| {
+                    let weight = w.seen as f64 / w.samples.len().max(1) as f64 / n_weeks;
+                    w.samples.iter().map(move |&s| (s, weight))
+                })
+                .collect();
+            weighted.sort_unstable_by_key(|&(s, _)| s);
+            total += weighted.iter().map(|&(_, w)| w).sum::<f64>();
+            steps.extend(
+                hull(&weighted)
+                    .into_iter()
+                    .map(|(bytes, starts)| (b, bytes, starts)),
+            );
+            bucket_samples.push(weighted.iter().map(|&(s, _)| s).collect());
+        }
+        let mut plan: [Option<u64>; BUCKETS] = [None; BUCKETS];
+        for (b, samples) in bucket_samples.iter().enumerate() {
+            if let Some(&max) = samples.last() {
+                plan[b] = Some(0);
+                self.planned_max[b] = max;
+            }
+        }
+        // Steps of every bucket by warm starts per GiB·hour, best first; a bucket's own
+        // steps come in order (its hull's densities fall).
+        let density = |&(b, bytes, starts): &(usize, u64, f64)| {
+            starts / (bytes.max(1) as f64 * bucket_hours(b))
+        };
+        steps.sort_by(|x, y| density(y).total_cmp(&density(x)));
+        let want = self.goal.warm_start_rate.clamp(0.0, 1.0) * total;
+        let mut warm = 0.0;
+        for (b, bytes, starts) in steps {
+            if warm >= want - 1e-9 {
+                break;
+            }
+            let p = plan[b].get_or_insert(0);
+            *p = p.saturating_add(bytes);
+            warm += starts;
+        }
+        self.plan = plan;
+        self.planned_rate = if total > 0.0 { warm / total } else { 1.0 };
+    }
+
+    /// The target at a look.
+    pub fn target(&self, inputs: &Inputs) -> Target {
+        let now = inputs.now_s;
+        let b = bucket(now);
+        let next = bucket(now + self.horizon_s.max(MIN_HORIZON_S));
+        let planned = |b: usize| self.plan[b];
+        let (history, planned_bytes) = match (planned(b), planned(next)) {
+            (None, None) => (false, 0),
+            (p, q) => (true, p.unwrap_or(0).max(q.unwrap_or(0))),
+        };
+        let recent_peak = self
+            .recent
+            .iter()
+            .filter(|&&(t, _)| t >= now - RECENT_S)
+            .map(|&(_, d)| d)
+            .max()
+            .unwrap_or(0);
+        let day_peak = self
+            .recent
+            .iter()
+            .filter(|&&(t, _)| t >= now - LEARNING_S)
+            .map(|&(_, d)| d)
+            .max()
+            .unwrap_or(0);
+        // Without history, the day's peak stands in; with it, the last hour raises the plan
+        // only when it saw more than the samples the plan was made from ever did.
+        let (base, recent_raised) = if !history {
+            (day_peak, day_peak > 0)
+        } else if recent_peak > self.planned_max[b] && recent_peak > planned_bytes {
+            (recent_peak, true)
+        } else {
+            (planned_bytes, false)
+        };
+        let wanted = base.saturating_add(inputs.pending);
+        let (bytes, capped_by) = if wanted > self.goal.ceiling {
+            (self.goal.ceiling, Some("ceiling"))
+        } else {
+            (wanted, None)
+        };
+        let (bytes, capped_by) = if bytes > inputs.free_share {
+            (inputs.free_share, Some("free memory"))
+        } else {
+            (bytes, capped_by)
+        };
+        Target {
+            bytes,
+            why: Why {
+                bucket: bucket_name(b),
+                planned: planned_bytes,
+                cold_hour: history && planned_bytes == 0,
+                recent_peak,
+                recent_raised,
+                pending: inputs.pending,
+                horizon_s: self.horizon_s,
+                capped_by,
+                planned_rate: self.planned_rate,
+            },
+        }
+    }
+
+    /// The planned target of every bucket (`None`: no samples yet), for reports.
+    pub fn plan(&self) -> &[Option<u64>; BUCKETS] {
+        &self.plan
+    }
+}
+
+/// The horizon for starts of `mean_bytes` at `refill_rate` bytes/s: twice the time to make
+/// one start's memory warm, within [`MIN_HORIZON_S`] and [`MAX_HORIZON_S`].
+pub fn horizon(mean_bytes: f64, refill_rate: f64) -> f64 {
+    if refill_rate <= 0.0 || !refill_rate.is_finite() {
+        return MAX_HORIZON_S;
+    }
+    (2.0 * mean_bytes / refill_rate).clamp(MIN_HORIZON_S, MAX_HORIZON_S)
+}
+
+/// The steps of one bucket, from its samples sorted by demand with their weights (warm
+/// starts a week each): (bytes added, warm starts gained), along the upper convex hull of
+/// (target, warm starts), so each step gains fewer starts per byte than the one before.
+fn hull(sorted: &[(u64, f64)]) -> Vec<(u64, f64)> {
+    // The points (target, starts warm at that target): a target of a sample's demand makes
+    // it and every smaller one warm.
+    let mut points: Vec<(u64, f64)> = vec![(0, 0.0)];
+    let mut warm = 0.0;
+    for (i, &(demand, weight)) in sorted.iter().enumerate() {
+        warm += weight;
+        let last_of_value = sorted.get(i + 1).map_or(true, |&(d, _)| d != demand);
+        if last_of_value {
+            points.push((demand, warm));
+        }
+    }
+    let mut upper: Vec<(u64, f64)> = Vec::with_capacity(points.len());
+    for p in points {
+        while upper.len() >= 2 {
+            let (a, b) = (upper[upper.len() - 2], upper[upper.len() - 1]);
+            // Drop `b` when it lies on or under the line from `a` to `p`.
+            let cross = (b.0 - a.0) as f64 * (p.1 - a.1) - (b.1 - a.1) * (p.0 - a.0) as f64;
+            if cross >= 0.0 {
+                upper.pop();
+            } else {
+                break;
+            }
+        }
+        upper.push(p);
+    }
+    upper
+        .windows(2)
+        .map(|w| (w[1].0 - w[0].0, w[1].1 - w[0].1))
+        .filter(|&(bytes, starts)| bytes > 0 && starts > 0.0)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+    /// Monday 2026-11-23 00:00 UTC.
+    const MONDAY: f64 = 1_795_392_000.0;
+
+    fn goal(rate: f64) -> Goal {
+        Goal {
+            warm_start_rate: rate,
+            ceiling: 1 << 50,
+        }
+    }
+
+    fn look(at: f64) -> Inputs {
+        Inputs {
+            now_s: at,
+            pending: 0,
+            refill_rate: 4.0 * GIB as f64,
+            free_share: 1 << 50,
+        }
+    }
+
+    #[test]
+    fn buckets_are_the_hour_of_a_weekday_or_of_a_weekend_day() {
+        assert_eq!(bucket(MONDAY), 0);
+        assert_eq!(bucket(MONDAY + 9.5 * 3600.0), 9);
+        assert_eq!(bucket(MONDAY + 4.0 * DAY_S + 23.0 * 3600.0), 23);
+        assert_eq!(bucket(MONDAY + 5.0 * DAY_S + 3600.0), 25);
+        assert_eq!(bucket(MONDAY + 6.0 * DAY_S + 23.5 * 3600.0), 47);
+        assert_eq!(bucket(MONDAY + 7.0 * DAY_S), 0);
+        assert_eq!(bucket_name(33), "weekend 09h");
+    }
+
+    #[test]
+    fn the_hull_takes_the_steps_with_most_starts_per_byte_first() {
+        // 3 starts of 1 GiB, 1 of 8 GiB, 2 of 9 GiB.
+        let s = [
+            (GIB, 1.0),
+            (GIB, 1.0),
+            (GIB, 1.0),
+            (8 * GIB, 1.0),
+            (9 * GIB, 1.0),
+            (9 * GIB, 1.0),
+        ];
+        let steps = hull(&s);
+        assert_eq!(steps[0], (GIB, 3.0));
+        // 8 GiB then 9 GiB folds into one step: 3 starts for 8 GiB more.
+        assert_eq!(steps[1], (8 * GIB, 3.0));
+        assert_eq!(steps.len(), 2);
+    }
+
+    /// Every weekday: 40 starts of 2 GiB in office hours (09-17h), 1 of 16 GiB at 03h.
+    fn office_weeks(f: &mut Forecast, weeks: u64) {
+        for w in 0..weeks {
+            for d in 0..5 {
+                let day = MONDAY + (w * 7 + d) as f64 * DAY_S;
+                f.started(day + 3.0 * 3600.0, 16 * GIB, 4.0 * GIB as f64);
+                for i in 0..40 {
+                    f.started(
+                        day + 9.0 * 3600.0 + i as f64 * 720.0,
+                        2 * GIB,
+                        4.0 * GIB as f64,
+                    );
+                }
+            }
+        }
+        f.replan();
+    }
+
+    #[test]
+    fn the_plan_keeps_office_hours_warm_and_lets_the_rare_night_start_go_cold() {
+        let mut f = Forecast::new(goal(0.95));
+        office_weeks(&mut f, 2);
+        let day = MONDAY + 14.0 * DAY_S;
+        let t = f.target(&look(day + 10.0 * 3600.0));
+        assert_eq!(t.bytes, 2 * GIB, "{t:?}");
+        assert!(!t.why.cold_hour);
+        // The 03h start is 1 in 41 (2.4%): a 95% goal lets it go cold (16 GiB for a whole
+        // hour, five times a week, for one start).
+        let t = f.target(&look(day + 3.0 * 3600.0 + 600.0));
+        assert_eq!(t.bytes, 0, "{t:?}");
+        assert!(t.why.cold_hour);
+        // A 99% goal keeps it warm too.
+        f.set_goal(goal(0.99));
+        f.replan();
+        let t = f.target(&look(day + 3.0 * 3600.0 + 600.0));
+        assert_eq!(t.bytes, 16 * GIB, "{t:?}");
+        // Weekends saw nothing: cold.
+        let t = f.target(&look(MONDAY + 19.0 * DAY_S + 10.0 * 3600.0));
+        assert_eq!(t.bytes, 0, "{t:?}");
+    }
+
+    #[test]
+    fn the_next_hour_is_warm_before_it_begins() {
+        let mut f = Forecast::new(goal(0.95));
+        office_weeks(&mut f, 2);
+        let day = MONDAY + 14.0 * DAY_S;
+        assert_eq!(f.target(&look(day + 8.0 * 3600.0)).bytes, 0);
+        assert_eq!(f.target(&look(day + 9.0 * 3600.0 - 10.0)).bytes, 2 * GIB);
+    }
+
+    #[test]
+    fn known_demand_adds_and_the_ceiling_and_free_memory_cut() {
+        let mut f = Forecast::new(goal(0.95));
+        office_weeks(&mut f, 1);
+        let at = MONDAY + 7.0 * DAY_S + 10.0 * 3600.0;
+        let mut i = look(at);
+        i.pending = 6 * GIB;
+        assert_eq!(f.target(&i).bytes, 8 * GIB);
+        f.set_goal(Goal {
+            warm_start_rate: 0.95,
+            ceiling: 5 * GIB,
+        });
+        let t = f.target(&i);
+        assert_eq!((t.bytes, t.why.capped_by), (5 * GIB, Some("ceiling")));
+        i.free_share = 3 * GIB;
+        let t = f.target(&i);
+        assert_eq!((t.bytes, t.why.capped_by), (3 * GIB, Some("free memory")));
+    }
+
+    #[test]
+    fn a_burst_the_history_never_saw_raises_the_target_for_its_follow_ons() {
+        let mut f = Forecast::new(goal(0.95));
+        office_weeks(&mut f, 2);
+        let at = MONDAY + 14.0 * DAY_S + 11.0 * 3600.0;
+        for i in 0..5 {
+            f.started(at + i as f64, 8 * GIB, 4.0 * GIB as f64);
+        }
+        let t = f.target(&look(at + 60.0));
+        assert!(t.why.recent_raised, "{t:?}");
+        assert_eq!(t.bytes, 40 * GIB);
+    }
+
+    #[test]
+    fn without_history_the_days_peak_stands_in() {
+        let mut f = Forecast::new(goal(0.99));
+        f.started(MONDAY + 3600.0, 4 * GIB, 4.0 * GIB as f64);
+        f.replan();
+        // Another bucket, no samples of its own.
+        let t = f.target(&look(MONDAY + 5.0 * 3600.0));
+        assert_eq!(t.bytes, 4 * GIB, "{t:?}");
+        assert!(t.why.recent_raised);
+    }
+
+    #[test]
+    fn a_clock_stepped_back_does_not_add_later_starts_to_an_earlier_window() {
+        let mut f = Forecast::new(goal(1.0));
+        f.started(MONDAY + 7200.0, 2 * GIB, 4.0 * GIB as f64);
+        f.started(MONDAY + 3600.0, 16 * GIB, 4.0 * GIB as f64);
+        f.replan();
+        assert_eq!(f.plan()[1], Some(16 * GIB));
+    }
+
+    #[test]
+    fn a_faster_refill_shortens_the_horizon() {
+        assert_eq!(horizon(GIB as f64, 0.0), MAX_HORIZON_S);
+        assert_eq!(horizon(64.0 * GIB as f64, GIB as f64), 128.0);
+        assert_eq!(horizon(GIB as f64, 64.0 * GIB as f64), MIN_HORIZON_S);
+    }
+}
