@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
-use hugeprep::bench::svg::{LineChart, Series};
 use hugeprep::placement::http::Http;
+use hugeprep_bench::svg::{LineChart, Series};
 
 fn escape(s: &str) -> String {
     s.bytes()

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use daemon_util::{Daemon, Env, MIB};
-use hugeprep::bench::hog::CpuHog;
+use hugeprep_testkit::hog::CpuHog;
 use remote_util::{block_on, tls_addr, Conn, Pki, LEASE};
 
 const CLIENTS: usize = 64;

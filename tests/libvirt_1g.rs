@@ -112,9 +112,9 @@ fn warm_leases_for_libvirt_and_qemu(mut lab: Lab, page_size: PageSize, size: u64
     assert!(out.status.success(), "{out:?}");
     let memory: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
     let qmp = lab.env.dir.join("qmp.sock");
-    let mut args = hugeprep::bench::qemu::vm_args(&qmp);
+    let mut args = hugeprep_testkit::qemu::vm_args(&qmp);
     args.extend(memory);
-    let mut vm = hugeprep::bench::qemu::QemuVm::spawn_args(
+    let mut vm = hugeprep_testkit::qemu::QemuVm::spawn_args(
         std::path::Path::new("/usr/bin/qemu-system-x86_64"),
         &args,
         &qmp,

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use daemon_util::lessee::{in_cgroup, nonzero_then_dirty, Lessee, TestCgroup};
 use daemon_util::{Daemon, Env, MIB};
-use hugeprep::bench::qemu::{self, QemuVm};
 use hugeprep::hugetlb::pool::{self as kpool, Scope};
 use hugeprep::pool::{LeaseInfo, LeaseSource};
 use hugeprep::vmm::{qemu as vmm_qemu, GuestMemoryFile};
 use hugeprep::PageSize;
+use hugeprep_testkit::qemu::{self, QemuVm};
 
 const LEASE: u64 = 64 * MIB;
 

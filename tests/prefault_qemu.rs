@@ -5,9 +5,9 @@ mod hugetlb_support;
 
 use std::time::Duration;
 
-use hugeprep::bench::qemu::{self, QemuConfig, QemuVm};
 use hugeprep::prefault::{prepare, PrefaultOptions, PrepareSpec, Target};
 use hugeprep::PageSize;
+use hugeprep_testkit::qemu::{self, QemuConfig, QemuVm};
 use hugetlb_support::HugeEnv;
 
 #[test]

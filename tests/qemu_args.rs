@@ -10,10 +10,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use daemon_util::{map_lease, Daemon, Env, MIB};
-use hugeprep::bench::qemu::{self, QemuVm};
 use hugeprep::hugetlb::pool::{self as kpool, Scope};
 use hugeprep::pool::LeaseInfo;
 use hugeprep::PageSize;
+use hugeprep_testkit::qemu::{self, QemuVm};
 
 const LEASE: u64 = 64 * MIB;
 

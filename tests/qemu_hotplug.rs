@@ -15,10 +15,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use daemon_util::{map_lease, Daemon, Env, MIB};
-use hugeprep::bench::qemu::{self, QemuVm};
 use hugeprep::hugetlb::pool::{self as kpool, Scope};
 use hugeprep::pool::LeaseInfo;
 use hugeprep::PageSize;
+use hugeprep_testkit::qemu::{self, QemuVm};
 use libvirt_util::{file_is_zero, wait_until};
 
 const PLUG: u64 = 64 * MIB;

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use anyhow::Context;
-use hugeprep::bench::clear::{self, BenchProgress, ClearBenchConfig, PolicyChoice};
 use hugeprep::hugetlb::lock::HugepageLock;
 use hugeprep::units::parse_bytes;
 use hugeprep::Method;
+use hugeprep_bench::clear::{self, BenchProgress, ClearBenchConfig, PolicyChoice};
 
 /// Times every clearing method this CPU offers at chunk sizes from 4 KiB to 1 GiB and 1 to
 /// N pinned threads, next to the kernel's own zeroing of fresh 2M and 1G hugepages.

@@ -2,11 +2,11 @@
 
 use std::path::PathBuf;
 
-use hugeprep::bench::pin::{self, PinBenchConfig};
 use hugeprep::cpu::CpuInfo;
 use hugeprep::policy::ClearingPolicy;
 use hugeprep::units::parse_bytes;
 use hugeprep::PageSize;
+use hugeprep_bench::pin::{self, PinBenchConfig};
 
 /// Long-term pin (VFIO's FOLL_LONGTERM path, via io_uring buffer registration) of
 /// never-faulted hugetlbfs memory against a hugeprep lease, pool idle and right after

@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
-use hugeprep::bench::prefault::{self, PrefaultBenchConfig};
 use hugeprep::units::parse_bytes;
 use hugeprep::PageSize;
+use hugeprep_bench::prefault::{self, PrefaultBenchConfig};
 
 /// Cold preparation throughput: hugeprep vs QEMU prealloc-threads vs one thread.
 #[derive(Debug, clap::Args)]

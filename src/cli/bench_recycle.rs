@@ -1,8 +1,8 @@
 //! `hugeprep bench recycle`: scrub-and-return vs delete-and-refault, and warm lease latency.
 
-use hugeprep::bench::recycle::{self, RecycleBenchConfig};
 use hugeprep::units::parse_bytes;
 use hugeprep::PageSize;
+use hugeprep_bench::recycle::{self, RecycleBenchConfig};
 
 /// Recycling a stopped VM's memory: scrub in place vs delete and fault fresh pages, and
 /// lease latency from the warm pool over the API.
@@ -69,7 +69,7 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
     // Borrowed pool pages and timings must not be disturbed by tests or other benchmarks.
     let lock = hugeprep::hugetlb::lock::HugepageLock::acquire()?;
     let resolution = super::clearing_in_use::decide_in_use(&lock)?;
-    let in_use = hugeprep::bench::clear::PolicyChoice::from_resolution(&resolution);
+    let in_use = hugeprep_bench::clear::PolicyChoice::from_resolution(&resolution);
     eprintln!(
         "method in use: {} (rule {}, {}, decided by {}): {}",
         in_use.method,
@@ -158,7 +158,7 @@ fn run_held(
     threads: &[usize],
     plan: hugeprep::clear::ClearPlan,
 ) -> anyhow::Result<()> {
-    use hugeprep::bench::held::{self, HeldTiming};
+    use hugeprep_bench::held::{self, HeldTiming};
     let mut out = Vec::new();
     for &page_size in page_sizes {
         let cfg = RecycleBenchConfig {

@@ -1,10 +1,10 @@
 //! `hugeprep bench trace`: the fixed and the demand-shaped pool on the same lease trace.
 
-use hugeprep::bench::trace::{self, TraceBenchConfig};
 use hugeprep::cpu::CpuInfo;
 use hugeprep::policy::ClearingPolicy;
 use hugeprep::units::parse_bytes;
 use hugeprep::PageSize;
+use hugeprep_bench::trace::{self, TraceBenchConfig};
 
 /// Replays a lease trace (arrival, size, hold time) against the fixed and the demand-shaped
 /// pool: warm-exact fraction, lease latency p50/p99 and bytes faulted cold, per phase.

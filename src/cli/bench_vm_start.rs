@@ -4,12 +4,12 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use hugeprep::bench::qemu;
-use hugeprep::bench::vm_start::{self, VmStartBenchConfig, Vmm};
 use hugeprep::cpu::CpuInfo;
 use hugeprep::policy::ClearingPolicy;
 use hugeprep::units::parse_bytes;
 use hugeprep::PageSize;
+use hugeprep_bench::qemu;
+use hugeprep_bench::vm_start::{self, VmStartBenchConfig, Vmm};
 
 /// VM start, side by side per memory size: immediate preallocation, no preallocation (the
 /// floor), a hugeprep warm lease, and immediate preallocation over a lease.

@@ -198,7 +198,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Trace(args) => bench_trace::run(args),
             BenchCommand::Pin(args) => bench_pin::run(args),
             BenchCommand::BusyProcess(args) => {
-                use hugeprep::bench::host;
+                use hugeprep_bench::host;
                 match (&args.open, &args.time_opens) {
                     (Some(path), _) => host::flood_opens(args.threads, path)?,
                     (None, Some(path)) => host::time_opens(path, args.count)?,

@@ -1,0 +1,191 @@
+//! `hugeprep bench recycle --hog`: warm-lease latency on a quiet host and on one whose every
+//! CPU is busy with an ordinary (nice 0) process, side by side.
+//!
+//! Rounds alternate the two cases (and their order). Each round settles the pool with the
+//! host quiet, then, for the hogged case, starts one busy-looping process per CPU, takes
+//! [`BATCH`] warm-exact leases one after the other (each released at once) and stops the
+//! hogs. With every CPU busy the `SCHED_IDLE` worker gets almost nothing, so the batch is
+//! served from files warmed before it; the quiet case does exactly the same.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hugeprep::client::Client;
+use hugeprep::pool::{LeaseRequest, LeaseSource};
+use hugeprep::stats::Summary;
+use hugeprep_testkit::hog::CpuHog;
+use serde::Serialize;
+
+use super::recycle_config::{RecycleBenchConfig, RecycleBenchError};
+
+/// Leases per batch, and warm files kept for it.
+pub const BATCH: usize = 8;
+
+/// Latency of one case.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseLatency {
+    /// `quiet` or `hogged`.
+    pub case: &'static str,
+    /// Leases timed.
+    pub leases: usize,
+    /// Request to answer at the client (a nice 0 process, like a VMM's start path), ms.
+    pub client_ms: Summary,
+    /// Client p50 and p99, ms.
+    pub client_p50_p99: (f64, f64),
+    /// The daemon's own `ready_ms` (lock, file and journal work; no client scheduling) p50
+    /// and p99.
+    pub daemon_p50_p99: (f64, f64),
+    /// Leases served warm-exact.
+    pub warm_exact: usize,
+}
+
+/// Quiet against hogged.
+#[derive(Debug, Clone, Serialize)]
+pub struct HogLatency {
+    /// Busy-looping processes in the hogged case (one per CPU).
+    pub hogs: usize,
+    /// Bytes per lease.
+    pub lease_size: u64,
+    /// The quiet case.
+    pub quiet: CaseLatency,
+    /// The hogged case.
+    pub hogged: CaseLatency,
+    /// Hogged p99 / quiet p99, at the client.
+    pub p99_ratio: f64,
+    /// The client's nice value (0: an ordinary caller).
+    pub client_nice: i32,
+}
+
+fn case(name: &'static str, client: &[f64], daemon: &[f64], warm_exact: usize) -> CaseLatency {
+    let q = |v: &[f64], p| Summary::quantile(v, p).unwrap_or(f64::NAN);
+    CaseLatency {
+        case: name,
+        leases: client.len(),
+        client_ms: Summary::of(client).unwrap_or(Summary {
+            median: f64::NAN,
+            min: f64::NAN,
+            max: f64::NAN,
+        }),
+        client_p50_p99: (q(client, 0.5), q(client, 0.99)),
+        daemon_p50_p99: (q(daemon, 0.5), q(daemon, 0.99)),
+        warm_exact,
+    }
+}
+
+/// Runs the quiet/hogged comparison with `cfg.leases` leases per case.
+pub fn hogged_latency(
+    cfg: &RecycleBenchConfig,
+    mount: &Path,
+    log: &dyn Fn(&str),
+) -> Result<HogLatency, RecycleBenchError> {
+    let base = match &cfg.state_dir {
+        Some(d) => d.join("hog"),
+        None => std::env::temp_dir().join(format!("hugeprep-bench-hog-{}", std::process::id())),
+    };
+    let daemon = super::recycle_config::lease_daemon(cfg, mount, &base, BATCH as u64)?;
+    let client = Client::new(daemon.socket());
+    let nice_before = hugeprep::sys::priority::current_thread_nice();
+    if let Some(n) = cfg.client_nice {
+        hugeprep::sys::priority::set_current_thread_nice(n).map_err(|source| {
+            RecycleBenchError::Daemon(super::daemon::BenchDaemonError::Io {
+                op: "set the client's nice value (--client-nice)",
+                source,
+            })
+        })?;
+    }
+    let client_nice = hugeprep::sys::priority::current_thread_nice();
+    let hogs = hugeprep::sys::affinity::allowed_cpus().len();
+    let rounds = cfg.leases.div_ceil(BATCH).max(1);
+    // (client ms, daemon ms, warm-exact) per case: 0 quiet, 1 hogged.
+    let mut samples: [(Vec<f64>, Vec<f64>, usize); 2] = Default::default();
+    let mut serial = 0usize;
+    let result = (|| -> Result<(), RecycleBenchError> {
+        // Warm-up, untimed: one quiet batch.
+        for r in 0..=rounds {
+            let order: [usize; 2] = if r % 2 == 0 { [0, 1] } else { [1, 0] };
+            for c in order {
+                daemon.settle(Duration::from_secs(120))?;
+                let _hog = if c == 1 && r > 0 {
+                    Some(CpuHog::start(hogs).map_err(|source| {
+                        RecycleBenchError::Daemon(super::daemon::BenchDaemonError::Io {
+                            op: "start the CPU hogs",
+                            source,
+                        })
+                    })?)
+                } else {
+                    None
+                };
+                for _ in 0..BATCH {
+                    serial += 1;
+                    let req = LeaseRequest {
+                        name: format!("hog{serial}"),
+                        size: cfg.lease_size,
+                        page_size: Some(cfg.page_size),
+                        node: Some(0),
+                        ..LeaseRequest::default()
+                    };
+                    let t = Instant::now();
+                    let lease = daemon.block_on(client.lease(&req))?;
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    if r > 0 {
+                        let s = &mut samples[c];
+                        s.0.push(ms);
+                        s.1.push(lease.ready_ms);
+                        s.2 += usize::from(lease.source == LeaseSource::WarmExact);
+                    }
+                    daemon.block_on(client.release(lease.id))?;
+                }
+            }
+        }
+        Ok(())
+    })();
+    let _ = hugeprep::sys::priority::set_current_thread_nice(nice_before);
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&base);
+    result?;
+    let quiet = case("quiet", &samples[0].0, &samples[0].1, samples[0].2);
+    let hogged = case("hogged", &samples[1].0, &samples[1].1, samples[1].2);
+    let out = HogLatency {
+        hogs,
+        lease_size: cfg.lease_size,
+        p99_ratio: hogged.client_p50_p99.1 / quiet.client_p50_p99.1,
+        client_nice,
+        quiet,
+        hogged,
+    };
+    log(&out.table());
+    Ok(out)
+}
+
+impl HogLatency {
+    /// The two cases side by side.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "warm lease, quiet vs {} CPU hogs (nice 0), client at nice {}, {} leases each:\n{:<8} {:>11} {:>11} {:>24} {:>13} {:>13} {:>11}\n",
+            self.hogs,
+            self.client_nice,
+            self.quiet.leases,
+            "case",
+            "client p50",
+            "client p99",
+            "client ms median (min-max)",
+            "daemon p50",
+            "daemon p99",
+            "warm-exact"
+        );
+        for c in [&self.quiet, &self.hogged] {
+            s += &format!(
+                "{:<8} {:>8.3} ms {:>8.3} ms {:>24} {:>10.3} ms {:>10.3} ms {:>11}\n",
+                c.case,
+                c.client_p50_p99.0,
+                c.client_p50_p99.1,
+                c.client_ms.to_string(),
+                c.daemon_p50_p99.0,
+                c.daemon_p50_p99.1,
+                c.warm_exact
+            );
+        }
+        s += &format!("hogged / quiet p99 at the client: {:.2}x\n", self.p99_ratio);
+        s
+    }
+}
