@@ -299,7 +299,7 @@ impl BackingFile {
         self.size
     }
 
-    /// What the file takes from the host, read now: its length rounded up to whole pages,
+    /// What the file takes from the host, read now (see [`extent_of`]): its length rounded up to whole pages,
     /// or its allocated pages (hugetlbfs counts them in `st_blocks`; another process may
     /// have allocated pages past its end with `FALLOC_FL_KEEP_SIZE`), whichever is larger.
     /// [`BackingFile::size`] when the file cannot be read.
@@ -307,9 +307,11 @@ impl BackingFile {
         let Ok(m) = self.file.metadata() else {
             return self.size;
         };
-        let page = self.page_size.bytes();
-        let length = m.len().div_ceil(page).saturating_mul(page);
-        length.max(std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512))
+        extent_of(
+            m.len(),
+            std::os::unix::fs::MetadataExt::blocks(&m),
+            self.page_size,
+        )
     }
 
     /// The open file.
@@ -404,10 +406,27 @@ impl AsFd for BackingFile {
     }
 }
 
+/// What a hugetlbfs file of `length` bytes with `blocks` 512-byte blocks allocated takes
+/// from the host: its length rounded up to whole pages of `page_size`, or its allocated
+/// pages (hugetlbfs counts them in `st_blocks`, also past its end), whichever is larger.
+pub fn extent_of(length: u64, blocks: u64, page_size: PageSize) -> u64 {
+    let page = page_size.bytes();
+    let length = length.div_ceil(page).saturating_mul(page);
+    length.max(blocks.saturating_mul(512))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::HugepageReservation;
+
+    #[test]
+    fn an_extent_is_the_larger_of_the_rounded_length_and_the_allocated_pages() {
+        let m = 1u64 << 20;
+        assert_eq!(extent_of(2 * m + 1, 0, PageSize::Size2M), 4 * m);
+        assert_eq!(extent_of(2 * m, 8 * m / 512, PageSize::Size2M), 8 * m);
+        assert_eq!(extent_of(u64::MAX, u64::MAX, PageSize::Size2M), u64::MAX);
+    }
 
     #[test]
     fn sizes_must_be_whole_pages() {

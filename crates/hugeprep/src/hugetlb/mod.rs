@@ -10,6 +10,6 @@ pub mod lock;
 pub mod mount;
 pub mod pool;
 
-pub use file::{check_size, hugetlbfs_page_size, BackingFile, FileError, Owner};
+pub use file::{check_size, extent_of, hugetlbfs_page_size, BackingFile, FileError, Owner};
 pub use mount::{HugetlbfsMount, MountError, MountOptions, OwnedMount};
 pub use pool::{PoolCounts, PoolError, PoolTopUp, Resize, Scope};

@@ -98,12 +98,11 @@ impl KeptFile {
         if self.pinned {
             return pages;
         }
-        let page = self.page_size.bytes();
-        let length = u64::try_from(st.st_size)
-            .unwrap_or(0)
-            .div_ceil(page)
-            .saturating_mul(page);
-        pages.max(length)
+        crate::hugetlb::extent_of(
+            u64::try_from(st.st_size).unwrap_or(0),
+            u64::try_from(st.st_blocks).unwrap_or(0),
+            self.page_size,
+        )
     }
 }
 

@@ -252,20 +252,16 @@ impl Pool {
         let Ok(mount) = self.mount(rec.page_size) else {
             return rec.size;
         };
-        let page = rec.page_size.bytes();
         match rustix::fs::statat(
             mount.pool_dir_handle().fd(),
             super::file_key(rec.id).as_str(),
             rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
         ) {
-            Ok(st) => {
-                let length = u64::try_from(st.st_size)
-                    .unwrap_or(0)
-                    .div_ceil(page)
-                    .saturating_mul(page);
-                let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
-                rec.size.max(length).max(allocated)
-            }
+            Ok(st) => rec.size.max(crate::hugetlb::extent_of(
+                u64::try_from(st.st_size).unwrap_or(0),
+                u64::try_from(st.st_blocks).unwrap_or(0),
+                rec.page_size,
+            )),
             Err(_) => rec.size,
         }
     }
