@@ -400,7 +400,7 @@ impl Pool {
             }
         }
         match st.core.fill_failed(id) {
-            Ok(undo) => self.perform_all(&undo, "a failed refill"),
+            Ok(undo) => self.undo_forgotten(&mut st, &undo, "a failed refill"),
             Err(err) => tracing::error!(%err, "pool core refused a failed refill"),
         }
     }

@@ -551,7 +551,7 @@ impl Pool {
         st.taking.remove(&id);
         if source == LeaseSource::Cold {
             match st.core.abort_cold(id) {
-                Ok(undo) => self.perform_all(&undo, "a cold lease"),
+                Ok(undo) => self.undo_forgotten(&mut st, &undo, "a cold lease"),
                 Err(err) => tracing::error!(%err, "pool core refused a cold lease's abort"),
             }
         } else {

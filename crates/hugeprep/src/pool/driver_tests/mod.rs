@@ -193,11 +193,16 @@ impl Rig {
             // files) and a clean one journals dirty files first.
             let journaled = self.host.journal().get(&rec.id).cloned();
             // Or scrubbing (a scrub given up whose file could not be deleted): both are
-            // unproven to recovery, which never trusts either.
+            // unproven to recovery, which never trusts either. Or dirty at the size before a
+            // scrub meant to cut it, given up, whose dirty record a full journal refused:
+            // recovery reads every size from the file.
             let behind = rec.state == FileState::Dirty
-                && journaled
-                    .as_ref()
-                    .is_some_and(|j| matches!(j.state, FileState::Warm | FileState::Scrubbing));
+                && journaled.as_ref().is_some_and(|j| {
+                    matches!(
+                        j.state,
+                        FileState::Warm | FileState::Scrubbing | FileState::Dirty
+                    )
+                });
             if !behind {
                 assert_eq!(
                     journaled.as_ref(),

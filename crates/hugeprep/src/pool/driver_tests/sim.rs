@@ -2,7 +2,9 @@
 //! releases (with each lessee's bytes written into its lease), lease paths deleted by the
 //! VMM's manager, the worker's jobs one at a time, drains and resumes, target changes, and the host's faults: a full journal, a kernel
 //! that supplies fewer pages than it counts or takes pages back, failed creates and scrubs,
-//! proofs that fail or find the file held, and time that jumps. After every step the rig's
+//! proofs that fail, find the file held or answer late (the clock moves on and another VM
+//! leases and releases meanwhile), pool-file unlinks that fail (`EIO`, `EBUSY`), and time
+//! that jumps. After every step the rig's
 //! checks run (every page in exactly one file, every file the pool's or a lease's, no
 //! lessee's bytes handed to another, the core's invariants, the journal of idle files); at
 //! the end, with the faults gone, every lease released and the pool drained, every page is
@@ -12,6 +14,10 @@
 //! a fault, a link, a scrub, a truncate, a step of recovery itself); a new one recovers with
 //! the daemon's own recovery from what the host keeps, and its open watch has forgotten
 //! every file (so files released before it take the kernel's path). Clean restarts too.
+//! In half the seeds the journal also loses, at each crash, what it had not synced: the
+//! last of its writes and removals since the last clean-shutdown marker, the last one kept
+//! possibly cut short (a record that does not decode). Each of these faults must be hit
+//! by the suite ([`INJECTIONS`]), as each crash point must.
 //!
 //! A failing seed prints the one command that replays it:
 //! `HUGEPREP_DRIVER_SIM_SEED=<seed> cargo test --lib pool::driver_tests::sim -- --nocapture`.
@@ -50,6 +56,15 @@ const CRASH_POINTS: &[&str] = &[
     "recovery: unjournal",
     "recovery: journal dirty",
     "recovery: remove a file",
+];
+
+/// The faults other than crashes the suite must have injected: each is found safe, or the
+/// suite fails.
+const INJECTIONS: &[&str] = &[
+    "lost journal writes",
+    "torn journal write",
+    "slow proof",
+    "unlink a pool file fails",
 ];
 
 /// Free 2M pages the kernel starts with.
@@ -93,6 +108,7 @@ fn policy(warm_mib: u64, demand: bool) -> PoolPolicy {
 #[derive(Debug, Default)]
 struct Stats {
     crashed_at: BTreeMap<&'static str, u64>,
+    injected: BTreeMap<&'static str, u64>,
     crashes: u64,
     restarts: u64,
     leases: u64,
@@ -110,6 +126,10 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
     r.pool.set_policy(policy(8, demand));
     r.policy = policy(8, demand);
     let crash_rate = rng.below(80);
+    // The journal of this seed loses what it had not synced at a crash (or keeps it, as a
+    // journal in the page cache does when only the daemon dies).
+    let lose = rng.chance(500);
+    r.host.inject(|f| f.lose_unsynced = lose);
     let mut stats = Stats::default();
     let mut leases: Vec<LeaseInfo> = Vec::new();
     for step in 0..STEPS {
@@ -173,6 +193,7 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
     assert!(r.host.files().is_empty(), "left: {:?}", r.host.files());
     assert_eq!(r.free(), r.host.total_pages(0, PS), "every page back");
     stats.crashed_at = r.host.crashed_at();
+    stats.injected = r.host.injected();
     let c = r.pool.counters();
     stats.kernel_path = c.kernel_path_releases;
     stats.scrubbed_bytes = c.scrubbed_bytes;
@@ -249,13 +270,23 @@ fn one_step(
             format!("kernel counts {phantom} pages it does not have")
         }
         88..=89 => {
-            let mode = match rng.below(4) {
+            let mode = match rng.below(5) {
                 0 => ProofMode::Held,
                 1 => ProofMode::Fail,
+                2 => ProofMode::Slow,
                 _ => ProofMode::Pass,
             };
             r.host.inject(|f| f.proof = mode);
+            if mode == ProofMode::Slow {
+                r.host
+                    .during_proof(Some(lease_during_proof(r, rng.below(4))));
+            }
             format!("proofs: {mode:?}")
+        }
+        98 => {
+            let rate = rng.below(3) * 250;
+            r.host.inject(|f| f.unlink_error_per_mille = rate);
+            format!("{rate}/1000 of pool-file unlinks fail (EIO, EBUSY)")
         }
         97 => {
             let rate = rng.below(3) * 100;
@@ -299,6 +330,35 @@ fn one_step(
     }
 }
 
+/// What runs inside a slow proof: another VM leases, writes its bytes and (unless `keep`
+/// is 0) releases while the worker waits for the proof, as leases go on meanwhile on a
+/// real host. The pool is the one of the proof's run (a weak reference: a crash inside the
+/// hook unwinds through the proof, and the next daemon's pool is another).
+fn lease_during_proof(r: &Rig, keep: u64) -> super::host::sim::ProofHook {
+    let pool = Arc::downgrade(&r.pool);
+    let host = Arc::clone(&r.host);
+    let mut n = 0u64;
+    Box::new(move || {
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        n += 1;
+        // Past a lease's wait at its first turn: a lease that would wait for the file
+        // under proof is refused at once (the proof does not end while the hook runs).
+        let tick = Duration::from_secs(200);
+        host.inject(|f| f.tick = tick);
+        let leased = pool.lease(&request(&format!("during-proof{n}"), 2 + 2 * (n % 2)));
+        host.inject(|f| f.tick = Duration::ZERO);
+        if let Ok(info) = leased {
+            host.write(&info.path, &format!("lessee-{}", info.id));
+            if keep != 0 {
+                // A refused release leaves the lease, released at the end.
+                let _ = pool.release(info.id);
+            }
+        }
+    })
+}
+
 #[test]
 fn seeds_keep_every_page_in_one_file_and_every_byte_with_its_lessee() {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
@@ -316,6 +376,9 @@ fn seeds_keep_every_page_in_one_file_and_every_byte_with_its_lessee() {
             Ok(s) => {
                 for (site, n) in s.crashed_at {
                     *total.crashed_at.entry(site).or_default() += n;
+                }
+                for (what, n) in s.injected {
+                    *total.injected.entry(what).or_default() += n;
                 }
                 total.crashes += s.crashes;
                 total.restarts += s.restarts;
@@ -345,5 +408,10 @@ fn seeds_keep_every_page_in_one_file_and_every_byte_with_its_lessee() {
             .filter(|p| !total.crashed_at.contains_key(*p))
             .collect();
         assert!(missed.is_empty(), "never crashed before {missed:?}");
+        let missed: Vec<&&str> = INJECTIONS
+            .iter()
+            .filter(|i| !total.injected.contains_key(*i))
+            .collect();
+        assert!(missed.is_empty(), "never injected {missed:?}");
     }
 }

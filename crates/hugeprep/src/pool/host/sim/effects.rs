@@ -45,19 +45,29 @@ impl Host for SimHost {
             return Err(enospc());
         }
         w.journal_writes += 1;
-        w.journal.insert(rec.id, rec.clone());
+        let before = w.journal.insert(rec.id, rec.clone());
+        w.journaled(rec.id, before);
         Ok(())
     }
 
     fn journal_remove(&self, id: u64) -> Result<(), JournalError> {
         self.effect("unjournal");
-        self.world().journal.remove(&id);
+        let mut w = self.world();
+        let torn = w.torn.contains(&id);
+        if let Some(before) = w.journal.remove(&id) {
+            w.journaled(id, Some(before));
+        } else if torn {
+            w.journaled(id, None);
+        }
         Ok(())
     }
 
     fn journal_mark_clean(&self) -> Result<(), JournalError> {
         self.effect("journal the clean shutdown");
-        self.world().clean = true;
+        let mut w = self.world();
+        // The marker is written and synced with its directory after every record.
+        w.synced();
+        w.clean = true;
         Ok(())
     }
 
@@ -272,11 +282,15 @@ impl Host for SimHost {
 
     fn prove(&self, id: u64, _handle: &Handle) -> Result<Proof, Unproven> {
         self.effect("prove out of reach");
+        let slow = self.world().faults.proof == ProofMode::Slow;
+        if slow {
+            self.slow_proof();
+        }
         let w = self.world();
         let watched = w.files.get(&id).is_some_and(|(_, f)| f.watched);
         match w.faults.proof {
             _ if !watched => Err(Unproven::NotWatched),
-            ProofMode::Pass => Ok(Proof {
+            ProofMode::Pass | ProofMode::Slow => Ok(Proof {
                 openers: 0,
                 took: Duration::ZERO,
             }),
@@ -368,13 +382,17 @@ impl Host for SimHost {
     }
 
     fn unlink(&self, file: FileAt) -> io::Result<()> {
-        // Not failed on purpose: a failed unlink of a cold lease's or a refill's file leaks
-        // it until the next start (its record goes regardless; see the report of issue 35).
         self.effect("unlink a pool file");
+        let pooled = |w: &super::World| w.files.get(&file.id).is_some_and(|(_, f)| f.pooled);
+        if !pooled(&self.world()) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        if let Some(err) = self.unlink_fails() {
+            return Err(err);
+        }
         let mut w = self.world();
-        match w.files.get_mut(&file.id) {
-            Some((_, f)) if f.pooled => f.pooled = false,
-            _ => return Err(io::Error::from(io::ErrorKind::NotFound)),
+        if let Some((_, f)) = w.files.get_mut(&file.id) {
+            f.pooled = false;
         }
         drop_unnamed(&mut w, file.id);
         Ok(())
@@ -386,7 +404,9 @@ impl Host for SimHost {
 
     fn journal_clear_clean(&self) -> Result<(), JournalError> {
         self.effect("clear the clean shutdown");
-        self.world().clean = false;
+        let mut w = self.world();
+        w.synced();
+        w.clean = false;
         Ok(())
     }
 
@@ -397,6 +417,11 @@ impl Host for SimHost {
                 .journal
                 .values()
                 .map(|rec| (rec.key(), Ok(rec.clone())))
+                .chain(w.torn.iter().map(|id| {
+                    let key = file_key(*id);
+                    let err = format!("{key}.json: EOF while parsing an object");
+                    (key, Err(err))
+                }))
                 .collect(),
             served: w.lease_dirs.keys().copied().collect(),
             clean,
@@ -447,11 +472,15 @@ impl Host for SimHost {
         match step {
             Step::Unjournal(key) => {
                 if let Some(id) = id_of(key) {
-                    w.journal.remove(&id);
+                    let before = w.journal.remove(&id);
+                    if before.is_some() || w.torn.contains(&id) {
+                        w.journaled(id, before);
+                    }
                 }
             }
             Step::Journal(rec) => {
-                w.journal.insert(rec.id, rec.clone());
+                let before = w.journal.insert(rec.id, rec.clone());
+                w.journaled(rec.id, before);
             }
             Step::RemovePoolEntry(_, name) => {
                 if let Some(id) = id_of(name) {
