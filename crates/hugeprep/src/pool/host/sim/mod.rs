@@ -8,6 +8,8 @@
 //! ([`SimHost::leaks`]): the one thing that must never happen.
 
 mod effects;
+mod journal;
+mod recovery;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -63,10 +65,6 @@ pub(in crate::pool) enum ProofMode {
 /// How long a slow proof takes (see [`ProofMode::Slow`]): past a held file's backoff and
 /// a lease's wait.
 pub(in crate::pool) const SLOW_PROOF: Duration = Duration::from_secs(3);
-
-/// Journal writes and removals not yet on disk that a crash may lose, at most (older ones
-/// count as written back).
-const UNSYNCED: usize = 8;
 
 /// What a hook run during a slow proof does (see [`SimHost::during_proof`]).
 pub(in crate::pool) type ProofHook = Box<dyn FnMut() + Send>;
@@ -131,68 +129,6 @@ struct World {
     torn: BTreeSet<u64>,
     /// Faults other than crashes injected so far, by name (a run must hit each).
     injected: BTreeMap<&'static str, u64>,
-}
-
-impl World {
-    /// The next number of the fault stream (splitmix64 on `io_seed`).
-    fn draw(&mut self) -> u64 {
-        self.faults.io_seed = self.faults.io_seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.faults.io_seed;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn inject(&mut self, what: &'static str) {
-        *self.injected.entry(what).or_default() += 1;
-    }
-
-    /// A change of file `id`'s record, not synced yet: `before` is what a crash may restore.
-    fn journaled(&mut self, id: u64, before: Option<FileRecord>) {
-        self.torn.remove(&id);
-        self.unsynced.push((id, before));
-        if self.unsynced.len() > UNSYNCED {
-            self.unsynced.remove(0);
-        }
-    }
-
-    /// Everything journaled so far is on disk.
-    fn synced(&mut self) {
-        self.unsynced.clear();
-    }
-
-    /// A crash: with [`Faults::lose_unsynced`], the last of the unsynced changes are lost
-    /// (in reverse order, each record back to what it was) and the last one kept, if it
-    /// wrote a record, may be cut short.
-    fn crash(&mut self) {
-        if !self.faults.lose_unsynced || self.unsynced.is_empty() {
-            self.synced();
-            return;
-        }
-        let lose = (self.draw() % (self.unsynced.len() as u64 + 1)) as usize;
-        for _ in 0..lose {
-            let Some((id, before)) = self.unsynced.pop() else {
-                break;
-            };
-            match before {
-                Some(rec) => self.journal.insert(id, rec),
-                None => self.journal.remove(&id),
-            };
-            self.torn.remove(&id);
-        }
-        if lose > 0 {
-            self.inject("lost journal writes");
-        }
-        let last = self.unsynced.last().map(|(id, _)| *id);
-        if let Some(id) = last.filter(|id| self.journal.contains_key(id)) {
-            if self.draw() % 2 == 0 {
-                self.journal.remove(&id);
-                self.torn.insert(id);
-                self.inject("torn journal write");
-            }
-        }
-        self.synced();
-    }
 }
 
 /// The simulated host.
