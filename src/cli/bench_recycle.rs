@@ -41,8 +41,8 @@ pub struct BenchRecycleArgs {
     #[arg(long, allow_hyphen_values = true, requires = "hog")]
     pub client_nice: Option<i32>,
     /// Also time warm leases while another client leases and releases files of twice the
-    /// lease size in a loop (the worker proves, scrubs, journals, trims and deletes
-    /// meanwhile), against a quiet pool, side by side.
+    /// lease size in a loop (the kernel's path: the worker journals, truncates and
+    /// deletes meanwhile), against a quiet pool, side by side.
     #[arg(long)]
     pub churn: bool,
     /// Also time the release proof beside this many extra processes, started by the bench

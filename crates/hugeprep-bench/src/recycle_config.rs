@@ -38,7 +38,7 @@ pub struct RecycleBenchConfig {
     /// (`--hog`, see [`crate::hog`]).
     pub hog: bool,
     /// Also time warm leases while another client leases and releases in a loop, so the
-    /// worker journals, scrubs, trims and deletes meanwhile, against quiet (`--churn`, see
+    /// worker journals, truncates and deletes meanwhile, against quiet (`--churn`, see
     /// [`crate::churn`]).
     pub churn: bool,
     /// Nice value of the benchmark's client thread during `--hog` (default: unchanged, i.e.
