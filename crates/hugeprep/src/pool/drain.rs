@@ -56,17 +56,20 @@ impl Pool {
         page_size: Option<PageSize>,
     ) -> Result<Vec<(u32, PageSize)>> {
         if let Some(n) = node {
-            self.topology.node(n).map_err(|e| PoolError::Field {
-                field: "node",
-                message: e.to_string(),
-            })?;
+            self.settings
+                .topology
+                .node(n)
+                .map_err(|e| PoolError::Field {
+                    field: "node",
+                    message: e.to_string(),
+                })?;
         }
         if let Some(ps) = page_size {
             self.mount(ps)?;
         }
         let mut out = Vec::new();
-        for ps in self.mounts.keys() {
-            for n in self.topology.node_ids() {
+        for ps in self.settings.mounts.keys() {
+            for n in self.settings.topology.node_ids() {
                 if node.map_or(true, |x| x == n) && page_size.map_or(true, |x| x == *ps) {
                     out.push((n, *ps));
                 }
@@ -89,7 +92,7 @@ impl Pool {
                 st.drained.insert(*k);
                 st.reasons.remove(k);
             }
-            self.changed.notify_all();
+            self.table.changed.notify_all();
             loop {
                 let drainable = |e: &Entry| {
                     kinds.contains(&(e.rec().node, e.rec().page_size))
@@ -118,10 +121,10 @@ impl Pool {
                     incomplete = unsettled;
                     break;
                 }
-                st = st.wait_timeout(&self.changed, Duration::from_millis(20));
+                st = st.wait_timeout(&self.table.changed, Duration::from_millis(20));
             }
         }
-        self.changed.notify_all();
+        self.table.changed.notify_all();
         let status = self.status();
         let report_kinds = kinds
             .iter()
@@ -138,10 +141,10 @@ impl Pool {
             .collect();
         let mut released = Vec::new();
         // A raise decided before the drain finishes first and is given back with the rest.
-        let _gate = self.reserve_gate.lock().unwrap_or_else(|e| e.into_inner());
+        let _gate = self.kernel.gate();
         if req.release_pools {
             for &(node, ps) in &kinds {
-                let r = self.reservations.release(node, ps)?;
+                let r = self.kernel.reservations.release(node, ps)?;
                 if r.released > 0 || r.kept > 0 {
                     tracing::info!(
                         node, page_size = %ps, released = r.released, kept = r.kept,
@@ -198,7 +201,7 @@ impl Pool {
         let mut st = self.lock();
         let resumed: Vec<_> = kinds.into_iter().filter(|k| st.drained.remove(k)).collect();
         drop(st);
-        self.changed.notify_all();
+        self.table.changed.notify_all();
         Ok(resumed)
     }
 

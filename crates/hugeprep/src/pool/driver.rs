@@ -94,7 +94,7 @@ impl Pool {
             Ok(None) => {}
             Err(err) => tracing::error!(%err, "pool core refused the end of a deletion"),
         }
-        self.changed.notify_all();
+        self.table.changed.notify_all();
     }
 
     /// The length of file `id` on its mount, if it can be read.

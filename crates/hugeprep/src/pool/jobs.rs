@@ -1,7 +1,6 @@
 //! The worker's jobs (chosen by `worker.rs`): each performs its file's I/O outside the state
 //! lock (the file is busy meanwhile) and ends with the core's transition for the outcome.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::aside::Verdict;
@@ -80,7 +79,7 @@ impl Pool {
         };
         match proof {
             Ok(p) => {
-                self.counters.proven(p.took);
+                self.table.counters.proven(p.took);
                 tracing::debug!(
                     id,
                     openers = p.openers,
@@ -94,7 +93,7 @@ impl Pool {
                 | Unproven::IoUring { .. }
                 | Unproven::Referenced { .. }
                 | Unproven::PagesHeld { .. }),
-            ) if !self.shutdown.load(Ordering::SeqCst) => Proved::Held(reason),
+            ) if !self.table.is_shut_down() => Proved::Held(reason),
             Err(reason) => Proved::No(reason),
         }
     }
@@ -107,7 +106,7 @@ impl Pool {
             id, lease, name, reason = reason.label(), detail = %reason,
             "released memory takes the kernel's path: truncated and deleted, the refill faults new pages"
         );
-        self.counters.kernel_path(reason);
+        self.table.counters.kernel_path(reason);
     }
 
     /// A proof found the released file still held: it waits aside at `size` (its size on
@@ -133,7 +132,7 @@ impl Pool {
                     st.aside.remove(id);
                     return false;
                 }
-                self.counters.held_aside();
+                self.table.counters.held_aside();
                 tracing::debug!(
                     id,
                     principal,
@@ -178,13 +177,13 @@ impl Pool {
             bandwidth: self.policy().scrub_bandwidth,
             background: !pressing,
             verify: self.policy().verify,
-            yield_to: (!pressing).then(|| Arc::clone(&self.gate) as Arc<dyn Yield>),
+            yield_to: (!pressing).then(|| Arc::clone(&self.clearing.gate) as Arc<dyn Yield>),
         };
         let file = match self.host.open(at) {
             Ok(f) => f,
             Err(err) => {
                 tracing::error!(%err, "cannot open a released file: deleting it");
-                self.counters.release_failed(ReleaseFailure::Open);
+                self.table.counters.release_failed(ReleaseFailure::Open);
                 self.lock().aside.remove(id);
                 return self.give_up_unlocked(id);
             }
@@ -238,7 +237,7 @@ impl Pool {
             // hugetlbfs frees every page past the end on any truncate.
             if let Err(err) = self.host.resize(&mut file, rec.size) {
                 tracing::error!(%err, "cannot cut a released file to the size in demand: deleting it");
-                self.counters.release_failed(ReleaseFailure::Cut);
+                self.table.counters.release_failed(ReleaseFailure::Cut);
                 return Err(None);
             }
         }
@@ -252,7 +251,7 @@ impl Pool {
             Ok(r) => r,
             Err(err) => {
                 tracing::warn!(%err, "cannot refill a released file's holes: deleting it");
-                self.counters.release_failed(ReleaseFailure::Holes);
+                self.table.counters.release_failed(ReleaseFailure::Holes);
                 return Err(None);
             }
         };
@@ -286,11 +285,11 @@ impl Pool {
                 id, reason = reason.label(), detail = %reason,
                 "released memory takes the kernel's path: truncated and deleted, the refill faults new pages"
             );
-            self.counters.proven_then_kernel_path(&reason);
+            self.table.counters.proven_then_kernel_path(&reason);
             return Err(None);
         }
         self.host
-            .scrub(&file, &refill.present, opts, &self.control)
+            .scrub(&file, &refill.present, opts, &self.clearing.control)
             .map(|r| (r, file.size()))
             .map_err(Some)
     }
@@ -305,7 +304,7 @@ impl Pool {
     ) {
         match result {
             Ok((report, size)) => {
-                self.counters.scrubbed(report.bytes, report.seconds);
+                self.table.counters.scrubbed(report.bytes, report.seconds);
                 let mut st = self.lock();
                 let warm = FileRecord {
                     size,
@@ -314,7 +313,7 @@ impl Pool {
                 };
                 if let Err(err) = self.perform(&Action::Journal(warm.clone())) {
                     tracing::error!(%err, "cannot journal a scrubbed file");
-                    self.counters.release_failed(ReleaseFailure::Journal);
+                    self.table.counters.release_failed(ReleaseFailure::Journal);
                     drop(self.give_up(st, id));
                     return;
                 }
@@ -340,7 +339,7 @@ impl Pool {
             Err(err) => {
                 if let Some(err) = err {
                     tracing::error!(%err, "scrub failed: deleting the file");
-                    self.counters.release_failed(ReleaseFailure::Scrub);
+                    self.table.counters.release_failed(ReleaseFailure::Scrub);
                 }
                 self.give_up_unlocked(id);
             }
@@ -375,7 +374,7 @@ impl Pool {
         let cpus = self.cpus(rec.node);
         let t = self.host.now();
         let background = Background {
-            gate: Arc::clone(&self.gate) as Arc<dyn Yield>,
+            gate: Arc::clone(&self.clearing.gate) as Arc<dyn Yield>,
             taken: self.lock().taken(id).unwrap_or_default(),
         };
         let made = self
@@ -383,12 +382,13 @@ impl Pool {
             .fill(FileAt::of(&rec), rec.size, rec.node, &cpus, background)
             .map_err(|e| e.to_string());
         if made.is_ok() {
-            self.counters
+            self.table
+                .counters
                 .refill_faulted(rec.size, self.host.now().saturating_duration_since(t));
         }
         let mut st = self.lock();
         st.end_faulting(id);
-        self.changed.notify_all();
+        self.table.changed.notify_all();
         match made {
             Ok(()) => match self.journal_filled(&mut st, id, rec.size) {
                 Ok(()) => return,

@@ -32,7 +32,9 @@ impl Pool {
             match self.host.truncate(super::host::FileAt::of(rec), rec.node) {
                 Ok(0) => {}
                 Ok(unreturned) => {
-                    self.counters.unreturned(unreturned, rec.page_size.bytes());
+                    self.table
+                        .counters
+                        .unreturned(unreturned, rec.page_size.bytes());
                     tracing::warn!(
                         id = rec.id,
                         lease = released.map_or(0, |r| r.lease),
@@ -49,7 +51,7 @@ impl Pool {
                     // the inode, and with it every page, after the unlink below. None of
                     // them comes back until it lets go: all are counted.
                     let held = held_pages(path, rec);
-                    self.counters.unreturned(held, rec.page_size.bytes());
+                    self.table.counters.unreturned(held, rec.page_size.bytes());
                     // Kept, not unlinked: truncated once the lease is gone (the kernel takes
                     // it away within `lease-break-time`), charged to its lessee meanwhile.
                     if self.keep(
@@ -110,7 +112,7 @@ impl Pool {
         else {
             return false;
         };
-        let pins = match self.reach.pinned_pages(&file) {
+        let pins = match self.clearing.reach.pinned_pages(&file) {
             Ok(Some(pins)) if pins.keep_file() => pins,
             Ok(Some(pins)) if pins.pages > 0 => {
                 tracing::warn!(
@@ -135,7 +137,7 @@ impl Pool {
         if !self.keep(path, rec, lessee(released), bytes, true) {
             return false;
         }
-        self.counters.unreturned(held, rec.page_size.bytes());
+        self.table.counters.unreturned(held, rec.page_size.bytes());
         tracing::warn!(
             id = rec.id,
             lease = released.map_or(0, |r| r.lease),

@@ -37,10 +37,13 @@ impl Pool {
             Some(node) => node,
             None => self.default_node(req.pid, page_size),
         };
-        self.topology.node(node).map_err(|e| PoolError::Field {
-            field: "node",
-            message: e.to_string(),
-        })?;
+        self.settings
+            .topology
+            .node(node)
+            .map_err(|e| PoolError::Field {
+                field: "node",
+                message: e.to_string(),
+            })?;
         crate::hugetlb::check_size(req.size, page_size).map_err(|e| PoolError::Field {
             field: "size",
             message: e.to_string(),
@@ -85,7 +88,8 @@ impl Pool {
         let pid_cpus = pid.and_then(crate::sys::affinity::process_cpus);
         let warm: Vec<(u32, u64)> = {
             let st = self.lock();
-            self.topology
+            self.settings
+                .topology
                 .node_ids()
                 .into_iter()
                 .map(|node| {
@@ -106,7 +110,8 @@ impl Pool {
                 free_bytes: self.host.available_bytes(node, page_size),
             })
             .collect();
-        let (node, why) = placement::choose_node(&self.topology, pid_cpus.as_deref(), &supply);
+        let (node, why) =
+            placement::choose_node(&self.settings.topology, pid_cpus.as_deref(), &supply);
         tracing::debug!(node, ?why, ?pid, "lease names no node");
         node
     }
@@ -133,7 +138,7 @@ impl Pool {
     ) -> Result<LeaseInfo> {
         let started = self.host.now();
         // The lease, and the VMM start that follows it, go first (see `gate`).
-        let _taking = self.gate.taking();
+        let _taking = self.clearing.gate.taking();
         let mut v = self.validate(req)?;
         if let Some(t) = tenant {
             check_reserved_name(&v.name, t)?;
@@ -157,7 +162,7 @@ impl Pool {
         // `tenant::scope_dir`), so nobody else can learn, block or answer for them.
         let scope = tenant
             .filter(|t| !t.admin)
-            .map(|t| scope_dir(&t.principal, &self.scope_key));
+            .map(|t| scope_dir(&t.principal, &self.tenants.scope_key));
         if let Some(dir) = &scope {
             v.name = format!("{dir}/{}", v.name);
         }
@@ -174,7 +179,7 @@ impl Pool {
             };
             if faulted > 0 {
                 self.lock().end_faulting(id);
-                self.changed.notify_all();
+                self.table.changed.notify_all();
             }
             // The kernel had fewer free pages at the fault than when the file was chosen
             // (another user of the machine's hugepages took some meanwhile): choose again,
@@ -229,7 +234,7 @@ impl Pool {
         let mut raised = false;
         let mut capped = None;
         let result = loop {
-            if self.shutdown.load(Ordering::SeqCst) {
+            if self.table.is_shut_down() {
                 break Err(PoolError::ShuttingDown);
             }
             if st.core.name_in_use(&v.name) {
@@ -286,7 +291,7 @@ impl Pool {
                         tracing::debug!(name = %v.name, size = v.size, "lease waits for faults in progress");
                     }
                     self.wait_urgently(&mut waiting);
-                    st = st.wait_timeout(&self.changed, Duration::from_millis(50));
+                    st = st.wait_timeout(&self.table.changed, Duration::from_millis(50));
                 }
                 // Room for the lease: the victim's truncate and unlink run outside the lock.
                 Choice::MakeRoom(victim) => st = self.give_up(st, victim),
@@ -296,7 +301,7 @@ impl Pool {
             }
         };
         if waiting {
-            self.control.end_urgent();
+            self.clearing.control.end_urgent();
         }
         result
     }
@@ -371,8 +376,8 @@ impl Pool {
     fn wait_urgently(&self, waiting: &mut bool) {
         if !*waiting {
             *waiting = true;
-            self.control.begin_urgent();
-            self.changed.notify_all();
+            self.clearing.control.begin_urgent();
+            self.table.changed.notify_all();
         }
     }
 
@@ -412,7 +417,7 @@ impl Pool {
                         return Err(e.into());
                     }
                     let took = self.host.now().saturating_duration_since(t);
-                    self.counters.lease_faulted(v.size - old_size, took);
+                    self.table.counters.lease_faulted(v.size - old_size, took);
                     Ok(f)
                 }
                 LeaseSource::Cold => {
@@ -425,7 +430,7 @@ impl Pool {
                         return Err(e.into());
                     }
                     let took = self.host.now().saturating_duration_since(t);
-                    self.counters.lease_faulted(v.size, took);
+                    self.table.counters.lease_faulted(v.size, took);
                     Ok(f)
                 }
             }
@@ -528,9 +533,9 @@ impl Pool {
         // Counted by its journaled record from here.
         st.taking.remove(&id);
         let now = Instant::now();
-        st.schedule.grace_from(now, self.gate.grace());
-        self.gate.leased(id, now);
-        self.changed.notify_all();
+        st.schedule.grace_from(now, self.clearing.gate.grace());
+        self.clearing.gate.leased(id, now);
+        self.table.changed.notify_all();
         Ok(info)
     }
 
@@ -576,7 +581,7 @@ impl Pool {
                 Err(err) => tracing::error!(%err, "pool core refused a lease's abort"),
             }
         }
-        self.changed.notify_all();
+        self.table.changed.notify_all();
     }
 }
 

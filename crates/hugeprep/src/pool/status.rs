@@ -95,8 +95,8 @@ impl Pool {
     pub fn status(&self) -> PoolStatus {
         let st = self.lock();
         let mut kinds = Vec::new();
-        for (ps, mount) in self.mounts.iter() {
-            for node in &self.topology.nodes {
+        for (ps, mount) in self.settings.mounts.iter() {
+            for node in &self.settings.topology.nodes {
                 let n = node.id;
                 let sum = |f: &dyn Fn(&Entry) -> bool| -> (u64, usize) {
                     st.of_kind(n, *ps)
@@ -126,7 +126,7 @@ impl Pool {
                     kernel_free_pages: kernel::node_free_pages(n, *ps).unwrap_or(0),
                     kernel_total_pages: kernel::node_total_pages(n, *ps).unwrap_or(0),
                     mount_used_bytes: kernel::mount_used_pages(&mount.root).map(|p| p * ps.bytes()),
-                    reserved_pages: self.reservations.added(n, *ps),
+                    reserved_pages: self.kernel.reservations.added(n, *ps),
                     reason: st.reasons.get(&(n, *ps)).cloned(),
                     drained: st.drained.contains(&(n, *ps)),
                 });
@@ -136,10 +136,10 @@ impl Pool {
             kinds,
             verify: self.policy().verify,
             scrub_bandwidth: self.policy().scrub_bandwidth,
-            clean_start: self.clean_start,
+            clean_start: self.table.clean_start,
             last_scrub: st.last_scrub.clone(),
-            counters: self.counters.snapshot(),
-            last_refused_lease: self.refusals.last(),
+            counters: self.table.counters.snapshot(),
+            last_refused_lease: self.kernel.refusals.last(),
             proof_fallback: self.proof_fallback(),
             held_aside_files: st.aside.totals().0,
             held_aside_bytes: st.aside.totals().1,

@@ -256,26 +256,26 @@ impl ApiTargets {
 
 impl Pool {
     fn page_sizes(&self) -> BTreeSet<PageSize> {
-        self.mounts.keys().copied().collect()
+        self.settings.mounts.keys().copied().collect()
     }
 
     /// The targets in force and where they come from.
     pub fn targets(&self) -> TargetsReport {
-        ApiTargets::report(&self.api_targets.lock())
+        ApiTargets::report(&self.settings.api_targets.lock())
     }
 
     /// Validates `specs`, persists them (atomically, durably) and applies them as a reload
     /// does: the worker fills or trims from its next round. On error nothing changed.
     pub fn set_targets(&self, specs: &[TargetSpec]) -> Result<TargetsReport, TargetsError> {
-        let targets = validate_targets(specs, &self.page_sizes(), &self.topology)?;
+        let targets = validate_targets(specs, &self.page_sizes(), &self.settings.topology)?;
         let at = now_unix();
         {
-            let mut inner = self.api_targets.lock();
+            let mut inner = self.settings.api_targets.lock();
             let stored = Stored {
                 targets: specs.to_vec(),
                 updated_unix: at,
             };
-            self.api_targets.journal.write(RECORD, &stored)?;
+            self.settings.api_targets.journal.write(RECORD, &stored)?;
             inner.api = Some((targets, at));
         }
         self.reapply_targets();
@@ -285,8 +285,8 @@ impl Pool {
     /// Removes the API targets: the configuration's apply again, now and after a restart.
     pub fn clear_targets(&self) -> Result<TargetsReport, TargetsError> {
         {
-            let mut inner = self.api_targets.lock();
-            self.api_targets.journal.remove(RECORD)?;
+            let mut inner = self.settings.api_targets.lock();
+            self.settings.api_targets.journal.remove(RECORD)?;
             inner.api = None;
         }
         self.reapply_targets();
@@ -297,7 +297,7 @@ impl Pool {
     /// [`Pool::set_policy`] (which puts the API targets in their place).
     fn reapply_targets(&self) {
         let mut policy = (*self.policy()).clone();
-        policy.targets = self.api_targets.lock().config.clone();
+        policy.targets = self.settings.api_targets.lock().config.clone();
         self.set_policy(policy);
     }
 }

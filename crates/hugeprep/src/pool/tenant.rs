@@ -229,7 +229,7 @@ impl Pool {
         // Pages kept past a release (a read lease on a file the kernel's path could not
         // truncate) are still the principal's: each file counts as a lease of its bytes
         // until its holder lets go (see `kept`).
-        let (files, kept) = self.kept.of(principal);
+        let (files, kept) = self.tenants.kept.of(principal);
         u.leases = u.leases.saturating_add(files);
         for (ps, bytes) in kept {
             u.add_bytes(ps, bytes);
@@ -322,7 +322,8 @@ impl Pool {
     /// and take the kernel's path anyway).
     pub(super) fn held_limit(&self, principal: Option<&str>) -> Option<u64> {
         let principal = principal?;
-        self.tenant_limits
+        self.tenants
+            .limits
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(principal)
@@ -331,7 +332,11 @@ impl Pool {
 
     /// Remembers the limits of a tenant that asked for a lease (for its held files).
     pub(super) fn note_tenant(&self, tenant: &Tenant) {
-        let mut known = self.tenant_limits.lock().unwrap_or_else(|e| e.into_inner());
+        let mut known = self
+            .tenants
+            .limits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         // Bounded by the principals the access rules let lease: one entry each.
         known.insert(tenant.principal.clone(), tenant.limits.clone());
     }
