@@ -84,49 +84,77 @@ impl Pool {
     pub fn drain(&self, req: &DrainRequest, wait: Duration) -> Result<DrainReport> {
         let kinds = self.kinds(req.node, req.page_size)?;
         let deadline = self.host.now() + wait;
+        let (deleted, incomplete) = self.empty_kinds(&kinds, deadline);
+        self.table.changed.notify_all();
+        let report_kinds = self.drained_kinds(&kinds, &deleted);
+        // A raise decided before the drain finishes first and is given back with the rest.
+        let _gate = self.kernel.gate();
+        let released = if req.release_pools {
+            self.release_pools(&kinds)?
+        } else {
+            Vec::new()
+        };
+        tracing::info!(kinds = kinds.len(), incomplete, "drained");
+        Ok(DrainReport {
+            kinds: report_kinds,
+            released,
+            incomplete,
+        })
+    }
+
+    /// Marks `kinds` drained and deletes their idle files until none is left unsettled or
+    /// `deadline` passes: the bytes deleted per kind, and whether some stayed unsettled.
+    fn empty_kinds(
+        &self,
+        kinds: &[(u32, PageSize)],
+        deadline: Instant,
+    ) -> (BTreeMap<(u32, PageSize), u64>, bool) {
         let mut deleted: BTreeMap<(u32, PageSize), u64> = BTreeMap::new();
-        let incomplete;
-        {
-            let mut st = self.lock();
-            for k in &kinds {
-                st.drained.insert(*k);
-                st.reasons.remove(k);
-            }
-            self.table.changed.notify_all();
-            loop {
-                let drainable = |e: &Entry| {
-                    kinds.contains(&(e.rec().node, e.rec().page_size))
-                        && e.busy().is_none()
-                        && !matches!(e.rec().state, FileState::Leased(_))
-                };
-                let idle: Vec<(u64, (u32, PageSize), u64)> = st
-                    .core
-                    .files()
-                    .filter(|e| drainable(e))
-                    .map(|e| (e.rec().id, (e.rec().node, e.rec().page_size), e.rec().size))
-                    .collect();
-                let ids = idle.iter().map(|f| f.0).collect::<Vec<_>>();
-                let gone;
-                (st, gone) = self.give_up_all(st, &ids);
-                for (id, kind, size) in idle {
-                    if gone.contains(&id) {
-                        *deleted.entry(kind).or_default() += size;
-                    }
-                }
-                let unsettled = st.core.files().any(|e| {
-                    kinds.contains(&(e.rec().node, e.rec().page_size))
-                        && (e.busy().is_some() || !matches!(e.rec().state, FileState::Leased(_)))
-                });
-                if !unsettled || self.host.now() >= deadline {
-                    incomplete = unsettled;
-                    break;
-                }
-                st = st.wait_timeout(&self.table.changed, Duration::from_millis(20));
-            }
+        let mut st = self.lock();
+        for k in kinds {
+            st.drained.insert(*k);
+            st.reasons.remove(k);
         }
         self.table.changed.notify_all();
+        let of_kinds = |e: &Entry| kinds.contains(&(e.rec().node, e.rec().page_size));
+        loop {
+            let idle: Vec<(u64, (u32, PageSize), u64)> = st
+                .core
+                .files()
+                .filter(|e| {
+                    of_kinds(e)
+                        && e.busy().is_none()
+                        && !matches!(e.rec().state, FileState::Leased(_))
+                })
+                .map(|e| (e.rec().id, (e.rec().node, e.rec().page_size), e.rec().size))
+                .collect();
+            let ids = idle.iter().map(|f| f.0).collect::<Vec<_>>();
+            let gone;
+            (st, gone) = self.give_up_all(st, &ids);
+            for (id, kind, size) in idle {
+                if gone.contains(&id) {
+                    *deleted.entry(kind).or_default() += size;
+                }
+            }
+            let unsettled = st.core.files().any(|e| {
+                of_kinds(e)
+                    && (e.busy().is_some() || !matches!(e.rec().state, FileState::Leased(_)))
+            });
+            if !unsettled || self.host.now() >= deadline {
+                return (deleted, unsettled);
+            }
+            st = st.wait_timeout(&self.table.changed, Duration::from_millis(20));
+        }
+    }
+
+    /// What the drain did to each of `kinds`: bytes deleted, bytes still leased.
+    fn drained_kinds(
+        &self,
+        kinds: &[(u32, PageSize)],
+        deleted: &BTreeMap<(u32, PageSize), u64>,
+    ) -> Vec<DrainedKind> {
         let status = self.status();
-        let report_kinds = kinds
+        kinds
             .iter()
             .map(|&(node, page_size)| DrainedKind {
                 node,
@@ -138,28 +166,23 @@ impl Pool {
                     .find(|k| k.node == node && k.page_size == page_size)
                     .map_or(0, |k| k.leased_bytes),
             })
-            .collect();
+            .collect()
+    }
+
+    /// Gives the pages hugeprep added to the kernel's pools of `kinds` back.
+    fn release_pools(&self, kinds: &[(u32, PageSize)]) -> Result<Vec<reserve::Released>> {
         let mut released = Vec::new();
-        // A raise decided before the drain finishes first and is given back with the rest.
-        let _gate = self.kernel.gate();
-        if req.release_pools {
-            for &(node, ps) in &kinds {
-                let r = self.kernel.reservations.release(node, ps)?;
-                if r.released > 0 || r.kept > 0 {
-                    tracing::info!(
-                        node, page_size = %ps, released = r.released, kept = r.kept,
-                        "gave the pages hugeprep added back to the kernel's pool"
-                    );
-                }
-                released.push(r);
+        for &(node, ps) in kinds {
+            let r = self.kernel.reservations.release(node, ps)?;
+            if r.released > 0 || r.kept > 0 {
+                tracing::info!(
+                    node, page_size = %ps, released = r.released, kept = r.kept,
+                    "gave the pages hugeprep added back to the kernel's pool"
+                );
             }
+            released.push(r);
         }
-        tracing::info!(kinds = kinds.len(), incomplete, "drained");
-        Ok(DrainReport {
-            kinds: report_kinds,
-            released,
-            incomplete,
-        })
+        Ok(released)
     }
 
     /// Gives up the idle files `ids` together: all marked deleting under one hold of the lock

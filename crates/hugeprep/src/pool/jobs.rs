@@ -264,23 +264,7 @@ impl Pool {
             );
         }
         // Every page present now: each must still be on the file's node (`on_node`).
-        let stray = self
-            .host
-            .stray_page(&file, rec.node, rec.page_size.bytes())
-            .map_err(|e| Unproven::Error {
-                step: "pages' nodes",
-                message: e.to_string(),
-            })
-            .and_then(|s| {
-                s.map_or(Ok(()), |s| {
-                    Err(Unproven::Node {
-                        page: s.page,
-                        found: s.node,
-                        node: rec.node,
-                    })
-                })
-            });
-        if let Err(reason) = stray {
+        if let Err(reason) = self.all_on_node(&file, rec) {
             tracing::warn!(
                 id, reason = reason.label(), detail = %reason,
                 "released memory takes the kernel's path: truncated and deleted, the refill faults new pages"
@@ -292,6 +276,25 @@ impl Pool {
             .scrub(&file, &refill.present, opts, &self.clearing.control)
             .map(|r| (r, file.size()))
             .map_err(Some)
+    }
+
+    /// Whether every page `file` holds is on the node `rec` names; why not otherwise.
+    fn all_on_node(&self, file: &Handle, rec: &FileRecord) -> Result<(), Unproven> {
+        let stray = self
+            .host
+            .stray_page(file, rec.node, rec.page_size.bytes())
+            .map_err(|e| Unproven::Error {
+                step: "pages' nodes",
+                message: e.to_string(),
+            })?;
+        match stray {
+            None => Ok(()),
+            Some(s) => Err(Unproven::Node {
+                page: s.page,
+                found: s.node,
+                node: rec.node,
+            }),
+        }
     }
 
     /// The scrub's outcome: warm once journaled; dirty again when cancelled (journaled as
