@@ -186,8 +186,8 @@ impl Pool {
     }
 
     /// Gives up the idle files `ids` together: all marked deleting under one hold of the lock
-    /// (so that the worker, woken by the drain, takes none of them meanwhile), truncated and
-    /// unlinked outside it. Returns the lock taken again and the files deleted.
+    /// (so that the worker, woken by the drain, takes none of them meanwhile), truncated,
+    /// unlinked and unjournaled outside it. Returns the lock taken again and the files deleted.
     fn give_up_all<'a>(
         &'a self,
         mut st: locked::Locked<'a>,
@@ -200,17 +200,23 @@ impl Pool {
         drop(st);
         let removed: Vec<_> = removals
             .into_iter()
-            .map(|(id, remove)| (id, self.perform(&remove)))
+            .map(|(id, remove)| (id, self.remove(&remove)))
             .collect();
         let mut st = self.lock();
         let mut gone = Vec::new();
-        for (id, result) in removed {
-            self.finish_delete(&mut st, id, result);
+        let mut after = Vec::new();
+        for (id, removal) in removed {
+            after.push(self.finish_delete(&mut st, id, removal));
             if st.core.get(id).is_none() {
                 gone.push(id);
             }
         }
-        (st, gone)
+        // The records of the deleted files are removed outside the lock.
+        drop(st);
+        for a in after {
+            self.perform_after(a);
+        }
+        (self.lock(), gone)
     }
 
     /// Lets the kinds `node`/`page_size` name refill to their targets again after a drain;

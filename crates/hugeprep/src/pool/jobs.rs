@@ -308,18 +308,21 @@ impl Pool {
         match result {
             Ok((report, size)) => {
                 self.table.counters.scrubbed(report.bytes, report.seconds);
-                let mut st = self.lock();
                 let warm = FileRecord {
                     size,
                     state: super::FileState::Warm,
                     ..rec
                 };
+                // Outside the lock: the file is busy scrubbing until `scrubbed` below, so no
+                // other record of it is written meanwhile; a crash before `scrubbed` leaves a
+                // warm record that only a clean stop (none while busy) makes trusted.
                 if let Err(err) = self.perform(&Action::Journal(warm.clone())) {
                     tracing::error!(%err, "cannot journal a scrubbed file");
                     self.table.counters.release_failed(ReleaseFailure::Journal);
-                    drop(self.give_up(st, id));
+                    self.give_up_unlocked(id);
                     return;
                 }
+                let mut st = self.lock();
                 tracing::info!(
                     id,
                     bytes = report.bytes,
@@ -351,9 +354,9 @@ impl Pool {
 
     /// Truncates and unlinks a file the worker gives back (`remove`, from the core).
     pub(super) fn delete_job(&self, id: u64, remove: &Action) {
-        let removed = self.perform(remove);
-        let mut st = self.lock();
-        self.finish_delete(&mut st, id, removed);
+        let removal = self.remove(remove);
+        let after = self.finish_delete(&mut self.lock(), id, removal);
+        self.perform_after(after);
     }
 
     /// Journals a new file filling (`journal`), creates it and faults it at idle priority,
@@ -389,30 +392,36 @@ impl Pool {
                 .counters
                 .refill_faulted(rec.size, self.host.now().saturating_duration_since(t));
         }
-        let mut st = self.lock();
-        st.end_faulting(id);
+        self.lock().end_faulting(id);
         self.table.changed.notify_all();
         match made {
-            Ok(()) => match self.journal_filled(&mut st, id, rec.size) {
+            Ok(()) => match self.journal_filled(id, rec.size) {
                 Ok(()) => return,
                 Err(err) => tracing::error!(%err, "cannot journal a refilled file"),
             },
             Err(err) => {
                 tracing::warn!(%err, size = rec.size, "refill failed; retrying later");
-                st.schedule.refill_failed(self.host.now());
+                self.lock().schedule.refill_failed(self.host.now());
             }
         }
-        match st.core.fill_failed(id) {
+        // The file is forgotten under the lock; it is removed, then its record, outside it.
+        let undo = self.lock().core.fill_failed(id);
+        match undo {
             Ok(undo) => self.perform_all(&undo, "a failed refill"),
             Err(err) => tracing::error!(%err, "pool core refused a failed refill"),
         }
     }
 
-    /// Journals a refilled file warm and makes it so.
-    fn journal_filled(&self, st: &mut super::State, id: u64, size: u64) -> Result<(), String> {
-        let warm = st.core.warm_record(id, size).map_err(|e| e.to_string())?;
+    /// Journals a refilled file warm and makes it so: the write runs outside the lock, the
+    /// file being busy filling until `filled`.
+    fn journal_filled(&self, id: u64, size: u64) -> Result<(), String> {
+        let warm = self
+            .lock()
+            .core
+            .warm_record(id, size)
+            .map_err(|e| e.to_string())?;
         self.perform(&Action::Journal(warm.clone()))
             .map_err(|e| e.to_string())?;
-        st.core.filled(id, warm).map_err(|e| e.to_string())
+        self.lock().core.filled(id, warm).map_err(|e| e.to_string())
     }
 }

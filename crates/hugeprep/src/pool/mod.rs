@@ -462,6 +462,9 @@ impl Pool {
     /// After [`Pool::shutdown`] and the worker has exited: records that every warm record
     /// is true, so the next start trusts them.
     pub fn mark_clean_shutdown(&self) -> Result<()> {
+        // The journal writes run under the lock on purpose: at a stop, after the worker
+        // exited and requests drained, nobody waits for it, and no file may become busy
+        // between the check and the clean mark.
         let st = self.lock();
         if st.core.any_busy() {
             tracing::warn!("work still in flight: not marking a clean shutdown");

@@ -220,6 +220,13 @@ struct KernelFigures<'a> {
     st: &'a State,
 }
 
+/// Read under the state lock on purpose: the free pages are the kernel's counters less
+/// the promises of faults in flight, which the lock holds still; read before it, a fault
+/// that ends in between would be counted free twice (a refill or lease then faults pages
+/// the kernel no longer has, fails and backs off). Only read when a decision asks, at
+/// most once per kind: three `pread`s of sysfs counters on descriptors opened at start and
+/// one `statfs` of the mount, measured at 12 us a kind (median of 7 runs of 20,000,
+/// range 4-21 us, from Python, an upper bound) on the 2-vCPU test machine.
 impl Figures for KernelFigures<'_> {
     fn free_bytes(&mut self, (node, ps): Kind) -> u64 {
         let promised = self.st.promised(node, ps);

@@ -3,11 +3,31 @@
 use super::super::core::choice::{choose, Choice, LeaseView};
 use super::*;
 
+/// A claimed file: its id, where it comes from, its size before the lease.
+type Claimed = (u64, LeaseSource, u64);
+
 impl Pool {
-    /// Chooses the file (under the lock) and journals the pre-lease state.
-    pub(super) fn reserve(&self, v: &ValidRequest) -> Result<(u64, LeaseSource, u64)> {
+    /// Chooses and claims the file under the lock, then journals a new file's filling record
+    /// outside it: a new file's record is written once claimed, in the same hold that checked
+    /// the limits, busy (cold leasing) with its name taken, so nothing else writes its record
+    /// or counts it free meanwhile.
+    pub(super) fn reserve(&self, v: &ValidRequest) -> Result<Claimed> {
+        let (claimed, journal) = self.choose_and_claim(v)?;
+        if let Some(journal) = journal {
+            if let Err(err) = self.perform(&journal) {
+                self.unclaim_cold(claimed.0);
+                return Err(action_error(err));
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Chooses the file under the lock, waiting, raising the kernel's pool or making room
+    /// as [`choose`] says, and claims it; the lock is released on return.
+    fn choose_and_claim(&self, v: &ValidRequest) -> Result<(Claimed, Option<core::Action>)> {
         let mount = self.mount(v.page_size)?;
         let deadline = self.host.now() + LEASE_WAIT;
+        let extents = self.tenant_extents(v);
         let mut st = self.lock();
         let mut waiting = false;
         // The kernel's pool is raised for this lease at most once (see `raise_for_lease`).
@@ -23,7 +43,7 @@ impl Pool {
                 });
             }
             // Checked again at every turn: the same lock hold claims the file below.
-            if let Err(e) = self.check_limits(&st, v) {
+            if let Err(e) = self.check_limits(&st, v, &extents) {
                 break Err(e);
             }
             let view = self.view(&st, v, deadline);
@@ -62,6 +82,29 @@ impl Pool {
             self.clearing.control.end_urgent();
         }
         result
+    }
+
+    /// The lengths of the request's tenant's leased files, read before the lock (see
+    /// `Pool::extents_of`); an admin (the libvirt hook, root) has no limit, and none are
+    /// read for it.
+    fn tenant_extents(&self, v: &ValidRequest) -> super::super::tenant::Extents {
+        match &v.tenant {
+            Some(t) if !t.limits.admits_anything() => self.extents_of(&t.principal),
+            _ => Default::default(),
+        }
+    }
+
+    /// A cold lease whose filling record could not be written: the file, never created, is
+    /// forgotten with its name, its promise and its tenant's count.
+    fn unclaim_cold(&self, id: u64) {
+        let mut st = self.lock();
+        if let Err(refused) = st.core.forget_unjournaled(id) {
+            tracing::error!(%refused, "pool core refused to forget a cold lease");
+        }
+        st.end_faulting(id);
+        st.taking.remove(&id);
+        drop(st);
+        self.table.changed.notify_all();
     }
 
     /// A lease refused with `available` bytes: remembered for /health and doctor, and the
@@ -104,6 +147,8 @@ impl Pool {
         };
         LeaseView {
             size: v.size,
+            // The kernel's counters are read under the lock with the promises they are
+            // reduced by, once per turn (see `KernelFigures` in `worker` for why and the cost).
             avail: self.host.available_after(v.node, v.page_size, &promised),
             faulting: promised.bytes,
             warm: idle(FileState::Warm),
@@ -113,8 +158,8 @@ impl Pool {
         }
     }
 
-    /// Makes the chosen file the request's (a warm one as it is, a new one journaled
-    /// filling first) and promises the pages its fault needs.
+    /// Makes the chosen file the request's (a warm one as it is, a new one with the filling
+    /// record to journal before it is created) and promises the pages its fault needs.
     fn claim(
         &self,
         st: &mut State,
@@ -122,28 +167,22 @@ impl Pool {
         file: Option<(u64, u64)>,
         source: LeaseSource,
         need: u64,
-    ) -> Result<(u64, LeaseSource, u64)> {
+    ) -> Result<(Claimed, Option<core::Action>)> {
         let core_err = |e: core::CoreError| PoolError::Field {
             field: "name",
             message: e.to_string(),
         };
-        let claimed = match file {
+        let (claimed, journal) = match file {
             Some((id, old)) => {
                 st.core.take_warm(id, &v.name).map_err(core_err)?;
-                (id, source, old)
+                ((id, source, old), None)
             }
             None => {
                 let (id, journal) = st
                     .core
                     .new_cold(v.node, v.page_size, v.size, &v.name)
                     .map_err(core_err)?;
-                if let Err(err) = self.perform(&journal) {
-                    if let Err(refused) = st.core.forget_unjournaled(id) {
-                        tracing::error!(%refused, "pool core refused to forget a cold lease");
-                    }
-                    return Err(action_error(err));
-                }
-                (id, source, 0)
+                ((id, source, 0), Some(journal))
             }
         };
         if need > 0 {
@@ -154,7 +193,7 @@ impl Pool {
         if source != LeaseSource::WarmExact {
             st.schedule.missed();
         }
-        Ok(claimed)
+        Ok((claimed, journal))
     }
 
     /// A lease starts waiting for background work (once per lease; `reserve` ends it):

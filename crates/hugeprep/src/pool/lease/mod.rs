@@ -239,7 +239,11 @@ impl Pool {
         let mut st = self.lock();
         st.taking.remove(&id);
         if source == LeaseSource::Cold {
-            match st.core.abort_cold(id) {
+            // Forgotten under the lock; the file and its record are removed outside it (the
+            // id is never given again, so nothing else writes them).
+            let undo = st.core.abort_cold(id);
+            drop(st);
+            match undo {
                 Ok(undo) => self.perform_all(&undo, "a cold lease"),
                 Err(err) => tracing::error!(%err, "pool core refused a cold lease's abort"),
             }
@@ -256,6 +260,9 @@ impl Pool {
                 watched: true,
                 principal: v.principal.clone(),
             };
+            // Journaled under the lock on purpose: the file is idle (dirty) from here, and
+            // this record must land before any later one of it (its scrub's, a lease's), or a
+            // crash could recover a leased file as dirty. A failed lease's rare path.
             match st.core.abort_warm(id, size, released) {
                 Ok(journal) => {
                     if let Err(err) = self.perform(&journal) {
