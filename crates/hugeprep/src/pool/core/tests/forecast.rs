@@ -1,0 +1,176 @@
+//! Tests of the warm-start forecast (`core::forecast`): the weekly buckets, the hull, the plan.
+
+use super::*;
+
+const GIB: u64 = 1 << 30;
+/// Monday 2026-11-23 00:00 UTC.
+const MONDAY: f64 = 1_795_392_000.0;
+
+fn goal(rate: f64) -> Goal {
+    Goal {
+        warm_start_rate: rate,
+        ceiling: 1 << 50,
+    }
+}
+
+fn look(at: f64) -> Inputs {
+    Inputs {
+        now_s: at,
+        pending: 0,
+        refill_rate: 4.0 * GIB as f64,
+        free_share: 1 << 50,
+    }
+}
+
+#[test]
+fn buckets_are_the_hour_of_a_weekday_or_of_a_weekend_day() {
+    assert_eq!(bucket(MONDAY), 0);
+    assert_eq!(bucket(MONDAY + 9.5 * 3600.0), 9);
+    assert_eq!(bucket(MONDAY + 4.0 * DAY_S + 23.0 * 3600.0), 23);
+    assert_eq!(bucket(MONDAY + 5.0 * DAY_S + 3600.0), 25);
+    assert_eq!(bucket(MONDAY + 6.0 * DAY_S + 23.5 * 3600.0), 47);
+    assert_eq!(bucket(MONDAY + 7.0 * DAY_S), 0);
+    assert_eq!(bucket_name(33), "weekend 09h");
+}
+
+#[test]
+fn the_hull_takes_the_steps_with_most_starts_per_byte_first() {
+    // 3 starts of 1 GiB, 1 of 8 GiB, 2 of 9 GiB.
+    let s = [
+        (GIB, 1.0),
+        (GIB, 1.0),
+        (GIB, 1.0),
+        (8 * GIB, 1.0),
+        (9 * GIB, 1.0),
+        (9 * GIB, 1.0),
+    ];
+    let steps = hull(&s);
+    assert_eq!(steps[0], (GIB, 3.0));
+    // 8 GiB then 9 GiB folds into one step: 3 starts for 8 GiB more.
+    assert_eq!(steps[1], (8 * GIB, 3.0));
+    assert_eq!(steps.len(), 2);
+}
+
+/// Every weekday: 40 starts of 2 GiB in office hours (09-17h), 1 of 16 GiB at 03h.
+fn office_weeks(f: &mut Forecast, weeks: u64) {
+    for w in 0..weeks {
+        for d in 0..5 {
+            let day = MONDAY + (w * 7 + d) as f64 * DAY_S;
+            f.started(day + 3.0 * 3600.0, 16 * GIB, 4.0 * GIB as f64);
+            for i in 0..40 {
+                f.started(
+                    day + 9.0 * 3600.0 + i as f64 * 720.0,
+                    2 * GIB,
+                    4.0 * GIB as f64,
+                );
+            }
+        }
+    }
+    f.replan();
+}
+
+#[test]
+fn the_plan_keeps_office_hours_warm_and_lets_the_rare_large_night_start_go_cold() {
+    let mut f = Forecast::new(goal(0.95));
+    office_weeks(&mut f, 2);
+    let day = MONDAY + 14.0 * DAY_S;
+    let t = f.target(&look(day + 10.0 * 3600.0));
+    assert_eq!(t.bytes, 2 * GIB, "{t:?}");
+    assert!(!t.why.cold_hour);
+    // The 03h start is 1 in 41 (2.4%): a 95% goal lets it go cold (16 GiB for a whole
+    // hour, five times a week, for one start).
+    let t = f.target(&look(day + 3.0 * 3600.0 + 600.0));
+    assert_eq!(t.bytes, 0, "{t:?}");
+    assert!(t.why.cold_hour);
+    // A 99% goal keeps it warm too.
+    f.set_goal(goal(0.99));
+    f.replan();
+    let t = f.target(&look(day + 3.0 * 3600.0 + 600.0));
+    assert_eq!(t.bytes, 16 * GIB, "{t:?}");
+    // Weekends saw nothing: cold.
+    let t = f.target(&look(MONDAY + 19.0 * DAY_S + 10.0 * 3600.0));
+    assert_eq!(t.bytes, 0, "{t:?}");
+}
+
+#[test]
+fn the_next_hour_is_warm_before_it_begins() {
+    let mut f = Forecast::new(goal(0.95));
+    office_weeks(&mut f, 2);
+    let day = MONDAY + 14.0 * DAY_S;
+    // 06h is cold; 07h is warm (the starts of 09h speak for it a little, and the plan
+    // aims past the goal), and the pool is warm before it begins.
+    assert_eq!(f.target(&look(day + 6.0 * 3600.0)).bytes, 0);
+    assert_eq!(f.target(&look(day + 7.0 * 3600.0 - 10.0)).bytes, 2 * GIB);
+}
+
+#[test]
+fn known_demand_adds_and_the_ceiling_and_free_memory_cut() {
+    let mut f = Forecast::new(goal(0.95));
+    office_weeks(&mut f, 1);
+    let at = MONDAY + 7.0 * DAY_S + 10.0 * 3600.0;
+    let mut i = look(at);
+    i.pending = 6 * GIB;
+    assert_eq!(f.target(&i).bytes, 8 * GIB);
+    f.set_goal(Goal {
+        warm_start_rate: 0.95,
+        ceiling: 5 * GIB,
+    });
+    let t = f.target(&i);
+    assert_eq!((t.bytes, t.why.capped_by), (5 * GIB, Some("ceiling")));
+    i.free_share = 3 * GIB;
+    let t = f.target(&i);
+    assert_eq!((t.bytes, t.why.capped_by), (3 * GIB, Some("free memory")));
+}
+
+#[test]
+fn a_burst_the_history_never_saw_raises_the_target_for_its_follow_ons() {
+    let mut f = Forecast::new(goal(0.95));
+    office_weeks(&mut f, 2);
+    let at = MONDAY + 14.0 * DAY_S + 11.0 * 3600.0;
+    for i in 0..5 {
+        f.started(at + i as f64, 8 * GIB, 4.0 * GIB as f64);
+    }
+    let t = f.target(&look(at + 60.0));
+    assert!(t.why.recent_raised, "{t:?}");
+    // One a second at a refill of 4 GiB/s: each needs 4 GiB more than the one before.
+    assert_eq!(t.bytes, 24 * GIB);
+}
+
+#[test]
+fn without_history_the_days_peak_stands_in() {
+    let mut f = Forecast::new(goal(0.99));
+    f.started(MONDAY + 3600.0, 4 * GIB, 4.0 * GIB as f64);
+    f.replan();
+    // Another bucket, no samples of its own.
+    let t = f.target(&look(MONDAY + 5.0 * 3600.0));
+    assert_eq!(t.bytes, 4 * GIB, "{t:?}");
+    assert!(t.why.recent_raised);
+}
+
+#[test]
+fn a_starts_need_is_what_the_refill_has_not_made_good_since_the_ones_before() {
+    let mut f = Forecast::new(goal(1.0));
+    let r = 4.0 * GIB as f64;
+    f.started(MONDAY, 8 * GIB, r);
+    f.started(MONDAY + 1.0, 8 * GIB, r);
+    f.started(MONDAY + 1.5, 2 * GIB, r);
+    f.started(MONDAY + 600.0, 2 * GIB, r);
+    let needs: Vec<u64> = f.recent.iter().map(|&(_, n)| n / GIB).collect();
+    assert_eq!(needs, [8, 12, 12, 2]);
+}
+
+#[test]
+fn a_clock_stepped_back_does_not_add_later_starts_to_an_earlier_window() {
+    let mut f = Forecast::new(goal(1.0));
+    f.started(MONDAY + 7200.0, 2 * GIB, 4.0 * GIB as f64);
+    f.started(MONDAY + 3600.0, 16 * GIB, 4.0 * GIB as f64);
+    f.replan();
+    assert_eq!(f.plan()[1], Some(16 * GIB));
+}
+
+#[test]
+fn a_faster_refill_shortens_the_horizon() {
+    assert_eq!(horizon(GIB as f64, 0.0), MAX_HORIZON_S);
+    assert_eq!(horizon(64.0 * GIB as f64, GIB as f64), 128.0);
+    assert_eq!(horizon(GIB as f64, 64.0 * GIB as f64), MIN_HORIZON_S);
+}
