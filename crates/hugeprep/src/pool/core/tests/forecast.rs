@@ -174,3 +174,65 @@ fn a_faster_refill_shortens_the_horizon() {
     assert_eq!(horizon(64.0 * GIB as f64, GIB as f64), 128.0);
     assert_eq!(horizon(GIB as f64, 64.0 * GIB as f64), MIN_HORIZON_S);
 }
+
+#[test]
+fn a_start_announced_early_enough_needs_nothing_of_the_pool_and_counts_as_warm() {
+    let rate = 4.0 * GIB as f64;
+    // Two weeks of an 8 GiB start every hour, each announced 10 s ahead (the refill makes
+    // 40 GiB warm in that time): nothing need wait warm for them.
+    let mut f = Forecast::new(goal(0.99));
+    for i in 0..24 * 14 {
+        f.started_announced(MONDAY + f64::from(i) * 3600.0 + 1800.0, 8 * GIB, rate, 10.0);
+    }
+    f.replan();
+    assert!(f.plan().iter().all(|p| *p == Some(0)), "{:?}", f.plan());
+    let t = f.target(&look(MONDAY + 15.0 * DAY_S + 600.0));
+    assert_eq!((t.bytes, t.why.recent_peak), (0, 0));
+    assert!(
+        (t.why.planned_rate - 1.0).abs() < 1e-9,
+        "{}",
+        t.why.planned_rate
+    );
+    // Known demand still goes on top.
+    let t = f.target(&Inputs {
+        pending: 8 * GIB,
+        ..look(MONDAY + 15.0 * DAY_S + 600.0)
+    });
+    assert_eq!(t.bytes, 8 * GIB);
+    // Announced 1 s ahead, a start needs what the refill could not make warm in that second;
+    // a second start 1 s after it also needs what the first left (the Lindley recursion).
+    let mut g = Forecast::new(goal(0.99));
+    g.started_announced(MONDAY, 8 * GIB, rate, 1.0);
+    g.started_announced(MONDAY + 1.0, 8 * GIB, rate, 1.0);
+    let t = g.target(&look(MONDAY + 2.0));
+    assert_eq!(t.why.recent_peak, 8 * GIB);
+    // With no announcement the plain recursion: 8 + (8 - 4) GiB.
+    let mut h = Forecast::new(goal(0.99));
+    h.started(MONDAY, 8 * GIB, rate);
+    h.started(MONDAY + 1.0, 8 * GIB, rate);
+    assert_eq!(h.target(&look(MONDAY + 2.0)).why.recent_peak, 12 * GIB);
+}
+
+#[test]
+fn an_exact_forecast_plans_each_hour_from_its_own_starts_alone() {
+    // A 16 GiB start at 03:00 on Monday only, and 1 GiB starts every other hour.
+    let feed = |f: &mut Forecast| {
+        for h in 0..24 {
+            let bytes = if h == 3 { 16 * GIB } else { GIB };
+            f.started(
+                MONDAY + f64::from(h) * 3600.0 + 1800.0,
+                bytes,
+                4.0 * GIB as f64,
+            );
+        }
+        f.replan();
+    };
+    let mut exact = Forecast::exact(goal(1.0));
+    feed(&mut exact);
+    assert_eq!(exact.plan()[3], Some(16 * GIB));
+    assert_eq!(exact.plan()[12], Some(GIB));
+    // The forecast smooths and pools: 12h also keeps room for a 16 GiB start.
+    let mut smooth = Forecast::new(goal(1.0));
+    feed(&mut smooth);
+    assert_eq!(smooth.plan()[12], Some(16 * GIB));
+}
