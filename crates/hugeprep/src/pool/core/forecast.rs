@@ -158,6 +158,9 @@ pub struct Forecast {
     planned_rate: f64,
     /// Random state for replacing samples past [`SAMPLES_PER_WEEK`] (splitmix64).
     rng: u64,
+    /// Plan each bucket from its own samples alone, unsmoothed and unpooled (a plan made
+    /// in hindsight from the very starts it is judged on: [`Forecast::exact`]).
+    exact: bool,
 }
 
 /// The bucket of local time `t_s`: hour of the day, weekend hours after weekday ones.
@@ -202,6 +205,19 @@ impl Forecast {
             planned_max: [0; BUCKETS],
             planned_rate: 0.0,
             rng: 0x9e37_79b9_7f4a_7c15,
+            exact: false,
+        }
+    }
+
+    /// A forecast that plans each hour from that hour's own samples only, with no
+    /// smoothing over the hours around it and no pooled shape: fed the very starts it is
+    /// then judged on, its plan is the least warm memory any target set by the hour of the
+    /// week can keep for the goal (a bound for benchmarks, not a forecast: it has nothing
+    /// to spare for a week unlike the last).
+    pub fn exact(goal: Goal) -> Forecast {
+        Forecast {
+            exact: true,
+            ..Forecast::new(goal)
         }
     }
 
@@ -223,6 +239,18 @@ impl Forecast {
     /// A VM started at local time `at_s` with `bytes` of memory of this pool's page size.
     /// `refill_rate`: the pool's measured rate, bytes/s.
     pub fn started(&mut self, at_s: f64, bytes: u64, refill_rate: f64) {
+        self.started_announced(at_s, bytes, refill_rate, 0.0);
+    }
+
+    /// A VM started, as [`Forecast::started`], that the pool saw coming `announced_s`
+    /// seconds before: a Placement allocation the driver found not yet leased, whose bytes
+    /// the look added to the target as known demand. The refill had that long to make
+    /// them warm, so the pool itself needed that much less beforehand. What a start needs
+    /// of the warm pool is then the Lindley recursion with each start's refill beginning
+    /// at its announcement: `D_i = bytes_i + max(-R L_i, D_(i-1) - R (t_i - t_(i-1)))`,
+    /// and the need is `max(0, D_i)` (0: the announcement alone makes it warm). With
+    /// `announced_s = 0` this is the plain recursion of the module's doc.
+    pub fn started_announced(&mut self, at_s: f64, bytes: u64, refill_rate: f64, announced_s: f64) {
         self.mean_bytes = if self.mean_bytes == 0.0 {
             bytes as f64
         } else {
@@ -234,13 +262,20 @@ impl Forecast {
         } else {
             0.0
         };
-        let need = match self.last {
-            // A clock stepped back: nothing before this start is known to be before it.
-            Some((t, need)) if t <= at_s => bytes as f64 + (need - rate * (at_s - t)).max(0.0),
-            _ => bytes as f64,
+        let lead = if announced_s.is_finite() {
+            announced_s.max(0.0)
+        } else {
+            0.0
         };
-        self.last = Some((at_s, need));
-        let need = need as u64;
+        let ahead = -(rate * lead);
+        let carried = match self.last {
+            // A clock stepped back: nothing before this start is known to be before it.
+            Some((t, d)) if t <= at_s => (d - rate * (at_s - t)).max(ahead),
+            _ => ahead,
+        };
+        let d = bytes as f64 + carried;
+        self.last = Some((at_s, d));
+        let need = d.max(0.0) as u64;
         while self
             .recent
             .front()
@@ -250,6 +285,14 @@ impl Forecast {
         }
         self.recent.push_back((at_s, need));
         self.record(at_s, need);
+    }
+
+    /// Forgets the recent starts (the last hour's and day's needs and the last start),
+    /// keeping the samples and the plan: a plan made from a trace's own needs can then be
+    /// replayed over that trace without seeing ahead (the bench's hindsight bound).
+    pub fn forget_recent(&mut self) {
+        self.recent.clear();
+        self.last = None;
     }
 
     fn record(&mut self, at_s: f64, demand: u64) {
@@ -282,7 +325,13 @@ impl Forecast {
         let mut total = 0.0;
         let mut plan: [Option<u64>; BUCKETS] = [None; BUCKETS];
         for (b, (planned, planned_max)) in plan.iter_mut().zip(&mut self.planned_max).enumerate() {
-            let weighted = mixed(&own, &global, b);
+            let weighted = if self.exact {
+                let mut own_b = own[b].clone();
+                own_b.sort_unstable_by_key(|&(s, _)| s);
+                own_b
+            } else {
+                mixed(&own, &global, b)
+            };
             let Some(&(max, _)) = weighted.last() else {
                 continue;
             };
@@ -482,7 +531,9 @@ fn hull(sorted: &[(u64, f64)]) -> Vec<(u64, f64)> {
     upper
         .windows(2)
         .map(|w| (w[1].0 - w[0].0, w[1].1 - w[0].1))
-        .filter(|&(bytes, starts)| bytes > 0 && starts > 0.0)
+        // A first step of 0 bytes: the starts that need nothing of the pool (announced
+        // early enough) are warm at any target.
+        .filter(|&(_, starts)| starts > 0.0)
         .collect()
 }
 
