@@ -154,8 +154,12 @@ impl Registry {
     /// Puts each adaptive target's installed bytes in its `warm` (and, when it names no
     /// sizes, files of the size a static target of that many bytes keeps).
     pub fn apply(&self, targets: &mut [Target]) {
-        for t in targets.iter_mut().filter(|t| t.adaptive.is_some()) {
-            t.warm = self.installed((t.node, t.page_size));
+        for t in targets.iter_mut() {
+            let Some(goal) = t.adaptive else {
+                continue;
+            };
+            // A lowered ceiling holds at once, before the next look.
+            t.warm = self.installed((t.node, t.page_size)).min(goal.ceiling);
             if t.sizes.is_empty() && t.warm > 0 {
                 t.sizes
                     .push(crate::policy::pool::default_file_size(t.warm, t.page_size));
