@@ -320,7 +320,7 @@ impl Pool {
 
     /// Re-applies the policy in force with the configuration's targets, through
     /// [`Pool::set_policy`] (which puts the API targets in their place).
-    pub(super) fn reapply_targets(&self) {
+    fn reapply_targets(&self) {
         let mut policy = (*self.policy()).clone();
         policy.targets = self.settings.api_targets.lock().config.clone();
         self.set_policy(policy);

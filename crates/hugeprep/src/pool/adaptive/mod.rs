@@ -156,7 +156,8 @@ impl Pool {
             changed
         };
         if changed {
-            self.reapply_targets();
+            self.settings.reapply_adaptive();
+            self.table.notify();
             tracing::info!(policy = %self.policy().describe(), "adaptive warm targets sized");
         }
         changed

@@ -283,6 +283,16 @@ impl Forecast {
         {
             self.recent.pop_front();
         }
+        // An earlier need no larger than this one is never the largest of a window that
+        // reaches back to it (each such window holds this one too): dropped, so a day of
+        // starts keeps only its falling sequence of needs, however many VMs start.
+        while self
+            .recent
+            .back()
+            .is_some_and(|&(t, d)| d <= need && t <= at_s)
+        {
+            self.recent.pop_back();
+        }
         self.recent.push_back((at_s, need));
         self.record(at_s, need);
     }

@@ -53,6 +53,15 @@ impl Settings {
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
     }
 
+    /// Puts the adaptive targets' current sizes into the policy in force, under its lock (a
+    /// reload or an API change meanwhile is never undone).
+    pub(in crate::pool) fn reapply_adaptive(&self) {
+        let mut guard = self.policy.write().unwrap_or_else(|e| e.into_inner());
+        let mut policy = (**guard).clone();
+        self.adaptive.apply(&mut policy.targets);
+        *guard = Arc::new(policy);
+    }
+
     /// The mount serving `ps`, or an error naming the page sizes served.
     pub(in crate::pool) fn mount(&self, ps: PageSize) -> Result<&PoolMount> {
         self.mounts.get(&ps).ok_or_else(|| PoolError::Field {
