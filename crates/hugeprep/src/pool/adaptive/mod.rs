@@ -33,6 +33,9 @@ use crate::pool::core::forecast::Inputs;
 /// How often each adaptive target is looked at.
 pub const LOOK_EVERY: Duration = Duration::from_secs(60);
 
+/// How long after a start its look waits: as long as the lessee grace's default.
+pub const AFTER_START: Duration = super::LESSEE_GRACE;
+
 /// The refill rate assumed until the worker has faulted or scrubbed enough to measure one,
 /// bytes/s (1 GiB/s, below what one CPU faults 2M pages at on the hosts measured).
 pub const DEFAULT_REFILL_RATE: f64 = (1u64 << 30) as f64;
@@ -168,11 +171,15 @@ impl Pool {
         self.adaptive_state().lock().report()
     }
 
-    /// Waits for the next look: [`LOOK_EVERY`], or a start.
+    /// Waits for the next look: [`LOOK_EVERY`], or [`AFTER_START`] after a start (the
+    /// starts of a deploy make one look, and the VM's own start goes first).
     async fn adaptive_wait(&self) {
         tokio::select! {
             _ = tokio::time::sleep(LOOK_EVERY) => {}
-            _ = self.adaptive_state().wake.notified() => {}
+            _ = async {
+                self.adaptive_state().wake.notified().await;
+                tokio::time::sleep(AFTER_START).await;
+            } => {}
         }
     }
 }
