@@ -18,6 +18,7 @@
 //! handed out unproven. See `docs/pool.md`.
 
 use self::core::aside;
+pub mod adaptive;
 pub mod capacity;
 pub mod core;
 mod counters;

@@ -202,6 +202,7 @@ mod tests {
             warm,
             sizes,
             flavors,
+            adaptive: None,
         }
     }
 

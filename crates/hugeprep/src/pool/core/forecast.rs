@@ -40,7 +40,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::Serialize;
 
-use super::forecast_samples::{hull, mixed, pooled};
+pub use super::forecast_steps::horizon;
+use super::forecast_steps::{hull, mixed, pooled};
 
 /// Buckets: 24 weekday hours, then 24 weekend hours.
 pub const BUCKETS: usize = 48;
@@ -282,6 +283,16 @@ impl Forecast {
         {
             self.recent.pop_front();
         }
+        // An earlier need no larger than this one is never the largest of a window that
+        // reaches back to it (each such window holds this one too): dropped, so a day of
+        // starts keeps only its falling sequence of needs, however many VMs start.
+        while self
+            .recent
+            .back()
+            .is_some_and(|&(t, d)| d <= need && t <= at_s)
+        {
+            self.recent.pop_back();
+        }
         self.recent.push_back((at_s, need));
         self.record(at_s, need);
     }
@@ -446,15 +457,6 @@ impl Forecast {
     pub fn plan(&self) -> &[Option<u64>; BUCKETS] {
         &self.plan
     }
-}
-
-/// The horizon for starts of `mean_bytes` at `refill_rate` bytes/s: twice the time to make
-/// one start's memory warm, within [`MIN_HORIZON_S`] and [`MAX_HORIZON_S`].
-pub fn horizon(mean_bytes: f64, refill_rate: f64) -> f64 {
-    if refill_rate <= 0.0 || !refill_rate.is_finite() {
-        return MAX_HORIZON_S;
-    }
-    (2.0 * mean_bytes / refill_rate).clamp(MIN_HORIZON_S, MAX_HORIZON_S)
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ pub(crate) mod aside;
 pub(crate) mod choice;
 pub(crate) mod decide;
 pub mod forecast;
-mod forecast_samples;
+mod forecast_steps;
 mod invariants;
 mod order;
 pub mod recovery;

@@ -220,6 +220,8 @@ impl Pool {
         st.schedule.grace_from(now, self.clearing.gate.grace());
         self.clearing.gate.leased(id, now);
         self.table.changed.notify_all();
+        drop(st);
+        self.adaptive_started(info.node, info.page_size, info.size);
         Ok(info)
     }
 

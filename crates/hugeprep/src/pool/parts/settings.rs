@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use crate::page_size::PageSize;
-use crate::pool::{targets, PoolError, PoolMount, PoolPolicy, Result};
+use crate::pool::{adaptive, targets, PoolError, PoolMount, PoolPolicy, Result};
 use crate::topology::Topology;
 
 /// The pool's settings (see the module).
@@ -18,20 +18,25 @@ pub(in crate::pool) struct Settings {
     policy: RwLock<Arc<PoolPolicy>>,
     /// Warm targets set over the API, persisted; they win over the configuration's.
     pub(in crate::pool) api_targets: targets::ApiTargets,
+    /// The adaptive targets' forecasts; their warm bytes go into every policy set.
+    pub(in crate::pool) adaptive: adaptive::Adaptive,
 }
 
 impl Settings {
     pub(super) fn new(
         mounts: Arc<BTreeMap<PageSize, PoolMount>>,
         topology: Topology,
-        policy: PoolPolicy,
+        mut policy: PoolPolicy,
         api_targets: targets::ApiTargets,
     ) -> Settings {
+        let adaptive = adaptive::Adaptive::default();
+        adaptive.apply(&mut policy.targets);
         Settings {
             mounts,
             topology,
             policy: RwLock::new(Arc::new(policy)),
             api_targets,
+            adaptive,
         }
     }
 
@@ -40,10 +45,21 @@ impl Settings {
         Arc::clone(&self.policy.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Replaces the policy, the API's targets applied over it.
+    /// Replaces the policy, the API's targets applied over it, then the adaptive targets'
+    /// current sizes.
     pub(in crate::pool) fn set_policy(&self, mut policy: PoolPolicy) {
         self.api_targets.apply(&mut policy);
+        self.adaptive.apply(&mut policy.targets);
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
+    }
+
+    /// Puts the adaptive targets' current sizes into the policy in force, under its lock (a
+    /// reload or an API change meanwhile is never undone).
+    pub(in crate::pool) fn reapply_adaptive(&self) {
+        let mut guard = self.policy.write().unwrap_or_else(|e| e.into_inner());
+        let mut policy = (**guard).clone();
+        self.adaptive.apply(&mut policy.targets);
+        *guard = Arc::new(policy);
     }
 
     /// The mount serving `ps`, or an error naming the page sizes served.

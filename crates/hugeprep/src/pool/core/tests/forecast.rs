@@ -152,11 +152,16 @@ fn a_starts_need_is_what_the_refill_has_not_made_good_since_the_ones_before() {
     let mut f = Forecast::new(goal(1.0));
     let r = 4.0 * GIB as f64;
     f.started(MONDAY, 8 * GIB, r);
+    assert_eq!(f.recent.back().map(|&(_, n)| n / GIB), Some(8));
     f.started(MONDAY + 1.0, 8 * GIB, r);
+    assert_eq!(f.recent.back().map(|&(_, n)| n / GIB), Some(12));
     f.started(MONDAY + 1.5, 2 * GIB, r);
+    assert_eq!(f.recent.back().map(|&(_, n)| n / GIB), Some(12));
+    let needs = |f: &Forecast| -> Vec<u64> { f.recent.iter().map(|&(_, n)| n / GIB).collect() };
+    assert_eq!(needs(&f), [12]);
     f.started(MONDAY + 600.0, 2 * GIB, r);
-    let needs: Vec<u64> = f.recent.iter().map(|&(_, n)| n / GIB).collect();
-    assert_eq!(needs, [8, 12, 12, 2]);
+    // Needs 8, 12, 12, 2: the recent ones keep those that can still be a window's peak.
+    assert_eq!(needs(&f), [12, 2]);
 }
 
 #[test]
@@ -235,4 +240,26 @@ fn an_exact_forecast_plans_each_hour_from_its_own_starts_alone() {
     let mut smooth = Forecast::new(goal(1.0));
     feed(&mut smooth);
     assert_eq!(smooth.plan()[12], Some(16 * GIB));
+}
+
+#[test]
+fn a_day_of_starts_keeps_only_the_needs_that_can_be_a_peak() {
+    let mut f = Forecast::new(Goal {
+        warm_start_rate: 0.99,
+        ceiling: u64::MAX,
+    });
+    // A million small starts a second apart (a hostile lessee's churn): a handful kept.
+    let t0 = 1_704_067_200.0;
+    for i in 0..1_000_000u64 {
+        f.started(t0 + i as f64 * 0.05, (1 + i % 7) << 21, 1e9);
+    }
+    assert!(f.recent.len() <= 8, "{}", f.recent.len());
+    let now = t0 + 50_000.0;
+    let t = f.target(&Inputs {
+        now_s: now,
+        pending: 0,
+        refill_rate: 1e9,
+        free_share: u64::MAX,
+    });
+    assert_eq!(t.why.recent_peak, 7 << 21);
 }

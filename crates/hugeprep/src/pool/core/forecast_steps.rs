@@ -1,15 +1,15 @@
-//! The samples a forecast's plan is made from: a bucket's needs smoothed over the hours
-//! around it, mixed with the pooled shape of all needs, and the upper convex hull of
-//! (target, warm starts) that the plan's greedy pass walks (see `forecast`'s module doc).
+//! The steps of the forecast's plan (`core::forecast`): each bucket's needs smoothed over
+//! the hours around it and mixed with the pooled shape of all, the convex hull of a bucket's
+//! (target, warm starts) points, and the look-ahead horizon.
 
-use super::forecast::POOLED;
+use super::forecast::{MAX_HORIZON_S, MIN_HORIZON_S, POOLED};
 
 /// The weights of a sample for the hours around its own (-2 to +2).
-pub(super) const KERNEL: [f64; 5] = [0.25, 0.5, 1.0, 0.5, 0.25];
+const KERNEL: [f64; 5] = [0.25, 0.5, 1.0, 0.5, 0.25];
 
 /// Bucket `b`'s needs smoothed over the hours around it on the same kind of day (the
 /// [`KERNEL`]), sorted, with their weights.
-pub(super) fn smoothed(own: &[Vec<(u64, f64)>], b: usize) -> Vec<(u64, f64)> {
+fn smoothed(own: &[Vec<(u64, f64)>], b: usize) -> Vec<(u64, f64)> {
     let kernel_sum: f64 = KERNEL.iter().sum();
     let mut weighted = Vec::new();
     for (i, k) in KERNEL.iter().enumerate() {
@@ -46,6 +46,15 @@ pub(super) fn mixed(own: &[Vec<(u64, f64)>], global: &[(u64, f64)], b: usize) ->
     }
     out.sort_unstable_by_key(|&(s, _)| s);
     out
+}
+
+/// The horizon for starts of `mean_bytes` at `refill_rate` bytes/s: twice the time to make
+/// one start's memory warm, within [`MIN_HORIZON_S`] and [`MAX_HORIZON_S`].
+pub fn horizon(mean_bytes: f64, refill_rate: f64) -> f64 {
+    if refill_rate <= 0.0 || !refill_rate.is_finite() {
+        return MAX_HORIZON_S;
+    }
+    (2.0 * mean_bytes / refill_rate).clamp(MIN_HORIZON_S, MAX_HORIZON_S)
 }
 
 /// The steps of one bucket, from its samples sorted by demand with their weights (warm
