@@ -162,6 +162,7 @@ fn every_route_and_error_matches_the_openapi_document() {
         "/v1/cpu",
         "/v1/pool",
         "/v1/capacity",
+        "/v1/pool/adaptive",
         "/metrics",
         "/v1/leases",
     ] {
@@ -252,6 +253,11 @@ fn every_route_and_error_matches_the_openapi_document() {
         400
     );
     assert_eq!(call("PUT", t, t, &[], "{}").0, 400);
+    // An adaptive target, then its report (the look follows soon; either shape validates).
+    let adaptive = r#"{"targets":[{"page_size":"2M","goal":99.5,"ceiling":"16M"}]}"#;
+    assert_eq!(call("PUT", t, t, &[], adaptive).0, 200);
+    let a = "/v1/pool/adaptive";
+    assert_eq!(call("GET", a, a, &[], "").0, 200);
     assert_eq!(call("DELETE", t, t, &[], "").0, 200);
     let (drain, resume) = ("/v1/pool/drain", "/v1/pool/resume");
     assert_eq!(call("POST", drain, drain, &[], r#"{"colour":1}"#).0, 400);

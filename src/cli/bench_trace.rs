@@ -46,6 +46,11 @@ pub struct BenchTraceArgs {
     /// last week's Wednesday at 04:00).
     #[arg(long)]
     pub unseen_burst: bool,
+    /// With `--days`: the median seconds from a VM's Placement allocation to its lease (0:
+    /// no Placement, nothing seen coming; a cloud's compute service takes seconds to tens
+    /// of seconds to bind ports and fetch images in between).
+    #[arg(long, default_value_t = 0.0)]
+    pub placement_lead: f64,
     /// With `--days`: weeks before the measured days in which the adaptive target learns.
     #[arg(long, default_value_t = 3)]
     pub learning_weeks: u32,
@@ -69,6 +74,12 @@ fn run_week(args: &BenchTraceArgs, days: u32) -> anyhow::Result<()> {
             args.learning_weeks
         );
     }
+    if !(0.0..=600.0).contains(&args.placement_lead) {
+        anyhow::bail!(
+            "--placement-lead: {} s is not from 0 to 600",
+            args.placement_lead
+        );
+    }
     if !(1..=366).contains(&days) {
         anyhow::bail!("--days: {days} is not from 1 to 366");
     }
@@ -77,6 +88,7 @@ fn run_week(args: &BenchTraceArgs, days: u32) -> anyhow::Result<()> {
             seed: args.seed,
             days,
             unseen_burst: args.unseen_burst,
+            placement_lead_s: args.placement_lead,
             ..TraceShape::default()
         },
         goal_rate: args.goal / 100.0,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use hugeprep::client::Client;
-use hugeprep::policy::pool::{FlavorSpec, TargetSpec};
+use hugeprep::policy::pool::{FlavorSpec, Percent, TargetSpec};
 use hugeprep::pool::{TargetsReport, TargetsSource};
 use hugeprep::units::format_bytes;
 use hugeprep::PageSize;
@@ -23,6 +23,13 @@ pub struct TargetsArgs {
     /// Bytes to keep warm, e.g. 8G (default with flavors: their sum).
     #[arg(long, requires = "page_size")]
     pub warm: Option<String>,
+    /// An adaptive target's warm-start goal, percent (50 to 100), with --ceiling in place of
+    /// --warm: the daemon sizes the target itself.
+    #[arg(long, requires_all = ["page_size", "ceiling"], conflicts_with = "warm")]
+    pub goal: Option<f64>,
+    /// An adaptive target's ceiling, e.g. 64G.
+    #[arg(long, requires_all = ["page_size", "goal"])]
+    pub ceiling: Option<String>,
     /// A file size to keep, e.g. 1G (repeat for a mix).
     #[arg(long = "size", value_name = "SIZE", requires = "page_size")]
     pub sizes: Vec<String>,
@@ -72,7 +79,13 @@ pub fn render(report: &TargetsReport) -> String {
         let node = t
             .node
             .map_or("every node".to_string(), |n| format!("node {n}"));
-        let shape = if t.flavors.is_empty() {
+        let shape = if let Some(a) = t.adaptive {
+            format!(
+                "adaptive: goal {}% of starts warm, ceiling {} (GET /v1/pool/adaptive)",
+                a.percent(),
+                format_bytes(a.ceiling)
+            )
+        } else if t.flavors.is_empty() {
             let sizes: Vec<String> = t.sizes.iter().map(|s| format_bytes(*s)).collect();
             format!("files of {}", sizes.join(", "))
         } else {
@@ -114,6 +127,8 @@ pub fn run(args: TargetsArgs) -> anyhow::Result<()> {
                 .iter()
                 .map(|f| flavor(f))
                 .collect::<Result<_, _>>()?,
+            goal: args.goal.map(Percent),
+            ceiling: args.ceiling.clone(),
         };
         client.blocking(client.set_targets(&[spec]))?
     } else {

@@ -12,7 +12,7 @@ use super::body::decode_json;
 use super::error::ApiError;
 use super::state::ApiState;
 use crate::page_size::PageSize;
-use crate::policy::pool::{FlavorSpec, PoolPolicyError, TargetSpec};
+use crate::policy::pool::{FlavorSpec, Percent, PoolPolicyError, TargetSpec};
 use crate::pool::{Capacity, PoolError, TargetsError, TargetsReport};
 
 /// A byte count in a request: an integer, or a string such as `"4G"`.
@@ -62,6 +62,13 @@ pub struct TargetBody {
     /// VM sizes to keep warm as files of exactly that size.
     #[serde(default)]
     pub flavors: Vec<FlavorBody>,
+    /// An adaptive target's warm-start goal, percent (50 to 100), with `ceiling`, in place
+    /// of `warm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goal: Option<Percent>,
+    /// An adaptive target's ceiling: a positive whole number of pages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling: Option<ByteCount>,
 }
 
 /// `PUT /v1/pool/targets`.
@@ -87,6 +94,8 @@ impl From<&TargetBody> for TargetSpec {
                     count: f.count,
                 })
                 .collect(),
+            goal: t.goal,
+            ceiling: t.ceiling.as_ref().map(ByteCount::text),
         }
     }
 }
@@ -113,6 +122,23 @@ fn targets_error(err: TargetsError) -> ApiError {
 
 pub(super) async fn get_targets(State(state): State<ApiState>) -> Json<TargetsReport> {
     Json(state.pool.targets())
+}
+
+/// `GET /v1/pool/adaptive`: each adaptive target's goal, ceiling, current target and why.
+pub(super) async fn get_adaptive(State(state): State<ApiState>) -> Json<AdaptiveReport> {
+    Json(AdaptiveReport {
+        targets: state.pool.adaptive(),
+        refill_rate: state.pool.refill_rate(),
+    })
+}
+
+/// `GET /v1/pool/adaptive`.
+#[derive(Debug, Clone, Serialize)]
+pub struct AdaptiveReport {
+    /// The adaptive targets in force.
+    pub targets: Vec<crate::pool::adaptive::AdaptiveStatus>,
+    /// The refill rate the looks use, bytes/s (measured, or the default until measured).
+    pub refill_rate: f64,
 }
 
 pub(super) async fn put_targets(

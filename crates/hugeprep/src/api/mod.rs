@@ -14,6 +14,7 @@
 //! | `GET /v1/pool/targets` | the warm targets in force and where they come from |
 //! | `PUT /v1/pool/targets` | set warm targets, persisted ([`TargetsBody`]) |
 //! | `DELETE /v1/pool/targets` | return to the configuration's targets |
+//! | `GET /v1/pool/adaptive` | the adaptive targets: goal, ceiling, current target and why |
 //! | `GET /v1/capacity` | what can be leased now, warm and in total |
 //! | `GET /metrics` | Prometheus metrics ([`metrics`]) |
 //! | `GET /health` | ready, or degraded with reasons ([`health`]) |

@@ -34,6 +34,7 @@ pub fn router(state: ApiState) -> Router {
                 .put(super::control::put_targets)
                 .delete(super::control::delete_targets),
         )
+        .route("/v1/pool/adaptive", get(super::control::get_adaptive))
         .route("/v1/capacity", get(super::control::capacity))
         .route("/metrics", get(metrics))
         .route("/health", get(health))

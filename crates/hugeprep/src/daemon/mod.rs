@@ -272,6 +272,7 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         format_bytes(pool.policy().targets.iter().map(|t| t.warm).sum())
     ));
     notify::spawn_status_and_watchdog(Arc::clone(&pool));
+    crate::pool::adaptive::spawn_looks(Arc::clone(&pool));
     spawn_reload_on_sighup(Arc::clone(&pool), config.reload.clone());
     let placement = config
         .placement

@@ -11,6 +11,7 @@
 //! assert!(!resolution.source.is_empty());
 //! ```
 
+mod adaptive;
 mod clearing;
 mod confidence;
 mod error;

@@ -10,8 +10,11 @@ use crate::units::format_bytes;
 pub use super::pool_error::PoolPolicyError;
 use super::recycle;
 pub use super::recycle::Recycle;
-use super::target::{default_file_size, field_bytes, round_down};
-pub use super::target::{Flavor, FlavorSpec, Target, TargetSpec, MAX_FLAVORS, MAX_FLAVOR_COUNT};
+pub(crate) use super::target::default_file_size;
+use super::target::{field_bytes, round_down};
+pub use super::target::{
+    AdaptiveGoal, Flavor, FlavorSpec, Percent, Target, TargetSpec, MAX_FLAVORS, MAX_FLAVOR_COUNT,
+};
 
 /// The embedded default policy (keeps nothing warm).
 pub const EMBEDDED: &str = include_str!("../../../../policies/pool.toml");
@@ -305,6 +308,7 @@ impl PoolPolicy {
             warm,
             sizes,
             flavors: Vec::new(),
+            adaptive: None,
         });
     }
 

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::adaptive::{AdaptiveGoal, Percent};
 use super::pool_error::PoolPolicyError;
 use crate::page_size::PageSize;
 use crate::units::{format_bytes, parse_bytes};
@@ -29,6 +30,14 @@ pub struct TargetSpec {
     /// `[{ size = "4G", count = 4 }]`; with flavors the pool does not learn its shape.
     #[serde(default)]
     pub flavors: Vec<FlavorSpec>,
+    /// An adaptive target's warm-start goal, percent (50 to 100), with `ceiling` and in
+    /// place of `warm`: the daemon sizes the target itself (docs/pool.md, "Sizing the pool
+    /// itself").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goal: Option<Percent>,
+    /// An adaptive target's ceiling, e.g. `"64G"`: a positive whole number of pages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling: Option<String>,
 }
 
 /// One flavor as written in TOML or JSON: `count` warm files of `size`.
@@ -63,6 +72,9 @@ pub struct Target {
     pub sizes: Vec<u64>,
     /// Flavors to keep warm (their sum is at most `warm`); empty: sizes or learned demand.
     pub flavors: Vec<Flavor>,
+    /// The goal of an adaptive target, whose `warm` the daemon sets (0 as validated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<AdaptiveGoal>,
 }
 
 /// The most flavors one target may name, and files one flavor may ask for.
@@ -73,6 +85,9 @@ pub const MAX_FLAVOR_COUNT: u32 = 4096;
 impl TargetSpec {
     /// Validates one target; errors name the field under `prefix` (e.g. `target[0]`).
     pub fn validate(&self, prefix: &str) -> Result<Target, PoolPolicyError> {
+        if let Some(adaptive) = super::adaptive::validate(self, prefix)? {
+            return Ok(adaptive);
+        }
         let t = self;
         let whole_pages = |field: String, s: &str| -> Result<u64, PoolPolicyError> {
             let bytes = field_bytes(field.clone(), s)?;
@@ -150,6 +165,7 @@ impl TargetSpec {
             warm,
             sizes,
             flavors,
+            adaptive: None,
         })
     }
 }
@@ -170,6 +186,6 @@ pub(super) fn round_down(bytes: u64, page: PageSize) -> u64 {
 /// The file size kept when a target names none: the whole target up to 16 GiB, so that the
 /// quick start's `--warm 4G` serves `hugeprep lease vm1 4G` from one warm file (files of
 /// 1 GiB made such a lease grow one file by 3 GiB of cold pages).
-pub(super) fn default_file_size(warm: u64, page: PageSize) -> u64 {
+pub(crate) fn default_file_size(warm: u64, page: PageSize) -> u64 {
     warm.min(round_down(16 << 30, page).max(page.bytes()))
 }

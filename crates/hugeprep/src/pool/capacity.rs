@@ -40,8 +40,8 @@ impl Pool {
     /// What can be leased now, per node and page size.
     pub fn capacity(&self) -> Capacity {
         let mut kinds = Vec::new();
-        for ps in self.mounts.keys() {
-            for node in self.topology.node_ids() {
+        for ps in self.settings.mounts.keys() {
+            for node in self.settings.topology.node_ids() {
                 // The kernel is read outside the lock: leases and the worker take it often.
                 let kernel_available_bytes = self.host.available_bytes(node, *ps);
                 let st = self.lock();

@@ -56,17 +56,20 @@ impl Pool {
         page_size: Option<PageSize>,
     ) -> Result<Vec<(u32, PageSize)>> {
         if let Some(n) = node {
-            self.topology.node(n).map_err(|e| PoolError::Field {
-                field: "node",
-                message: e.to_string(),
-            })?;
+            self.settings
+                .topology
+                .node(n)
+                .map_err(|e| PoolError::Field {
+                    field: "node",
+                    message: e.to_string(),
+                })?;
         }
         if let Some(ps) = page_size {
             self.mount(ps)?;
         }
         let mut out = Vec::new();
-        for ps in self.mounts.keys() {
-            for n in self.topology.node_ids() {
+        for ps in self.settings.mounts.keys() {
+            for n in self.settings.topology.node_ids() {
                 if node.map_or(true, |x| x == n) && page_size.map_or(true, |x| x == *ps) {
                     out.push((n, *ps));
                 }
@@ -81,49 +84,77 @@ impl Pool {
     pub fn drain(&self, req: &DrainRequest, wait: Duration) -> Result<DrainReport> {
         let kinds = self.kinds(req.node, req.page_size)?;
         let deadline = self.host.now() + wait;
+        let (deleted, incomplete) = self.empty_kinds(&kinds, deadline);
+        self.table.changed.notify_all();
+        let report_kinds = self.drained_kinds(&kinds, &deleted);
+        // A raise decided before the drain finishes first and is given back with the rest.
+        let _gate = self.kernel.gate();
+        let released = if req.release_pools {
+            self.release_pools(&kinds)?
+        } else {
+            Vec::new()
+        };
+        tracing::info!(kinds = kinds.len(), incomplete, "drained");
+        Ok(DrainReport {
+            kinds: report_kinds,
+            released,
+            incomplete,
+        })
+    }
+
+    /// Marks `kinds` drained and deletes their idle files until none is left unsettled or
+    /// `deadline` passes: the bytes deleted per kind, and whether some stayed unsettled.
+    fn empty_kinds(
+        &self,
+        kinds: &[(u32, PageSize)],
+        deadline: Instant,
+    ) -> (BTreeMap<(u32, PageSize), u64>, bool) {
         let mut deleted: BTreeMap<(u32, PageSize), u64> = BTreeMap::new();
-        let incomplete;
-        {
-            let mut st = self.lock();
-            for k in &kinds {
-                st.drained.insert(*k);
-                st.reasons.remove(k);
-            }
-            self.changed.notify_all();
-            loop {
-                let drainable = |e: &Entry| {
-                    kinds.contains(&(e.rec().node, e.rec().page_size))
+        let mut st = self.lock();
+        for k in kinds {
+            st.drained.insert(*k);
+            st.reasons.remove(k);
+        }
+        self.table.changed.notify_all();
+        let of_kinds = |e: &Entry| kinds.contains(&(e.rec().node, e.rec().page_size));
+        loop {
+            let idle: Vec<(u64, (u32, PageSize), u64)> = st
+                .core
+                .files()
+                .filter(|e| {
+                    of_kinds(e)
                         && e.busy().is_none()
                         && !matches!(e.rec().state, FileState::Leased(_))
-                };
-                let idle: Vec<(u64, (u32, PageSize), u64)> = st
-                    .core
-                    .files()
-                    .filter(|e| drainable(e))
-                    .map(|e| (e.rec().id, (e.rec().node, e.rec().page_size), e.rec().size))
-                    .collect();
-                let ids = idle.iter().map(|f| f.0).collect::<Vec<_>>();
-                let gone;
-                (st, gone) = self.give_up_all(st, &ids);
-                for (id, kind, size) in idle {
-                    if gone.contains(&id) {
-                        *deleted.entry(kind).or_default() += size;
-                    }
+                })
+                .map(|e| (e.rec().id, (e.rec().node, e.rec().page_size), e.rec().size))
+                .collect();
+            let ids = idle.iter().map(|f| f.0).collect::<Vec<_>>();
+            let gone;
+            (st, gone) = self.give_up_all(st, &ids);
+            for (id, kind, size) in idle {
+                if gone.contains(&id) {
+                    *deleted.entry(kind).or_default() += size;
                 }
-                let unsettled = st.core.files().any(|e| {
-                    kinds.contains(&(e.rec().node, e.rec().page_size))
-                        && (e.busy().is_some() || !matches!(e.rec().state, FileState::Leased(_)))
-                });
-                if !unsettled || self.host.now() >= deadline {
-                    incomplete = unsettled;
-                    break;
-                }
-                st = st.wait_timeout(&self.changed, Duration::from_millis(20));
             }
+            let unsettled = st.core.files().any(|e| {
+                of_kinds(e)
+                    && (e.busy().is_some() || !matches!(e.rec().state, FileState::Leased(_)))
+            });
+            if !unsettled || self.host.now() >= deadline {
+                return (deleted, unsettled);
+            }
+            st = st.wait_timeout(&self.table.changed, Duration::from_millis(20));
         }
-        self.changed.notify_all();
+    }
+
+    /// What the drain did to each of `kinds`: bytes deleted, bytes still leased.
+    fn drained_kinds(
+        &self,
+        kinds: &[(u32, PageSize)],
+        deleted: &BTreeMap<(u32, PageSize), u64>,
+    ) -> Vec<DrainedKind> {
         let status = self.status();
-        let report_kinds = kinds
+        kinds
             .iter()
             .map(|&(node, page_size)| DrainedKind {
                 node,
@@ -135,33 +166,28 @@ impl Pool {
                     .find(|k| k.node == node && k.page_size == page_size)
                     .map_or(0, |k| k.leased_bytes),
             })
-            .collect();
+            .collect()
+    }
+
+    /// Gives the pages hugeprep added to the kernel's pools of `kinds` back.
+    fn release_pools(&self, kinds: &[(u32, PageSize)]) -> Result<Vec<reserve::Released>> {
         let mut released = Vec::new();
-        // A raise decided before the drain finishes first and is given back with the rest.
-        let _gate = self.reserve_gate.lock().unwrap_or_else(|e| e.into_inner());
-        if req.release_pools {
-            for &(node, ps) in &kinds {
-                let r = self.reservations.release(node, ps)?;
-                if r.released > 0 || r.kept > 0 {
-                    tracing::info!(
-                        node, page_size = %ps, released = r.released, kept = r.kept,
-                        "gave the pages hugeprep added back to the kernel's pool"
-                    );
-                }
-                released.push(r);
+        for &(node, ps) in kinds {
+            let r = self.kernel.reservations.release(node, ps)?;
+            if r.released > 0 || r.kept > 0 {
+                tracing::info!(
+                    node, page_size = %ps, released = r.released, kept = r.kept,
+                    "gave the pages hugeprep added back to the kernel's pool"
+                );
             }
+            released.push(r);
         }
-        tracing::info!(kinds = kinds.len(), incomplete, "drained");
-        Ok(DrainReport {
-            kinds: report_kinds,
-            released,
-            incomplete,
-        })
+        Ok(released)
     }
 
     /// Gives up the idle files `ids` together: all marked deleting under one hold of the lock
-    /// (so that the worker, woken by the drain, takes none of them meanwhile), truncated and
-    /// unlinked outside it. Returns the lock taken again and the files deleted.
+    /// (so that the worker, woken by the drain, takes none of them meanwhile), truncated,
+    /// unlinked and unjournaled outside it. Returns the lock taken again and the files deleted.
     fn give_up_all<'a>(
         &'a self,
         mut st: locked::Locked<'a>,
@@ -174,17 +200,23 @@ impl Pool {
         drop(st);
         let removed: Vec<_> = removals
             .into_iter()
-            .map(|(id, remove)| (id, self.perform(&remove)))
+            .map(|(id, remove)| (id, self.remove(&remove)))
             .collect();
         let mut st = self.lock();
         let mut gone = Vec::new();
-        for (id, result) in removed {
-            self.finish_delete(&mut st, id, result);
+        let mut after = Vec::new();
+        for (id, removal) in removed {
+            after.push(self.finish_delete(&mut st, id, removal));
             if st.core.get(id).is_none() {
                 gone.push(id);
             }
         }
-        (st, gone)
+        // The records of the deleted files are removed outside the lock.
+        drop(st);
+        for a in after {
+            self.perform_after(a);
+        }
+        (self.lock(), gone)
     }
 
     /// Lets the kinds `node`/`page_size` name refill to their targets again after a drain;
@@ -198,7 +230,7 @@ impl Pool {
         let mut st = self.lock();
         let resumed: Vec<_> = kinds.into_iter().filter(|k| st.drained.remove(k)).collect();
         drop(st);
-        self.changed.notify_all();
+        self.table.changed.notify_all();
         Ok(resumed)
     }
 

@@ -7,6 +7,14 @@ use super::core::Action;
 use super::locked::Locked;
 use super::*;
 
+/// A file removal performed outside the lock (see [`Pool::remove`]).
+pub(super) struct Removal {
+    result: std::result::Result<(), ActionError>,
+    /// The file's length on the mount when the removal failed (a cut that failed half-way
+    /// changed it), read outside the lock.
+    on_mount: Option<u64>,
+}
+
 /// An action the driver could not perform.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ActionError {
@@ -43,8 +51,9 @@ impl Pool {
     }
 
     /// Gives up the file `id` (idle, or its work failed): truncated when released memory may
-    /// be in it, unlinked, forgotten, its record removed; the truncate and unlink run outside
-    /// the lock, the file being busy meanwhile. Returns the lock taken again.
+    /// be in it, unlinked, forgotten, its record removed; the truncate, the unlink and the
+    /// record's removal run outside the lock, the file being busy (then forgotten) meanwhile.
+    /// Returns the lock taken again.
     pub(super) fn give_up<'a>(&'a self, mut st: Locked<'a>, id: u64) -> Locked<'a> {
         let remove = match st.core.begin_delete(id) {
             Ok(action) => action,
@@ -54,10 +63,10 @@ impl Pool {
             }
         };
         drop(st);
-        let removed = self.perform(&remove);
-        let mut st = self.lock();
-        self.finish_delete(&mut st, id, removed);
-        st
+        let removal = self.remove(&remove);
+        let after = self.finish_delete(&mut self.lock(), id, removal);
+        self.perform_after(after);
+        self.lock()
     }
 
     /// [`Pool::give_up`] without the lock held.
@@ -65,42 +74,68 @@ impl Pool {
         drop(self.give_up(self.lock(), id));
     }
 
-    /// Ends a deletion whose file removal returned `removed`: the file is forgotten and its
-    /// record removed, or it stays (idle) when the file could not be removed.
+    /// Performs a file's removal (outside the lock: the file is busy deleting), reading the
+    /// length it kept when the removal failed.
+    pub(super) fn remove(&self, remove: &Action) -> Removal {
+        let result = self.perform(remove);
+        let on_mount = match (&result, remove) {
+            (Err(_), Action::RemoveFile { rec, .. }) => {
+                self.host.file_size(host::FileAt::of(rec)).ok()
+            }
+            _ => None,
+        };
+        Removal { result, on_mount }
+    }
+
+    /// Ends a deletion: the file is forgotten and its record is to be removed (returned, to
+    /// perform once the lock is released: the id is never given again, so no later record of
+    /// it can be overtaken), or it stays (idle) when the file could not be removed.
     pub(super) fn finish_delete(
         &self,
         st: &mut State,
         id: u64,
-        removed: std::result::Result<(), ActionError>,
-    ) {
-        let outcome = match removed {
+        removal: Removal,
+    ) -> Option<Action> {
+        let outcome = match removal.result {
             Ok(()) => {
                 st.pages_returned();
                 st.core.deleted(id).map(Some)
             }
             Err(err) => {
                 tracing::error!(id, %err, "cannot delete pool file");
-                st.core.delete_failed(id, self.size_on_mount(st, id))
-            }
-        };
-        match outcome {
-            Ok(Some(record)) => {
-                // The record outlives the file (the next start drops it), or keeps the size
-                // the file had before (the next start corrects it from the file).
-                if let Err(err) = self.perform(&record) {
-                    tracing::error!(id, %err, "cannot update the journal record of a pool file");
+                match st.core.delete_failed(id, removal.on_mount) {
+                    // A file that could not be removed keeps the size it has on the mount.
+                    // Journaled under the lock on purpose: the file is idle again from here,
+                    // and a later record of it (a scrub, a lease) must not be overtaken by
+                    // this one. A rare error path (a failed unlink), not a lease's.
+                    Ok(Some(record)) => {
+                        if let Err(err) = self.perform(&record) {
+                            tracing::error!(id, %err, "cannot update the journal record of a pool file");
+                        }
+                        Ok(None)
+                    }
+                    other => other,
                 }
             }
-            Ok(None) => {}
-            Err(err) => tracing::error!(%err, "pool core refused the end of a deletion"),
+        };
+        self.table.changed.notify_all();
+        match outcome {
+            Ok(after) => after,
+            Err(err) => {
+                tracing::error!(%err, "pool core refused the end of a deletion");
+                None
+            }
         }
-        self.changed.notify_all();
     }
 
-    /// The length of file `id` on its mount, if it can be read.
-    fn size_on_mount(&self, st: &State, id: u64) -> Option<u64> {
-        let page_size = st.core.get(id)?.rec().page_size;
-        self.host.file_size(host::FileAt { page_size, id }).ok()
+    /// Performs what [`Pool::finish_delete`] left for after the lock: the record of a deleted
+    /// file removed (a record left behind names no file, and the next start drops it).
+    pub(super) fn perform_after(&self, after: Option<Action>) {
+        if let Some(action) = after {
+            if let Err(err) = self.perform(&action) {
+                tracing::error!(%err, "cannot remove the journal record of a deleted pool file");
+            }
+        }
     }
 
     /// Undoes a file the core forgot ([`core::Core::abort_cold`], `fill_failed`): its
@@ -108,7 +143,9 @@ impl Pool {
     /// `EBUSY`) its record stays, as a dirty file the worker gives the kernel's path and
     /// removes again (see [`core::Core::unremoved`]): dropping the record would leave the
     /// file's pages to nobody until the next start. `what` names the undo in the log.
-    pub(super) fn undo_forgotten(&self, st: &mut State, undo: &[Action], what: &'static str) {
+    /// Runs outside the state lock (the id is never given again, so nothing else writes the
+    /// file or its record meanwhile); the lock is taken only to hand a file back to the core.
+    pub(super) fn undo_forgotten(&self, undo: &[Action], what: &'static str) {
         for action in undo {
             let Action::RemoveFile { rec, .. } = action else {
                 self.perform_all(std::slice::from_ref(action), what);
@@ -127,12 +164,15 @@ impl Pool {
                 on_mount => on_mount.ok(),
             };
             tracing::warn!(id = rec.id, %err, what, "cannot remove the file of a failed lease or refill: kept as dirty, removed again later");
-            match st.core.unremoved(rec.clone(), on_mount) {
+            let kept = self.lock().core.unremoved(rec.clone(), on_mount);
+            match kept {
+                // Written outside the lock: should the worker delete the file first, the
+                // record names no file, and the next start drops it.
                 Ok(journal) => {
                     if let Err(err) = self.perform(&journal) {
                         tracing::error!(id = rec.id, %err, "cannot journal an unremoved file dirty");
                     }
-                    self.changed.notify_all();
+                    self.table.changed.notify_all();
                 }
                 Err(err) => tracing::error!(%err, "pool core refused an unremoved file"),
             }

@@ -99,7 +99,7 @@ impl Pool {
         {
             let mut st = self.lock();
             loop {
-                if self.shutdown.load(Ordering::SeqCst) {
+                if self.table.is_shut_down() {
                     return Err(PoolError::ShuttingDown);
                 }
                 if let Some((info, first)) = self.lease_of_key(&st, key, principal) {
@@ -119,7 +119,7 @@ impl Pool {
                         return Err(conflict(key, "another request still running"));
                     }
                     Some(_) if Instant::now() < deadline => {
-                        st = st.wait_timeout(&self.changed, Duration::from_millis(50));
+                        st = st.wait_timeout(&self.table.changed, Duration::from_millis(50));
                     }
                     Some(_) => return Err(conflict(key, "a request that is still running")),
                     None => {
@@ -139,7 +139,7 @@ impl Pool {
         let result = self.lease_tagged(req, tag.as_ref(), tenant);
         let mut st = self.lock();
         st.keyed.remove(&scoped);
-        self.changed.notify_all();
+        self.table.changed.notify_all();
         result.map(|info| (info, false))
     }
 }

@@ -1,7 +1,6 @@
 //! The worker's jobs (chosen by `worker.rs`): each performs its file's I/O outside the state
 //! lock (the file is busy meanwhile) and ends with the core's transition for the outcome.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::aside::Verdict;
@@ -80,7 +79,7 @@ impl Pool {
         };
         match proof {
             Ok(p) => {
-                self.counters.proven(p.took);
+                self.table.counters.proven(p.took);
                 tracing::debug!(
                     id,
                     openers = p.openers,
@@ -94,7 +93,7 @@ impl Pool {
                 | Unproven::IoUring { .. }
                 | Unproven::Referenced { .. }
                 | Unproven::PagesHeld { .. }),
-            ) if !self.shutdown.load(Ordering::SeqCst) => Proved::Held(reason),
+            ) if !self.table.is_shut_down() => Proved::Held(reason),
             Err(reason) => Proved::No(reason),
         }
     }
@@ -107,7 +106,7 @@ impl Pool {
             id, lease, name, reason = reason.label(), detail = %reason,
             "released memory takes the kernel's path: truncated and deleted, the refill faults new pages"
         );
-        self.counters.kernel_path(reason);
+        self.table.counters.kernel_path(reason);
     }
 
     /// A proof found the released file still held: it waits aside at `size` (its size on
@@ -133,7 +132,7 @@ impl Pool {
                     st.aside.remove(id);
                     return false;
                 }
-                self.counters.held_aside();
+                self.table.counters.held_aside();
                 tracing::debug!(
                     id,
                     principal,
@@ -178,13 +177,13 @@ impl Pool {
             bandwidth: self.policy().scrub_bandwidth,
             background: !pressing,
             verify: self.policy().verify,
-            yield_to: (!pressing).then(|| Arc::clone(&self.gate) as Arc<dyn Yield>),
+            yield_to: (!pressing).then(|| Arc::clone(&self.clearing.gate) as Arc<dyn Yield>),
         };
         let file = match self.host.open(at) {
             Ok(f) => f,
             Err(err) => {
                 tracing::error!(%err, "cannot open a released file: deleting it");
-                self.counters.release_failed(ReleaseFailure::Open);
+                self.table.counters.release_failed(ReleaseFailure::Open);
                 self.lock().aside.remove(id);
                 return self.give_up_unlocked(id);
             }
@@ -238,7 +237,7 @@ impl Pool {
             // hugetlbfs frees every page past the end on any truncate.
             if let Err(err) = self.host.resize(&mut file, rec.size) {
                 tracing::error!(%err, "cannot cut a released file to the size in demand: deleting it");
-                self.counters.release_failed(ReleaseFailure::Cut);
+                self.table.counters.release_failed(ReleaseFailure::Cut);
                 return Err(None);
             }
         }
@@ -252,7 +251,7 @@ impl Pool {
             Ok(r) => r,
             Err(err) => {
                 tracing::warn!(%err, "cannot refill a released file's holes: deleting it");
-                self.counters.release_failed(ReleaseFailure::Holes);
+                self.table.counters.release_failed(ReleaseFailure::Holes);
                 return Err(None);
             }
         };
@@ -265,34 +264,37 @@ impl Pool {
             );
         }
         // Every page present now: each must still be on the file's node (`on_node`).
-        let stray = self
-            .host
-            .stray_page(&file, rec.node, rec.page_size.bytes())
-            .map_err(|e| Unproven::Error {
-                step: "pages' nodes",
-                message: e.to_string(),
-            })
-            .and_then(|s| {
-                s.map_or(Ok(()), |s| {
-                    Err(Unproven::Node {
-                        page: s.page,
-                        found: s.node,
-                        node: rec.node,
-                    })
-                })
-            });
-        if let Err(reason) = stray {
+        if let Err(reason) = self.all_on_node(&file, rec) {
             tracing::warn!(
                 id, reason = reason.label(), detail = %reason,
                 "released memory takes the kernel's path: truncated and deleted, the refill faults new pages"
             );
-            self.counters.proven_then_kernel_path(&reason);
+            self.table.counters.proven_then_kernel_path(&reason);
             return Err(None);
         }
         self.host
-            .scrub(&file, &refill.present, opts, &self.control)
+            .scrub(&file, &refill.present, opts, &self.clearing.control)
             .map(|r| (r, file.size()))
             .map_err(Some)
+    }
+
+    /// Whether every page `file` holds is on the node `rec` names; why not otherwise.
+    fn all_on_node(&self, file: &Handle, rec: &FileRecord) -> Result<(), Unproven> {
+        let stray = self
+            .host
+            .stray_page(file, rec.node, rec.page_size.bytes())
+            .map_err(|e| Unproven::Error {
+                step: "pages' nodes",
+                message: e.to_string(),
+            })?;
+        match stray {
+            None => Ok(()),
+            Some(s) => Err(Unproven::Node {
+                page: s.page,
+                found: s.node,
+                node: rec.node,
+            }),
+        }
     }
 
     /// The scrub's outcome: warm once journaled; dirty again when cancelled (journaled as
@@ -305,19 +307,22 @@ impl Pool {
     ) {
         match result {
             Ok((report, size)) => {
-                self.counters.scrubbed(report.bytes, report.seconds);
-                let mut st = self.lock();
+                self.table.counters.scrubbed(report.bytes, report.seconds);
                 let warm = FileRecord {
                     size,
                     state: super::FileState::Warm,
                     ..rec
                 };
+                // Outside the lock: the file is busy scrubbing until `scrubbed` below, so no
+                // other record of it is written meanwhile; a crash before `scrubbed` leaves a
+                // warm record that only a clean stop (none while busy) makes trusted.
                 if let Err(err) = self.perform(&Action::Journal(warm.clone())) {
                     tracing::error!(%err, "cannot journal a scrubbed file");
-                    self.counters.release_failed(ReleaseFailure::Journal);
-                    drop(self.give_up(st, id));
+                    self.table.counters.release_failed(ReleaseFailure::Journal);
+                    self.give_up_unlocked(id);
                     return;
                 }
+                let mut st = self.lock();
                 tracing::info!(
                     id,
                     bytes = report.bytes,
@@ -340,7 +345,7 @@ impl Pool {
             Err(err) => {
                 if let Some(err) = err {
                     tracing::error!(%err, "scrub failed: deleting the file");
-                    self.counters.release_failed(ReleaseFailure::Scrub);
+                    self.table.counters.release_failed(ReleaseFailure::Scrub);
                 }
                 self.give_up_unlocked(id);
             }
@@ -349,9 +354,9 @@ impl Pool {
 
     /// Truncates and unlinks a file the worker gives back (`remove`, from the core).
     pub(super) fn delete_job(&self, id: u64, remove: &Action) {
-        let removed = self.perform(remove);
-        let mut st = self.lock();
-        self.finish_delete(&mut st, id, removed);
+        let removal = self.remove(remove);
+        let after = self.finish_delete(&mut self.lock(), id, removal);
+        self.perform_after(after);
     }
 
     /// Journals a new file filling (`journal`), creates it and faults it at idle priority,
@@ -375,7 +380,7 @@ impl Pool {
         let cpus = self.cpus(rec.node);
         let t = self.host.now();
         let background = Background {
-            gate: Arc::clone(&self.gate) as Arc<dyn Yield>,
+            gate: Arc::clone(&self.clearing.gate) as Arc<dyn Yield>,
             taken: self.lock().taken(id).unwrap_or_default(),
         };
         let made = self
@@ -383,33 +388,40 @@ impl Pool {
             .fill(FileAt::of(&rec), rec.size, rec.node, &cpus, background)
             .map_err(|e| e.to_string());
         if made.is_ok() {
-            self.counters
+            self.table
+                .counters
                 .refill_faulted(rec.size, self.host.now().saturating_duration_since(t));
         }
-        let mut st = self.lock();
-        st.end_faulting(id);
-        self.changed.notify_all();
+        self.lock().end_faulting(id);
+        self.table.changed.notify_all();
         match made {
-            Ok(()) => match self.journal_filled(&mut st, id, rec.size) {
+            Ok(()) => match self.journal_filled(id, rec.size) {
                 Ok(()) => return,
                 Err(err) => tracing::error!(%err, "cannot journal a refilled file"),
             },
             Err(err) => {
                 tracing::warn!(%err, size = rec.size, "refill failed; retrying later");
-                st.schedule.refill_failed(self.host.now());
+                self.lock().schedule.refill_failed(self.host.now());
             }
         }
-        match st.core.fill_failed(id) {
-            Ok(undo) => self.undo_forgotten(&mut st, &undo, "a failed refill"),
+        // The file is forgotten under the lock; it is removed, then its record, outside it.
+        let undo = self.lock().core.fill_failed(id);
+        match undo {
+            Ok(undo) => self.undo_forgotten(&undo, "a failed refill"),
             Err(err) => tracing::error!(%err, "pool core refused a failed refill"),
         }
     }
 
-    /// Journals a refilled file warm and makes it so.
-    fn journal_filled(&self, st: &mut super::State, id: u64, size: u64) -> Result<(), String> {
-        let warm = st.core.warm_record(id, size).map_err(|e| e.to_string())?;
+    /// Journals a refilled file warm and makes it so: the write runs outside the lock, the
+    /// file being busy filling until `filled`.
+    fn journal_filled(&self, id: u64, size: u64) -> Result<(), String> {
+        let warm = self
+            .lock()
+            .core
+            .warm_record(id, size)
+            .map_err(|e| e.to_string())?;
         self.perform(&Action::Journal(warm.clone()))
             .map_err(|e| e.to_string())?;
-        st.core.filled(id, warm).map_err(|e| e.to_string())
+        self.lock().core.filled(id, warm).map_err(|e| e.to_string())
     }
 }

@@ -252,7 +252,7 @@ impl Pool {
             tracing::warn!(id = rec.id, %err, "cannot keep a released file that another process holds a lease on");
             return false;
         }
-        self.kept.lock().push(KeptFile {
+        self.tenants.kept.lock().push(KeptFile {
             path: kept,
             principal,
             page_size: rec.page_size,
@@ -276,12 +276,12 @@ impl Pool {
     /// no run of the probe for a file already found pinned. Runs without the state lock; the
     /// truncates free pages.
     pub(super) fn reclaim_kept(&self, principal: Option<&str>) {
-        if !self.kept.any(principal) {
+        if !self.tenants.kept.any(principal) {
             return;
         }
         let now = Instant::now();
         let tries: Vec<PathBuf> = {
-            let mut files = self.kept.lock();
+            let mut files = self.tenants.kept.lock();
             let mut tries: Vec<PathBuf> = files
                 .iter()
                 .filter(|f| !f.pinned)
@@ -308,7 +308,7 @@ impl Pool {
                 self.still_pinned(&path, still);
                 continue;
             }
-            let Some(f) = self.kept.take(&path) else {
+            let Some(f) = self.tenants.kept.take(&path) else {
                 continue;
             };
             self.truncate_kept(f, file);
@@ -325,11 +325,11 @@ impl Pool {
     /// as the release does.
     fn still_held(&self, path: &Path, file: &fs::File) -> Option<Result<u64, String>> {
         let (was_pinned, page_size, id) = {
-            let files = self.kept.lock();
+            let files = self.tenants.kept.lock();
             let f = files.iter().find(|f| f.path == path)?;
             (f.pinned, f.page_size, f.id)
         };
-        match self.reach.pinned_pages(file) {
+        match self.clearing.reach.pinned_pages(file) {
             Ok(Some(p)) if p.keep_file() => {
                 if !was_pinned {
                     super::kernel_path::punch_unpinned(file, &p, page_size, id);
@@ -354,7 +354,7 @@ impl Pool {
     /// Kept file `path`'s pages are still referenced (`Ok`: so many), or its counts could
     /// not be read (`Err`): kept, and read again at a later turn of the keeper.
     fn still_pinned(&self, path: &Path, still: Result<u64, String>) {
-        let mut files = self.kept.lock();
+        let mut files = self.tenants.kept.lock();
         let Some(f) = files.iter_mut().find(|f| f.path == path) else {
             return;
         };
@@ -408,7 +408,7 @@ impl Pool {
     /// Keeps again the files a previous run kept (found by their names in the pool
     /// directories), charged to the principal each name holds.
     pub(super) fn adopt_kept(&self) {
-        for (&page_size, mount) in self.mounts.iter() {
+        for (&page_size, mount) in self.settings.mounts.iter() {
             let dir = mount.pool_dir_handle().fd_path();
             let Ok(entries) = fs::read_dir(&dir) else {
                 continue;
@@ -426,7 +426,7 @@ impl Pool {
                     kept_bytes = bytes,
                     "a released file kept for a read lease before the restart is kept again, charged to its lessee"
                 );
-                self.kept.lock().push(KeptFile {
+                self.tenants.kept.lock().push(KeptFile {
                     path: dir.join(&name),
                     principal,
                     page_size,
@@ -445,7 +445,7 @@ impl Pool {
 
     /// Files and bytes kept past the kernel's path, waiting for their holders.
     pub fn kept_totals(&self) -> (usize, u64) {
-        self.kept.totals()
+        self.tenants.kept.totals()
     }
 
     /// Starts the keeper: a thread that tries the kept files again every [`KEEP_TURN`]
@@ -459,7 +459,7 @@ impl Pool {
                 let Some(pool) = weak.upgrade() else {
                     return;
                 };
-                if pool.shutdown.load(std::sync::atomic::Ordering::SeqCst) {
+                if pool.table.is_shut_down() {
                     return;
                 }
                 pool.reclaim_kept(None);
@@ -471,68 +471,5 @@ impl Pool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pinned(principal: &str, proven: Instant) -> KeptFile {
-        KeptFile {
-            path: PathBuf::from(format!("kept-{principal}")),
-            principal: Some(principal.into()),
-            page_size: PageSize::Size2M,
-            node: 0,
-            bytes: 0,
-            id: 0,
-            lease: 0,
-            since: proven,
-            pinned: true,
-            proven,
-        }
-    }
-
-    #[test]
-    fn the_keeper_proves_pinned_files_by_turns_of_principals() {
-        let t = Instant::now();
-        // A tenant's 20 files, all unread for longer than the honest one's.
-        let mut files: Vec<KeptFile> = (0..20)
-            .map(|i| pinned("uid:65534", t + Duration::from_millis(i)))
-            .collect();
-        files.push(pinned("uid:65533", t + Duration::from_secs(1)));
-        let mut unpinned = pinned("uid:65533", t);
-        unpinned.pinned = false;
-        files.push(unpinned);
-        let turn = proof_turns(&files, PROOFS_PER_TURN);
-        assert_eq!(turn.len(), PROOFS_PER_TURN);
-        // The honest one's file is read in the first round, second after the tenant's oldest.
-        assert_eq!(turn[..2], [0, 20]);
-        // Then the tenant's, longest unread first; never an unpinned file.
-        assert_eq!(turn[2..], [1, 2, 3, 4, 5, 6]);
-    }
-
-    #[test]
-    fn a_kept_name_holds_its_id_node_and_principal() {
-        for p in [None, Some("uid:64055"), Some("token:nova cert:CN=a-b")] {
-            let name = kept_name(7, 1, p);
-            assert!(name.len() < 255, "{name}");
-            assert_eq!(
-                parse_kept_name(&name),
-                Some((7, 1, p.map(str::to_owned))),
-                "{name}"
-            );
-        }
-        let long = "x".repeat(NAMED_PRINCIPAL + 1);
-        assert_eq!(
-            parse_kept_name(&kept_name(7, 0, Some(&long))),
-            Some((7, 0, None))
-        );
-        for bad in [
-            "p7",
-            "kept-",
-            "kept-7",
-            "kept-x-n0",
-            "kept-7-n0-abc",
-            "kept-7-n0-zz",
-        ] {
-            assert_eq!(parse_kept_name(bad), None, "{bad}");
-        }
-    }
-}
+#[path = "tests/kept.rs"]
+mod tests;

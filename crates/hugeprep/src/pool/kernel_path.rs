@@ -24,66 +24,12 @@ impl Pool {
         rec: &FileRecord,
         released: Option<&Released>,
     ) -> io::Result<()> {
-        if matches!(rec.state, FileState::Dirty | FileState::Scrubbing) {
-            if self.keep_pinned(path, rec, released) {
-                self.host.forget(rec.id);
-                return Ok(());
-            }
-            match self.host.truncate(super::host::FileAt::of(rec), rec.node) {
-                Ok(0) => {}
-                Ok(unreturned) => {
-                    self.counters.unreturned(unreturned, rec.page_size.bytes());
-                    tracing::warn!(
-                        id = rec.id,
-                        lease = released.map_or(0, |r| r.lease),
-                        name = released.map_or("", |r| r.name.as_str()),
-                        unreturned_pages = unreturned,
-                        page_size = %rec.page_size,
-                        node = rec.node,
-                        "pages of a released lease did not return to the kernel: another process still holds them (they return when it lets go)"
-                    );
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // A lessee's read lease (`F_SETLEASE`, `F_RDLCK`): its open file holds
-                    // the inode, and with it every page, after the unlink below. None of
-                    // them comes back until it lets go: all are counted.
-                    let held = held_pages(path, rec);
-                    self.counters.unreturned(held, rec.page_size.bytes());
-                    // Kept, not unlinked: truncated once the lease is gone (the kernel takes
-                    // it away within `lease-break-time`), charged to its lessee meanwhile.
-                    if self.keep(
-                        path,
-                        rec,
-                        lessee(released),
-                        held * rec.page_size.bytes(),
-                        false,
-                    ) {
-                        tracing::warn!(
-                            id = rec.id,
-                            lease = released.map_or(0, |r| r.lease),
-                            name = released.map_or("", |r| r.name.as_str()),
-                            principal = released.and_then(|r| r.principal.as_deref()).unwrap_or(""),
-                            unreturned_pages = held,
-                            page_size = %rec.page_size,
-                            node = rec.node,
-                            "another process holds a file lease on a released file: kept and charged to its lessee until the lease is gone, then truncated"
-                        );
-                        self.host.forget(rec.id);
-                        return Ok(());
-                    }
-                    tracing::warn!(
-                        id = rec.id,
-                        lease = released.map_or(0, |r| r.lease),
-                        name = released.map_or("", |r| r.name.as_str()),
-                        unreturned_pages = held,
-                        page_size = %rec.page_size,
-                        node = rec.node,
-                        "another process holds a file lease on a released file: deleted without truncating, its pages did not return to the kernel (they return when it lets go)"
-                    );
-                }
-                Err(e) => return Err(e),
-            }
+        if matches!(rec.state, FileState::Dirty | FileState::Scrubbing)
+            && (self.keep_pinned(path, rec, released)
+                || self.truncate_released(path, rec, released)?)
+        {
+            self.host.forget(rec.id);
+            return Ok(());
         }
         match self.host.unlink(super::host::FileAt::of(rec)) {
             Ok(()) => {}
@@ -92,6 +38,85 @@ impl Pool {
         }
         self.host.forget(rec.id);
         Ok(())
+    }
+
+    /// Truncates a released file before its unlink, counting and logging the pages that did
+    /// not return to the node's free list. `Ok(true)`: kept instead (a lessee's file lease
+    /// holds it, see [`Pool::kept_for_file_lease`]).
+    fn truncate_released(
+        &self,
+        path: &Path,
+        rec: &FileRecord,
+        released: Option<&Released>,
+    ) -> io::Result<bool> {
+        match self.host.truncate(super::host::FileAt::of(rec), rec.node) {
+            Ok(0) => Ok(false),
+            Ok(unreturned) => {
+                self.table
+                    .counters
+                    .unreturned(unreturned, rec.page_size.bytes());
+                tracing::warn!(
+                    id = rec.id,
+                    lease = released.map_or(0, |r| r.lease),
+                    name = released.map_or("", |r| r.name.as_str()),
+                    unreturned_pages = unreturned,
+                    page_size = %rec.page_size,
+                    node = rec.node,
+                    "pages of a released lease did not return to the kernel: another process still holds them (they return when it lets go)"
+                );
+                Ok(false)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                Ok(self.kept_for_file_lease(path, rec, released))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A lessee's read lease (`F_SETLEASE`, `F_RDLCK`) refused the truncate: its open file
+    /// holds the inode, and with it every page, after an unlink. None of them comes back
+    /// until it lets go: all are counted. Kept, not unlinked, when it can be charged to its
+    /// lessee (truncated once the lease is gone; the kernel takes it away within
+    /// `lease-break-time`): `true`.
+    fn kept_for_file_lease(
+        &self,
+        path: &Path,
+        rec: &FileRecord,
+        released: Option<&Released>,
+    ) -> bool {
+        let held = held_pages(path, rec);
+        self.table.counters.unreturned(held, rec.page_size.bytes());
+        let kept = self.keep(
+            path,
+            rec,
+            lessee(released),
+            held * rec.page_size.bytes(),
+            false,
+        );
+        if kept {
+            tracing::warn!(
+                id = rec.id,
+                lease = released.map_or(0, |r| r.lease),
+                name = released.map_or("", |r| r.name.as_str()),
+                principal = released.and_then(|r| r.principal.as_deref()).unwrap_or(""),
+                unreturned_pages = held,
+                page_size = %rec.page_size,
+                node = rec.node,
+                "another process holds a file lease on a released file: kept and charged to its lessee until the lease is gone, then truncated"
+            );
+        } else {
+            tracing::warn!(
+                id = rec.id,
+                lease = released.map_or(0, |r| r.lease),
+                name = released.map_or("", |r| r.name.as_str()),
+                unreturned_pages = held,
+                page_size = %rec.page_size,
+                node = rec.node,
+                "another process holds a file lease on a released file: deleted without truncating, its pages did not return to the kernel (they return when it lets go)"
+            );
+        }
+        kept
     }
 
     /// Before the truncate: when the kernel's counts show pages of the released file still
@@ -110,7 +135,7 @@ impl Pool {
         else {
             return false;
         };
-        let pins = match self.reach.pinned_pages(&file) {
+        let pins = match self.clearing.reach.pinned_pages(&file) {
             Ok(Some(pins)) if pins.keep_file() => pins,
             Ok(Some(pins)) if pins.pages > 0 => {
                 tracing::warn!(
@@ -135,7 +160,7 @@ impl Pool {
         if !self.keep(path, rec, lessee(released), bytes, true) {
             return false;
         }
-        self.counters.unreturned(held, rec.page_size.bytes());
+        self.table.counters.unreturned(held, rec.page_size.bytes());
         tracing::warn!(
             id = rec.id,
             lease = released.map_or(0, |r| r.lease),

@@ -18,6 +18,7 @@
 //! handed out unproven. See `docs/pool.md`.
 
 use self::core::aside;
+pub mod adaptive;
 pub mod capacity;
 pub mod core;
 mod counters;
@@ -38,6 +39,7 @@ mod kernel_path;
 mod lease;
 mod locked;
 pub mod on_node;
+mod parts;
 mod pin;
 pub mod placement;
 pub mod reach;
@@ -58,8 +60,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -68,8 +69,10 @@ use crate::clear::ClearPlan;
 use crate::hugetlb::{BackingFile, Owner};
 use crate::journal::Journal;
 use crate::page_size::PageSize;
-use crate::scrub::{ScrubControl, ScrubReport, Scrubber};
+use crate::scrub::{ScrubReport, Scrubber};
 use crate::topology::Topology;
+/// The driver's tests (`use super::*`) call the host's methods on their simulated host.
+#[cfg(test)]
 use host::Host as _;
 use state::State;
 
@@ -177,45 +180,22 @@ impl PoolMount {
 
 use self::core::{Entry, Released, Work};
 
-/// The warm pool: files, leases, the journal and the background worker's shared state.
+/// The warm pool: files, leases, the journal and the background worker's shared state,
+/// in parts of one concern each (see [`parts`]).
 #[derive(Debug)]
 pub struct Pool {
-    /// Shared with the host, which names files on them.
-    mounts: Arc<BTreeMap<PageSize, PoolMount>>,
-    topology: Topology,
-    /// Replaced whole by [`Pool::set_policy`] (a reload); readers take a snapshot.
-    policy: std::sync::RwLock<Arc<PoolPolicy>>,
+    /// What the pool serves: mounts, topology, policy, the API's targets.
+    settings: parts::Settings,
     /// Every effect the driver performs: journal, files, free pages, clock (see [`host`]).
     host: Arc<dyn host::Host>,
-    scrubber: Arc<Scrubber>,
-    control: Arc<ScrubControl>,
-    /// Holds refills and background scrubs while a VM start is under way.
-    gate: Arc<gate::StartGate>,
-    state: Mutex<State>,
-    changed: Condvar,
-    shutdown: AtomicBool,
-    clean_start: bool,
-    reservations: reserve::Reservations,
-    /// Held while a pool is raised and while a drain gives pages back, so that a raise
-    /// decided before a drain never lands after it.
-    reserve_gate: Mutex<()>,
-    /// Leases refused for want of memory: the last one and why ([`shortfall`]).
-    refusals: shortfall::Refusals,
-    /// Bytes faulted since start.
-    counters: counters::Counters,
-    /// Long-term pins of pinned leases, by file id; dropped at release or shutdown.
-    pins: Mutex<BTreeMap<u64, crate::sys::pin::LongTermPin>>,
-    /// Warm targets set over the API, persisted; they win over the configuration's.
-    api_targets: targets::ApiTargets,
-    /// Who opened leased files, and the proofs that released ones are out of reach.
-    reach: Arc<reach::Reach>,
-    /// The limits of each principal that asked for a lease since the start (see `tenant`).
-    tenant_limits: Mutex<BTreeMap<String, crate::policy::tenants::Limits>>,
-    /// Released files a read lease kept from the kernel's path, charged to their principal
-    /// until they can be truncated (see `kept`).
-    kept: kept::Kept,
-    /// The key that names tenants' lease directories (see `tenant::scope_dir`).
-    scope_key: tenant::ScopeKey,
+    /// The file table under the state lock, its condvar, shutdown, counters.
+    table: parts::Table,
+    /// Pages added to the kernel's pools, the raise/drain gate, refusals.
+    kernel: parts::KernelSide,
+    /// Per-principal limits, kept files, the scope key, pins.
+    tenants: parts::Tenants,
+    /// The scrubber, its control, the start gate, the release proof.
+    clearing: parts::Clearing,
 }
 
 /// The hugeprep directories of each mount, by the page size the mount serves.
@@ -235,6 +215,25 @@ fn open_mounts(roots: &[PathBuf]) -> Result<BTreeMap<PageSize, PoolMount>> {
         mounts.insert(ps, PoolMount::new(root, ps)?);
     }
     Ok(mounts)
+}
+
+/// Reconciles the journal with the files `host` keeps and clears the clean mark: the file
+/// table (ids from `first_id` up at least) and whether the last stop was clean.
+fn recover_core(host: &dyn host::Host, first_id: u64) -> Result<(self::core::Core, bool)> {
+    let clean_start = host.journal_was_clean();
+    let (files, max_id, report) = recover::reconcile(host, clean_start)?;
+    // From here on a crash means warm records must be proven again.
+    host.journal_clear_clean()?;
+    tracing::info!(
+        clean = clean_start,
+        kept_leases = report.leases,
+        warm = report.warm,
+        dirty = report.dirty,
+        deleted = report.deleted_files,
+        "pool recovered from journal"
+    );
+    let next_id = (max_id + 1).max(first_id);
+    Ok((self::core::Core::with_files(files, next_id), clean_start))
 }
 
 fn now_unix() -> u64 {
@@ -267,15 +266,9 @@ impl Pool {
             path: "/sys/devices/system/node".into(),
             source: std::io::Error::other(e.to_string()),
         })?;
-        let mounts = open_mounts(&config.mounts)?;
+        let mounts = Arc::new(open_mounts(&config.mounts)?);
         let journal = Journal::open_boot(&config.state_dir)?;
-        let reservations = reserve::Reservations::open(&config.state_dir)?;
-        let scope_key = tenant::ScopeKey::open(&config.state_dir)?;
-        let page_sizes = mounts.keys().copied().collect();
-        let api_targets = targets::ApiTargets::open(&config.state_dir, &page_sizes, &topology)?;
-        let mut policy = config.policy;
-        api_targets.apply(&mut policy);
-        let mounts = Arc::new(mounts);
+        let files = parts::StateFiles::open(&config.state_dir, &mounts, &topology)?;
         let supply = kernel::Supply::open(&topology.node_ids(), mounts.keys().copied());
         let scrubber = Arc::new(Scrubber::new(config.plan).map_err(|e| PoolError::Field {
             field: "method",
@@ -287,72 +280,38 @@ impl Pool {
             supply,
             Arc::clone(&scrubber),
         ));
-        let clean_start = host.journal_was_clean();
-        let (files, max_id, report) = recover::reconcile(host.as_ref(), clean_start)?;
-        // From here on a crash means warm records must be proven again.
-        host.journal_clear_clean()?;
-        tracing::info!(
-            clean = clean_start,
-            kept_leases = report.leases,
-            warm = report.warm,
-            dirty = report.dirty,
-            deleted = report.deleted_files,
-            "pool recovered from journal"
-        );
-        let next_id = (max_id + 1).max(now_unix() << 20);
-        let state = State {
-            core: self::core::Core::with_files(files, next_id),
-            ..State::default()
-        };
-        let control = Arc::new(ScrubControl::default());
+        let (core, clean_start) = recover_core(host.as_ref(), now_unix() << 20)?;
         // Watching opens starts after recovery, as it always has.
         let reach = reach::Reach::new();
         host.set_reach(Arc::clone(&reach));
-        let gate = Arc::new(gate::StartGate::new(
-            Arc::clone(&reach),
-            Arc::clone(&control),
-        ));
-        gate.set_grace(policy.lessee_grace);
-        let pool = Arc::new(Pool {
+        let pool = parts::Build {
             mounts,
             topology,
-            scrubber,
-            policy: std::sync::RwLock::new(Arc::new(policy)),
+            policy: config.policy,
             host,
-            control,
-            gate,
-            state: Mutex::new(state),
-            changed: Condvar::new(),
-            shutdown: AtomicBool::new(false),
-            clean_start,
-            reservations,
-            reserve_gate: Mutex::new(()),
-            refusals: shortfall::Refusals::default(),
-            counters: counters::Counters::default(),
-            pins: Mutex::new(BTreeMap::new()),
-            api_targets,
+            scrubber,
             reach,
-            tenant_limits: Mutex::new(BTreeMap::new()),
-            kept: kept::Kept::default(),
-            scope_key,
-        });
+            files,
+            recovered: (core, clean_start),
+        }
+        .finish();
         pool.adopt_kept();
         Pool::spawn_keeper(&pool);
         Ok(pool)
     }
 
     fn lock(&self) -> locked::Locked<'_> {
-        locked::Locked::take(&self.state)
+        self.table.lock()
     }
 
     /// The mounts in use, by page size.
     pub fn mounts(&self) -> &BTreeMap<PageSize, PoolMount> {
-        &self.mounts
+        &self.settings.mounts
     }
 
     /// The policy in force (a snapshot: a reload replaces it for later readers).
     pub fn policy(&self) -> Arc<PoolPolicy> {
-        Arc::clone(&self.policy.read().unwrap_or_else(|e| e.into_inner()))
+        self.settings.policy()
     }
 
     /// Replaces the policy (targets, sizes, verification, scrub bandwidth, reserve limits) of a
@@ -366,64 +325,42 @@ impl Pool {
     pub fn set_policy(&self, mut policy: PoolPolicy) {
         policy.threads = self.policy().threads;
         self.set_lessee_grace(policy.lessee_grace);
-        self.api_targets.apply(&mut policy);
-        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
-        self.changed.notify_all();
+        self.settings.set_policy(policy);
+        self.table.notify();
     }
 
     /// The ledger of pages the daemon added to the kernel's pools.
     pub fn reservations(&self) -> &reserve::Reservations {
-        &self.reservations
+        &self.kernel.reservations
     }
 
     /// Bytes faulted since start, on the lease path and by the refill worker.
     pub fn counters(&self) -> CounterSnapshot {
-        self.counters.snapshot()
+        self.table.counters.snapshot()
     }
 
     /// Released files that took the kernel's path since start, by reason.
     pub fn kernel_path_by_reason(&self) -> Vec<(&'static str, u64)> {
-        self.counters.kernel_path_by_reason()
+        self.table.counters.kernel_path_by_reason()
     }
 
     /// Released files whose recycling failed since start, by stage.
     pub fn failed_releases_by_stage(&self) -> Vec<(&'static str, u64)> {
-        self.counters.failed_by_stage()
+        self.table.counters.failed_by_stage()
     }
 
     /// The scrubber (clearing method).
     pub fn scrubber(&self) -> &Scrubber {
-        &self.scrubber
+        &self.clearing.scrubber
     }
 
     fn mount(&self, ps: PageSize) -> Result<&PoolMount> {
-        self.mounts.get(&ps).ok_or_else(|| PoolError::Field {
-            field: "page_size",
-            message: format!(
-                "no hugetlbfs mount for {ps} pages: this daemon serves {}",
-                self.mounts
-                    .keys()
-                    .map(|p| p.name())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        })
+        self.settings.mount(ps)
     }
 
     /// The CPUs that fault and scrub memory of `node`.
     fn cpus(&self, node: u32) -> Vec<usize> {
-        let mut cpus = self
-            .topology
-            .node(node)
-            .map(|n| n.cpus.clone())
-            .unwrap_or_default();
-        if cpus.is_empty() {
-            cpus = crate::sys::affinity::allowed_cpus();
-        }
-        if self.policy().threads > 0 {
-            cpus.truncate(self.policy().threads);
-        }
-        cpus
+        self.settings.cpus(node)
     }
 
     /// The lease with `id`.
@@ -476,56 +413,59 @@ impl Pool {
     /// Sets how long the worker leaves a new lessee alone (zero: not at all, as before
     /// [`LESSEE_GRACE`] existed; benchmarks compare both).
     pub fn set_lessee_grace(&self, grace: Duration) {
-        self.gate.set_grace(grace);
+        self.clearing.gate.set_grace(grace);
     }
 
     /// Turns the start gate on (the default) or off: off, refills and background scrubs run
     /// while VMs start on leases just taken, as before the gate (benchmarks compare both;
     /// see [`gate`]).
     pub fn set_start_gate(&self, enabled: bool) {
-        self.gate.set_enabled(enabled);
-        self.changed.notify_all();
+        self.clearing.gate.set_enabled(enabled);
+        self.table.changed.notify_all();
     }
 
     /// How released leases are proven (see [`reach::Method`]).
     pub fn proof_method(&self) -> reach::Method {
-        self.reach.method()
+        self.clearing.reach.method()
     }
 
     /// Why every release takes the kernel's path, when one thing makes them all do so (see
     /// [`reach::Reach::fallback`]).
     pub fn proof_fallback(&self) -> Option<String> {
-        self.reach.fallback()
+        self.clearing.reach.fallback()
     }
 
     /// Compactions of node memory made for raises of the kernel's pools, since start.
     pub fn compaction_counts(&self) -> reserve::CompactionCounts {
-        self.reservations.compaction_counts()
+        self.kernel.reservations.compaction_counts()
     }
 
     /// Proofs whose file system had more mounts than the kernel counts' walk reads (see
     /// [`reach::Reach::proofs_beyond_mount_bound`]).
     pub fn proofs_beyond_mount_bound(&self) -> u64 {
-        self.reach.proofs_beyond_mount_bound()
+        self.clearing.reach.proofs_beyond_mount_bound()
     }
 
     /// How long the open watch's reader has been stalled, if it is (see
     /// [`reach::Reach::reader_stalled`]).
     pub fn reader_stalled(&self) -> Option<Duration> {
-        self.reach.reader_stalled()
+        self.clearing.reach.reader_stalled()
     }
 
     /// Stops the worker and running scrubs; requests fail with `ShuttingDown`.
     pub fn shutdown(&self) {
-        self.shutdown.store(true, Ordering::SeqCst);
-        self.control.cancel();
+        self.table.shut_down();
+        self.clearing.control.cancel();
         self.unpin_all();
-        self.changed.notify_all();
+        self.table.notify();
     }
 
     /// After [`Pool::shutdown`] and the worker has exited: records that every warm record
     /// is true, so the next start trusts them.
     pub fn mark_clean_shutdown(&self) -> Result<()> {
+        // The journal writes run under the lock on purpose: at a stop, after the worker
+        // exited and requests drained, nobody waits for it, and no file may become busy
+        // between the check and the clean mark.
         let st = self.lock();
         if st.core.any_busy() {
             tracing::warn!("work still in flight: not marking a clean shutdown");

@@ -72,6 +72,6 @@ impl Pool {
     }
 
     fn lock_pins(&self) -> MutexGuard<'_, BTreeMap<u64, LongTermPin>> {
-        self.pins.lock().unwrap_or_else(|e| e.into_inner())
+        self.tenants.pins.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -92,45 +92,8 @@ pub(super) fn facts(
         ..Facts::default()
     };
     for (&ps, mount) in mounts {
-        let handle = mount.pool_dir_handle().fd_path();
-        let dir = fs::read_dir(&handle).map_err(io("readdir", &mount.pool_dir))?;
-        let files = facts.pool_files.entry(ps).or_default();
-        for entry in dir.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            // A released file kept for a read lease (see `kept`): kept again after recovery.
-            if super::kept::parse_kept_name(&name).is_some() {
-                continue;
-            }
-            let file = fs::metadata(entry.path()).ok().map(|m| PoolFileFact {
-                len: m.len(),
-                inode: (m.dev(), m.ino()),
-            });
-            files.insert(name, file);
-        }
-        let handle = mount.lease_dir_handle().fd_path();
-        let dir = fs::read_dir(&handle).map_err(io("readdir", &mount.lease_dir))?;
-        let paths = facts.lease_paths.entry(ps).or_default();
-        for entry in dir.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let meta = fs::symlink_metadata(entry.path()).ok();
-            // A tenant's directory (`.uid-N`, `.p-...`; see `lease::scope_dir`): its lease
-            // paths are facts under `<dir>/<name>`, the directory itself stays.
-            if name.starts_with('.') && meta.as_ref().is_some_and(|m| m.is_dir()) {
-                let inner = fs::read_dir(entry.path()).map_err(io("readdir", &mount.lease_dir))?;
-                for e in inner.flatten() {
-                    let scoped = format!("{name}/{}", e.file_name().to_string_lossy());
-                    let inode = fs::symlink_metadata(e.path())
-                        .ok()
-                        .map(|m| (m.dev(), m.ino()));
-                    let path = mount.lease_dir.join(&scoped);
-                    paths.insert(scoped, LeasePathFact { path, inode });
-                }
-                continue;
-            }
-            let path = mount.lease_dir.join(&name);
-            let inode = meta.map(|m| (m.dev(), m.ino()));
-            paths.insert(name, LeasePathFact { path, inode });
-        }
+        facts.pool_files.insert(ps, pool_files(mount)?);
+        facts.lease_paths.insert(ps, lease_paths(mount)?);
     }
     for (_, rec) in &facts.records {
         if let Ok(FileRecord {
@@ -144,6 +107,56 @@ pub(super) fn facts(
         }
     }
     Ok(facts)
+}
+
+/// The files in a mount's pool directory, by name, with their length and inode.
+fn pool_files(mount: &PoolMount) -> Result<BTreeMap<String, Option<PoolFileFact>>> {
+    let handle = mount.pool_dir_handle().fd_path();
+    let dir = fs::read_dir(&handle).map_err(io("readdir", &mount.pool_dir))?;
+    let mut files = BTreeMap::new();
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // A released file kept for a read lease (see `kept`): kept again after recovery.
+        if super::kept::parse_kept_name(&name).is_some() {
+            continue;
+        }
+        let file = fs::metadata(entry.path()).ok().map(|m| PoolFileFact {
+            len: m.len(),
+            inode: (m.dev(), m.ino()),
+        });
+        files.insert(name, file);
+    }
+    Ok(files)
+}
+
+/// The lease paths in a mount's lease directory, by name (`<dir>/<name>` inside a tenant's
+/// directory), with their inode.
+fn lease_paths(mount: &PoolMount) -> Result<BTreeMap<String, LeasePathFact>> {
+    let handle = mount.lease_dir_handle().fd_path();
+    let dir = fs::read_dir(&handle).map_err(io("readdir", &mount.lease_dir))?;
+    let mut paths = BTreeMap::new();
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let meta = fs::symlink_metadata(entry.path()).ok();
+        // A tenant's directory (`.uid-N`, `.p-...`; see `lease::scope_dir`): its lease
+        // paths are facts under `<dir>/<name>`, the directory itself stays.
+        if name.starts_with('.') && meta.as_ref().is_some_and(|m| m.is_dir()) {
+            let inner = fs::read_dir(entry.path()).map_err(io("readdir", &mount.lease_dir))?;
+            for e in inner.flatten() {
+                let scoped = format!("{name}/{}", e.file_name().to_string_lossy());
+                let inode = fs::symlink_metadata(e.path())
+                    .ok()
+                    .map(|m| (m.dev(), m.ino()));
+                let path = mount.lease_dir.join(&scoped);
+                paths.insert(scoped, LeasePathFact { path, inode });
+            }
+            continue;
+        }
+        let path = mount.lease_dir.join(&name);
+        let inode = meta.map(|m| (m.dev(), m.ino()));
+        paths.insert(name, LeasePathFact { path, inode });
+    }
+    Ok(paths)
 }
 
 /// Performs one step of the plan; a journal failure stops recovery (the daemon does not

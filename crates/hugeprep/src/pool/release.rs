@@ -44,14 +44,14 @@ impl Pool {
         self.host.take_back(at);
         // Before the scrub can start: the file leaves the lease unpinned.
         self.unpin(id);
-        self.gate.forget(id);
+        self.clearing.gate.forget(id);
         let mut st = self.lock();
         if let Err(err) = st.core.release_done(id) {
             tracing::error!(%err, "pool core refused a release's end");
         }
         st.schedule
-            .grace_from(std::time::Instant::now(), self.gate.grace());
-        self.changed.notify_all();
+            .grace_from(std::time::Instant::now(), self.clearing.gate.grace());
+        self.table.changed.notify_all();
         tracing::info!(lease = lease_id, name = %info.name, file = id, "released");
         Ok(info)
     }

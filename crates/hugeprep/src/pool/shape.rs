@@ -67,6 +67,60 @@ fn cycle(sizes: &[u64], mut budget: u64, page: u64, out: &mut Vec<u64>) {
     }
 }
 
+/// Fills `budget` from the demand history: as many files of each size as were held at once
+/// (`peaks`), then shares by weight (size times `counts`), then the most leased sizes that
+/// still fit, then the rest as one file of whole pages.
+fn by_demand(
+    counts: &BTreeMap<u64, u64>,
+    peaks: &BTreeMap<u64, u64>,
+    mut budget: u64,
+    page: u64,
+    out: &mut Vec<u64>,
+) {
+    // As many files of each size as were held at once, one of every size in turn (the
+    // most leased first), while they fit.
+    let mut turn: Vec<(u64, u64)> = counts.iter().map(|(s, c)| (*s, *c)).collect();
+    turn.sort_by_key(|(s, c)| std::cmp::Reverse((*c, *s)));
+    let mut kept: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut progress = true;
+    while progress {
+        progress = false;
+        for &(s, _) in &turn {
+            let k = kept.entry(s).or_insert(0);
+            if *k < peaks.get(&s).copied().unwrap_or(0) && s <= budget {
+                out.push(s);
+                budget -= s;
+                *k += 1;
+                progress = true;
+            }
+        }
+    }
+    let weight: u128 = counts.iter().map(|(s, c)| u128::from(*s * c)).sum();
+    let start = budget;
+    let mut by_weight: Vec<(u64, u64)> = counts.iter().map(|(s, c)| (*s, *c)).collect();
+    by_weight.sort_by_key(|(s, c)| std::cmp::Reverse((s * c, *s)));
+    for &(s, c) in &by_weight {
+        let share = u128::from(start) * u128::from(s * c) / weight.max(1);
+        let n = (share / u128::from(s)) as u64;
+        for _ in 0..n {
+            if s <= budget {
+                out.push(s);
+                budget -= s;
+            }
+        }
+    }
+    let mut by_count = by_weight;
+    by_count.sort_by_key(|(s, c)| std::cmp::Reverse((*c, *s)));
+    while let Some(&(s, _)) = by_count.iter().find(|(s, _)| *s <= budget) {
+        out.push(s);
+        budget -= s;
+    }
+    let rest = budget / page * page;
+    if rest > 0 {
+        out.push(rest);
+    }
+}
+
 /// The wanted warm files of a kind, largest first: see the module documentation.
 pub fn wanted(target: &Target, shape: Shape, history: &[Demand], page: u64) -> Vec<u64> {
     let mut out = Vec::new();
@@ -91,48 +145,7 @@ pub fn wanted(target: &Target, shape: Shape, history: &[Demand], page: u64) -> V
     if counts.is_empty() {
         cycle(&target.sizes, budget, page, &mut out);
     } else {
-        // As many files of each size as were held at once, one of every size in turn (the
-        // most leased first), while they fit.
-        let mut turn: Vec<(u64, u64)> = counts.iter().map(|(s, c)| (*s, *c)).collect();
-        turn.sort_by_key(|(s, c)| std::cmp::Reverse((*c, *s)));
-        let mut kept: BTreeMap<u64, u64> = BTreeMap::new();
-        let mut progress = true;
-        while progress {
-            progress = false;
-            for &(s, _) in &turn {
-                let k = kept.entry(s).or_insert(0);
-                if *k < peaks.get(&s).copied().unwrap_or(0) && s <= budget {
-                    out.push(s);
-                    budget -= s;
-                    *k += 1;
-                    progress = true;
-                }
-            }
-        }
-        let weight: u128 = counts.iter().map(|(s, c)| u128::from(*s * c)).sum();
-        let start = budget;
-        let mut by_weight: Vec<(u64, u64)> = counts.iter().map(|(s, c)| (*s, *c)).collect();
-        by_weight.sort_by_key(|(s, c)| std::cmp::Reverse((s * c, *s)));
-        for &(s, c) in &by_weight {
-            let share = u128::from(start) * u128::from(s * c) / weight.max(1);
-            let n = (share / u128::from(s)) as u64;
-            for _ in 0..n {
-                if s <= budget {
-                    out.push(s);
-                    budget -= s;
-                }
-            }
-        }
-        let mut by_count = by_weight;
-        by_count.sort_by_key(|(s, c)| std::cmp::Reverse((*c, *s)));
-        while let Some(&(s, _)) = by_count.iter().find(|(s, _)| *s <= budget) {
-            out.push(s);
-            budget -= s;
-        }
-        let rest = budget / page * page;
-        if rest > 0 {
-            out.push(rest);
-        }
+        by_demand(&counts, &peaks, budget, page, &mut out);
     }
     out.sort_unstable_by(|a, b| b.cmp(a));
     out
@@ -189,6 +202,7 @@ mod tests {
             warm,
             sizes,
             flavors,
+            adaptive: None,
         }
     }
 

@@ -3,7 +3,6 @@
 //! status and the metrics.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -105,19 +104,21 @@ impl Pool {
     /// Raises `node`'s pool by up to `short` pages, as far as the policy's limit, the node's
     /// memory and the kernel allow; whatever is still missing is explained.
     pub(super) fn reserve_job(&self, node: u32, ps: PageSize, short: u64) {
-        let _gate = self.reserve_gate.lock().unwrap_or_else(|e| e.into_inner());
-        if self.shutdown.load(Ordering::SeqCst) || self.lock().drained.contains(&(node, ps)) {
+        let _gate = self.kernel.gate();
+        if self.table.is_shut_down() || self.lock().drained.contains(&(node, ps)) {
             return; // decided before a drain or a stop: nothing to fill any more
         }
         let available = crate::topology::node_available_bytes(node).unwrap_or(0);
-        let added_on_node = self.reservations.added_bytes_on(node);
+        let added_on_node = self.kernel.reservations.added_bytes_on(node);
         let (pages, limit) =
             reserve::plan(short, ps, &self.policy().reserve, added_on_node, available);
         let pull_in = reserve::pull_in_bytes(&self.policy().reserve, available);
         // As for a lease: while the kernel falls short, compact the node's memory and ask
         // again (bounded), before the target waits out its back-off.
         let raised = if pages > 0 {
-            self.reservations.raise_compacting(node, ps, pages, pull_in)
+            self.kernel
+                .reservations
+                .raise_compacting(node, ps, pages, pull_in)
         } else {
             Ok(reserve::Raise {
                 asked: 0,
@@ -132,7 +133,7 @@ impl Pool {
                 if r.added > 0 {
                     tracing::info!(
                         node, page_size = %ps, added = r.added, asked = r.asked,
-                        held = self.reservations.added(node, ps),
+                        held = self.kernel.reservations.added(node, ps),
                         "raised the kernel's hugepage pool for the warm target"
                     );
                 }
@@ -183,22 +184,22 @@ impl Pool {
             return Raised::default();
         }
         if let Some(why) = ruled_out(&policy.reserve, node, ps, mount, pages) {
-            self.refusals.set_why(node, ps, Some(why));
+            self.kernel.refusals.set_why(node, ps, Some(why));
             return Raised::default();
         }
-        let _gate = self.reserve_gate.lock().unwrap_or_else(|e| e.into_inner());
-        if self.shutdown.load(Ordering::SeqCst) || self.lock().drained.contains(&(node, ps)) {
+        let _gate = self.kernel.gate();
+        if self.table.is_shut_down() || self.lock().drained.contains(&(node, ps)) {
             return Raised::default();
         }
         let available = crate::topology::node_available_bytes(node).unwrap_or(0);
-        let added_on_node = self.reservations.added_bytes_on(node);
+        let added_on_node = self.kernel.reservations.added_bytes_on(node);
         let (asked, limit) = reserve::plan(pages, ps, &policy.reserve, added_on_node, available);
         if asked < pages {
             // A lease that will fail anyway changes nothing: no pages added for it.
             if let Some(l) = limit {
                 let reason = l.explain(node, ps, pages - asked);
                 tracing::warn!(node, page_size = %ps, "a lease cannot be served: {reason}");
-                self.refusals.set_why(node, ps, Some(reason));
+                self.kernel.refusals.set_why(node, ps, Some(reason));
             }
             let capped = match limit {
                 Some(reserve::Limit::Cap { limit }) => Some((limit, added_on_node, short)),
@@ -210,11 +211,15 @@ impl Pool {
         // Then, while the kernel falls short, compact the node's memory and ask again, within
         // a bounded time, before the lease is refused.
         let pull_in = reserve::pull_in_bytes(&policy.reserve, available);
-        match self.reservations.raise_compacting(node, ps, asked, pull_in) {
+        match self
+            .kernel
+            .reservations
+            .raise_compacting(node, ps, asked, pull_in)
+        {
             Ok(r) => self.raised_for_lease(node, ps, pages, &r),
             Err(err) => {
                 tracing::warn!(node, page_size = %ps, %err, "raising the kernel's hugepage pool for a lease failed");
-                self.refusals.set_why(
+                self.kernel.refusals.set_why(
                     node,
                     ps,
                     Some(format!("raising the kernel's pool failed: {err}")),
@@ -231,7 +236,7 @@ impl Pool {
         if added > 0 {
             tracing::info!(
                 node, page_size = %ps, added, asked = pages,
-                held = self.reservations.added(node, ps),
+                held = self.kernel.reservations.added(node, ps),
                 "raised the kernel's hugepage pool for a lease"
             );
         }
@@ -245,9 +250,9 @@ impl Pool {
                 pages - added
             );
             tracing::warn!(node, page_size = %ps, "a lease cannot be served: {why}");
-            self.refusals.set_why(node, ps, Some(why));
+            self.kernel.refusals.set_why(node, ps, Some(why));
         } else {
-            self.refusals.set_why(node, ps, None);
+            self.kernel.refusals.set_why(node, ps, None);
         }
         Raised {
             added,
@@ -259,12 +264,18 @@ impl Pool {
     /// with why the last raise for its kind fell short, for `/health` and `doctor`.
     pub(super) fn note_refused(&self, node: u32, ps: PageSize, size: u64, available: u64) {
         let reason = self
+            .kernel
             .refusals
             .why
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&(node, ps));
-        *self.refusals.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(RefusedLease {
+        *self
+            .kernel
+            .refusals
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(RefusedLease {
             at_unix: unix_now(),
             node,
             page_size: ps,

@@ -93,10 +93,13 @@ pub struct PoolStatus {
 impl Pool {
     /// Counts per node and page size.
     pub fn status(&self) -> PoolStatus {
+        // The kernel's figures are read before the lock: a status (every /health, every
+        // metrics scrape) need not hold up a lease for sysfs reads and a statfs per kind.
+        let figures = self.kernel_figures();
         let st = self.lock();
         let mut kinds = Vec::new();
-        for (ps, mount) in self.mounts.iter() {
-            for node in &self.topology.nodes {
+        for (ps, mount) in self.settings.mounts.iter() {
+            for node in &self.settings.topology.nodes {
                 let n = node.id;
                 let sum = |f: &dyn Fn(&Entry) -> bool| -> (u64, usize) {
                     st.of_kind(n, *ps)
@@ -110,6 +113,8 @@ impl Pool {
                 let filling = sum(&|e| e.rec().state == FileState::Filling);
                 let policy = self.policy();
                 let target = policy.target(n, *ps);
+                let (kernel_free, kernel_total, mount_used_bytes) =
+                    figures.get(&(n, *ps)).copied().unwrap_or((0, 0, None));
                 kinds.push(KindStatus {
                     node: n,
                     page_size: *ps,
@@ -123,10 +128,10 @@ impl Pool {
                     dirty_bytes: dirty.0,
                     scrubbing_bytes: scrubbing.0,
                     filling_bytes: filling.0,
-                    kernel_free_pages: kernel::node_free_pages(n, *ps).unwrap_or(0),
-                    kernel_total_pages: kernel::node_total_pages(n, *ps).unwrap_or(0),
-                    mount_used_bytes: kernel::mount_used_pages(&mount.root).map(|p| p * ps.bytes()),
-                    reserved_pages: self.reservations.added(n, *ps),
+                    kernel_free_pages: kernel_free,
+                    kernel_total_pages: kernel_total,
+                    mount_used_bytes,
+                    reserved_pages: self.kernel.reservations.added(n, *ps),
                     reason: st.reasons.get(&(n, *ps)).cloned(),
                     drained: st.drained.contains(&(n, *ps)),
                 });
@@ -136,16 +141,31 @@ impl Pool {
             kinds,
             verify: self.policy().verify,
             scrub_bandwidth: self.policy().scrub_bandwidth,
-            clean_start: self.clean_start,
+            clean_start: self.table.clean_start,
             last_scrub: st.last_scrub.clone(),
-            counters: self.counters.snapshot(),
-            last_refused_lease: self.refusals.last(),
+            counters: self.table.counters.snapshot(),
+            last_refused_lease: self.kernel.refusals.last(),
             proof_fallback: self.proof_fallback(),
             held_aside_files: st.aside.totals().0,
             held_aside_bytes: st.aside.totals().1,
             kept_files: self.kept_totals().0,
             kept_bytes: self.kept_totals().1,
         }
+    }
+
+    /// Per kind: the node's free and total pages, and the bytes used on its mount.
+    fn kernel_figures(&self) -> BTreeMap<(u32, PageSize), (u64, u64, Option<u64>)> {
+        let mut figures = BTreeMap::new();
+        for (ps, mount) in self.settings.mounts.iter() {
+            let used = kernel::mount_used_pages(&mount.root).map(|p| p * ps.bytes());
+            for node in &self.settings.topology.nodes {
+                let n = node.id;
+                let free = kernel::node_free_pages(n, *ps).unwrap_or(0);
+                let total = kernel::node_total_pages(n, *ps).unwrap_or(0);
+                figures.insert((n, *ps), (free, total, used));
+            }
+        }
+        figures
     }
 
     /// The pool file of the live lease `lease_id` (a benchmark follows it back to warm).

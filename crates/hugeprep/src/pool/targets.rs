@@ -104,59 +104,84 @@ pub fn validate_targets(
     let mut out = Vec::with_capacity(specs.len());
     for (i, spec) in specs.iter().enumerate() {
         let prefix = format!("targets[{i}]");
-        if !page_sizes.contains(&spec.page_size) {
-            return Err(field(
-                format!("{prefix}.page_size"),
-                format!(
-                    "no hugetlbfs mount for {} pages: this daemon serves {}",
-                    spec.page_size,
-                    page_sizes
-                        .iter()
-                        .map(|p| p.name())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
-        }
-        if let Some(node) = spec.node {
-            if let Err(e) = topology.node(node) {
-                return Err(field(format!("{prefix}.node"), e.to_string()));
-            }
-        }
-        if !seen.insert((spec.node, spec.page_size)) {
-            return Err(field(
-                format!("{prefix}.node"),
-                format!(
-                    "a second target for {} pages on {}: at most one per node and page size",
-                    spec.page_size,
-                    spec.node
-                        .map_or("every node".to_string(), |n| format!("node {n}"))
-                ),
-            ));
-        }
+        check_place(spec, &prefix, page_sizes, topology, &mut seen)?;
         let target = spec.validate(&prefix)?;
-        // A target beyond the node's memory can never be met: refuse it rather than let the
-        // worker chase it (nodes that report no memory size are not checked).
-        let nodes = topology
-            .nodes
-            .iter()
-            .filter(|n| spec.node.map_or(true, |id| id == n.id) && n.mem_bytes > 0);
-        if let Some(n) = nodes.min_by_key(|n| n.mem_bytes) {
-            if target.warm > n.mem_bytes {
-                return Err(field(
-                    format!("{prefix}.warm"),
-                    format!(
-                        "{} is more than node {}'s memory of {}",
-                        crate::units::format_bytes(target.warm),
-                        n.id,
-                        crate::units::format_bytes(n.mem_bytes)
-                    ),
-                ));
-            }
-        }
+        check_memory(spec, &target, &prefix, topology)?;
         out.push(target);
     }
     Ok(out)
+}
+
+/// A target's page size has a mount, its node exists, and it is the only one of its
+/// (node, page size) so far (`seen`).
+fn check_place(
+    spec: &TargetSpec,
+    prefix: &str,
+    page_sizes: &BTreeSet<PageSize>,
+    topology: &Topology,
+    seen: &mut BTreeSet<(Option<u32>, PageSize)>,
+) -> Result<(), PoolPolicyError> {
+    let field = |field: String, message: String| PoolPolicyError::Field { field, message };
+    if !page_sizes.contains(&spec.page_size) {
+        return Err(field(
+            format!("{prefix}.page_size"),
+            format!(
+                "no hugetlbfs mount for {} pages: this daemon serves {}",
+                spec.page_size,
+                page_sizes
+                    .iter()
+                    .map(|p| p.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    if let Some(node) = spec.node {
+        if let Err(e) = topology.node(node) {
+            return Err(field(format!("{prefix}.node"), e.to_string()));
+        }
+    }
+    if !seen.insert((spec.node, spec.page_size)) {
+        return Err(field(
+            format!("{prefix}.node"),
+            format!(
+                "a second target for {} pages on {}: at most one per node and page size",
+                spec.page_size,
+                spec.node
+                    .map_or("every node".to_string(), |n| format!("node {n}"))
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A target beyond the node's memory can never be met: refused rather than let the worker
+/// chase it (nodes that report no memory size are not checked).
+fn check_memory(
+    spec: &TargetSpec,
+    target: &Target,
+    prefix: &str,
+    topology: &Topology,
+) -> Result<(), PoolPolicyError> {
+    let field = |field: String, message: String| PoolPolicyError::Field { field, message };
+    let nodes = topology
+        .nodes
+        .iter()
+        .filter(|n| spec.node.map_or(true, |id| id == n.id) && n.mem_bytes > 0);
+    if let Some(n) = nodes.min_by_key(|n| n.mem_bytes) {
+        if target.warm > n.mem_bytes {
+            return Err(field(
+                format!("{prefix}.warm"),
+                format!(
+                    "{} is more than node {}'s memory of {}",
+                    crate::units::format_bytes(target.warm),
+                    n.id,
+                    crate::units::format_bytes(n.mem_bytes)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The persisted record, validated, with when it was set. A record that no longer validates
@@ -256,26 +281,26 @@ impl ApiTargets {
 
 impl Pool {
     fn page_sizes(&self) -> BTreeSet<PageSize> {
-        self.mounts.keys().copied().collect()
+        self.settings.mounts.keys().copied().collect()
     }
 
     /// The targets in force and where they come from.
     pub fn targets(&self) -> TargetsReport {
-        ApiTargets::report(&self.api_targets.lock())
+        ApiTargets::report(&self.settings.api_targets.lock())
     }
 
     /// Validates `specs`, persists them (atomically, durably) and applies them as a reload
     /// does: the worker fills or trims from its next round. On error nothing changed.
     pub fn set_targets(&self, specs: &[TargetSpec]) -> Result<TargetsReport, TargetsError> {
-        let targets = validate_targets(specs, &self.page_sizes(), &self.topology)?;
+        let targets = validate_targets(specs, &self.page_sizes(), &self.settings.topology)?;
         let at = now_unix();
         {
-            let mut inner = self.api_targets.lock();
+            let mut inner = self.settings.api_targets.lock();
             let stored = Stored {
                 targets: specs.to_vec(),
                 updated_unix: at,
             };
-            self.api_targets.journal.write(RECORD, &stored)?;
+            self.settings.api_targets.journal.write(RECORD, &stored)?;
             inner.api = Some((targets, at));
         }
         self.reapply_targets();
@@ -285,8 +310,8 @@ impl Pool {
     /// Removes the API targets: the configuration's apply again, now and after a restart.
     pub fn clear_targets(&self) -> Result<TargetsReport, TargetsError> {
         {
-            let mut inner = self.api_targets.lock();
-            self.api_targets.journal.remove(RECORD)?;
+            let mut inner = self.settings.api_targets.lock();
+            self.settings.api_targets.journal.remove(RECORD)?;
             inner.api = None;
         }
         self.reapply_targets();
@@ -297,7 +322,7 @@ impl Pool {
     /// [`Pool::set_policy`] (which puts the API targets in their place).
     fn reapply_targets(&self) {
         let mut policy = (*self.policy()).clone();
-        policy.targets = self.api_targets.lock().config.clone();
+        policy.targets = self.settings.api_targets.lock().config.clone();
         self.set_policy(policy);
     }
 }

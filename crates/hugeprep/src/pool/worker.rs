@@ -3,7 +3,6 @@
 //! core's decisions (`core::decide`): it reads the clock, the start gate, the policy and the
 //! kernel's figures, feeds them in, and starts the job that comes back; `jobs.rs` does it.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -81,7 +80,7 @@ impl Pool {
                 pages,
             } => self.reserve_job(node, page_size, pages),
         }
-        self.changed.notify_all();
+        self.table.changed.notify_all();
     }
 
     /// Chooses and does one job, as the worker's loop does, without waiting: whether there
@@ -108,7 +107,7 @@ impl Pool {
     fn wait_for_job(&self) -> Option<(Job, bool)> {
         let mut st = self.lock();
         loop {
-            if self.shutdown.load(Ordering::SeqCst) {
+            if self.table.is_shut_down() {
                 return None;
             }
             let now = self.host.now();
@@ -118,7 +117,7 @@ impl Pool {
             if let Some(job) = self.begin(&mut st, decision) {
                 return Some((job, pressing));
             }
-            st = st.wait_timeout(&self.changed, wake.saturating_duration_since(now));
+            st = st.wait_timeout(&self.table.changed, wake.saturating_duration_since(now));
         }
     }
 
@@ -132,8 +131,8 @@ impl Pool {
             now,
             policy: &policy,
             kinds: &kinds,
-            urgent: self.control.is_urgent(),
-            starting: self.gate.under_way(now),
+            urgent: self.clearing.control.is_urgent(),
+            starting: self.clearing.gate.under_way(now),
         };
         let mut schedule = std::mem::take(&mut st.schedule);
         let shared: &State = st;
@@ -221,6 +220,13 @@ struct KernelFigures<'a> {
     st: &'a State,
 }
 
+/// Read under the state lock on purpose: the free pages are the kernel's counters less
+/// the promises of faults in flight, which the lock holds still; read before it, a fault
+/// that ends in between would be counted free twice (a refill or lease then faults pages
+/// the kernel no longer has, fails and backs off). Only read when a decision asks, at
+/// most once per kind: three `pread`s of sysfs counters on descriptors opened at start and
+/// one `statfs` of the mount, measured at 12 us a kind (median of 7 runs of 20,000,
+/// range 4-21 us, from Python, an upper bound) on the 2-vCPU test machine.
 impl Figures for KernelFigures<'_> {
     fn free_bytes(&mut self, (node, ps): Kind) -> u64 {
         let promised = self.st.promised(node, ps);

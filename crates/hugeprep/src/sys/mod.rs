@@ -8,6 +8,7 @@ pub mod fanotify;
 #[cfg(feature = "kvm")]
 pub mod kvm;
 pub mod lease;
+pub mod localtime;
 pub mod mmap;
 pub mod numa;
 pub mod peercred;

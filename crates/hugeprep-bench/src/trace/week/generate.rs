@@ -40,6 +40,11 @@ pub struct TraceShape {
     /// A burst no history shows, in the last week: 12 VMs of 16 GiB on 1G pages, on its
     /// Wednesday at 04:00.
     pub unseen_burst: bool,
+    /// The median time from a VM's Placement allocation (the scheduler's claim) to its
+    /// lease, s: a cloud's compute service binds ports and fetches the image in between.
+    /// Log-normal (sigma 0.6, 1 s to 2 min); a deploy's VMs are all claimed when its first
+    /// is. 0: no Placement (a libvirt host), nothing is seen coming.
+    pub placement_lead_s: f64,
 }
 
 impl Default for TraceShape {
@@ -53,6 +58,7 @@ impl Default for TraceShape {
             deploys_per_weekday: 3.0,
             nightly_batch: true,
             unseen_burst: false,
+            placement_lead_s: 0.0,
         }
     }
 }
@@ -64,6 +70,9 @@ pub struct VmLife {
     pub at_s: f64,
     /// Its memory.
     pub bytes: u64,
+    /// How long before its start its Placement allocation was made, s (0: no Placement;
+    /// see [`TraceShape::placement_lead_s`]).
+    pub lead_s: f64,
     /// Its page size.
     pub page_size: PageSize,
     /// How long it runs, s.
@@ -175,6 +184,7 @@ pub fn generate(shape: &TraceShape) -> Vec<VmLife> {
                 out.push(VmLife {
                     at_s: t,
                     bytes,
+                    lead_s: 0.0,
                     page_size,
                     life_s,
                     kind: "steady",
@@ -190,6 +200,7 @@ pub fn generate(shape: &TraceShape) -> Vec<VmLife> {
                 out.push(VmLife {
                     at_s: at,
                     bytes,
+                    lead_s: 0.0,
                     page_size,
                     life_s,
                     kind: "deploy",
@@ -209,6 +220,7 @@ pub fn generate(shape: &TraceShape) -> Vec<VmLife> {
                 out.push(VmLife {
                     at_s: at + f64::from(i) * 2.0,
                     bytes: 8 * GIB,
+                    lead_s: 0.0,
                     page_size: PageSize::Size2M,
                     life_s: 3600.0,
                     kind: "batch",
@@ -223,6 +235,7 @@ pub fn generate(shape: &TraceShape) -> Vec<VmLife> {
             out.push(VmLife {
                 at_s: wednesday + 4.0 * 3600.0 + f64::from(i) * 1.5,
                 bytes: 16 * GIB,
+                lead_s: 0.0,
                 page_size: PageSize::Size1G,
                 life_s: 2.0 * 3600.0,
                 kind: "unseen",
@@ -230,7 +243,36 @@ pub fn generate(shape: &TraceShape) -> Vec<VmLife> {
         }
     }
     out.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    if shape.placement_lead_s > 0.0 {
+        with_leads(&mut out, shape);
+    }
     out
+}
+
+/// Gives each VM its Placement lead (see [`TraceShape::placement_lead_s`]), from a stream
+/// of its own, so that a trace with leads is the same trace with leads added.
+fn with_leads(trace: &mut [VmLife], shape: &TraceShape) {
+    let mut rng = Rng(shape.seed ^ 0x5eed_1ead);
+    // A deploy's VMs (same kind, bytes and lifetime, seconds apart) share one claim.
+    let mut claim: Option<(f64, u64, f64, f64)> = None;
+    for v in trace.iter_mut() {
+        let lead = (shape.placement_lead_s * (0.6 * rng.normal()).exp()).clamp(1.0, 120.0);
+        let claimed = match claim {
+            Some((at, bytes, life, claimed))
+                if v.kind == "deploy"
+                    && bytes == v.bytes
+                    && life == v.life_s
+                    && v.at_s - at < 4.0 =>
+            {
+                claimed
+            }
+            _ => v.at_s - lead,
+        };
+        v.lead_s = v.at_s - claimed;
+        if v.kind == "deploy" {
+            claim = Some((v.at_s, v.bytes, v.life_s, claimed));
+        }
+    }
 }
 
 #[cfg(test)]

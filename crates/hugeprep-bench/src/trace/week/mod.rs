@@ -40,10 +40,19 @@ pub struct PageSizeResult {
     pub page_size: PageSize,
     /// No pool.
     pub none: Outcome,
-    /// The smallest static target that reaches the goal.
+    /// The smallest static target that reaches the goal on the measured days: a sweep in
+    /// hindsight, which no operator can run.
     pub best_static: Outcome,
+    /// The smallest static target that reached the goal on the learning weeks (what an
+    /// operator could have known), replayed on the measured days.
+    pub learned_static: Outcome,
     /// The adaptive target.
     pub adaptive: Outcome,
+    /// The bound: the adaptive plan made from the measured days' own needs.
+    pub hindsight: Outcome,
+    /// The bound's stranded GiB·hours over the best static target's: no target set by
+    /// the hour of the week goes below it on this trace.
+    pub hindsight_ratio: f64,
     /// The adaptive target's stranded GiB·hours over the best static one's.
     pub stranded_ratio: f64,
     /// Whether the adaptive target reached the best static target's warm-start rate.
@@ -88,6 +97,7 @@ pub fn run(config: &WeekConfig) -> WeekReport {
         let max = none.held_peak.max(GIB).saturating_mul(2);
         let best_static =
             replay::best_static(&of_size, model, measure_from, config.goal_rate, GIB, max);
+        let learned_static = learned_static(&of_size, model, measure_from, config, max);
         let adaptive = replay::replay(
             &of_size,
             Policy::Adaptive { goal },
@@ -95,13 +105,24 @@ pub fn run(config: &WeekConfig) -> WeekReport {
             measure_from,
             true,
         );
+        let hindsight = replay::replay(
+            &of_size,
+            Policy::Hindsight { goal },
+            model,
+            measure_from,
+            false,
+        );
+        let of_static = |o: &Outcome| o.stranded_gib_h / best_static.stranded_gib_h.max(1e-9);
         page_sizes.push(PageSizeResult {
             page_size: ps,
-            stranded_ratio: adaptive.stranded_gib_h / best_static.stranded_gib_h.max(1e-9),
+            stranded_ratio: of_static(&adaptive),
+            hindsight_ratio: of_static(&hindsight),
             rate_reached: adaptive.warm_start_rate >= best_static.warm_start_rate,
             none,
             best_static,
+            learned_static,
             adaptive,
+            hindsight,
         });
     }
     WeekReport {
@@ -111,11 +132,35 @@ pub fn run(config: &WeekConfig) -> WeekReport {
     }
 }
 
-fn policy_name(p: &Policy) -> String {
+/// The static target an operator could have chosen: the smallest that reached the goal on
+/// the learning weeks, replayed on the measured days.
+fn learned_static(
+    trace: &[VmLife],
+    model: PoolModel,
+    measure_from: f64,
+    config: &WeekConfig,
+    max: u64,
+) -> Outcome {
+    let learning: Vec<VmLife> = trace
+        .iter()
+        .copied()
+        .filter(|v| v.at_s < measure_from)
+        .collect();
+    let from = MONDAY.min(measure_from);
+    let swept = replay::best_static(&learning, model, from, config.goal_rate, GIB, max);
+    let bytes = match swept.policy {
+        Policy::Static { bytes } => bytes,
+        _ => 0,
+    };
+    replay::replay(trace, Policy::Static { bytes }, model, measure_from, false)
+}
+
+fn policy_name(p: &Policy, row: &str) -> String {
     match p {
         Policy::None => "none (kernel's path)".into(),
-        Policy::Static { bytes } => format!("best static ({} GiB)", bytes / GIB),
+        Policy::Static { bytes } => format!("{row} static ({} GiB)", bytes / GIB),
         Policy::Adaptive { goal } => format!("adaptive ({:.1}%)", goal.warm_start_rate * 100.0),
+        Policy::Hindsight { .. } => "bound: hour plan in hindsight".into(),
     }
 }
 
@@ -123,24 +168,31 @@ impl WeekReport {
     /// The side-by-side table.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "seed {}, {} measured days after {} learning weeks, {} starts, goal {:.1}%, refill {:.1} GiB/s\n",
+            "seed {}, {} measured days after {} learning weeks, {} starts, goal {:.1}%, refill {:.1} GiB/s, Placement lead {:.0} s\n",
             self.config.shape.seed,
             self.config.shape.days,
             self.config.learning_weeks,
             self.starts,
             self.config.goal_rate * 100.0,
-            self.config.refill_rate / GIB as f64
+            self.config.refill_rate / GIB as f64,
+            self.config.shape.placement_lead_s
         );
         out.push_str(&format!(
-            "{:<5} {:<24} {:>7} {:>10} {:>12} {:>12}\n",
+            "{:<5} {:<30} {:>7} {:>10} {:>12} {:>12}\n",
             "pages", "policy", "starts", "warm", "stranded", "peak/held"
         ));
         for r in &self.page_sizes {
-            for o in [&r.none, &r.best_static, &r.adaptive] {
+            for (o, row) in [
+                (&r.none, ""),
+                (&r.best_static, "best"),
+                (&r.learned_static, "learned"),
+                (&r.adaptive, ""),
+                (&r.hindsight, ""),
+            ] {
                 out.push_str(&format!(
-                    "{:<5} {:<24} {:>7} {:>9.2}% {:>9.0} GiBh {:>11.2}\n",
+                    "{:<5} {:<30} {:>7} {:>9.2}% {:>9.0} GiBh {:>11.2}\n",
                     r.page_size.name(),
-                    policy_name(&o.policy),
+                    policy_name(&o.policy, row),
                     o.starts,
                     o.warm_start_rate * 100.0,
                     o.stranded_gib_h,
@@ -148,10 +200,11 @@ impl WeekReport {
                 ));
             }
             out.push_str(&format!(
-                "{:<5} adaptive/static stranded {:.2}, rate reached: {}\n",
+                "{:<5} adaptive/best static stranded {:.2}, rate reached: {}; bound/best static {:.2}\n",
                 r.page_size.name(),
                 r.stranded_ratio,
-                r.rate_reached
+                r.rate_reached,
+                r.hindsight_ratio
             ));
         }
         out

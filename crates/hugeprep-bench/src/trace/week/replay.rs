@@ -27,6 +27,10 @@ pub const REPLAN_S: f64 = 3600.0;
 /// How often the series for the plot takes a point, s.
 pub const SERIES_S: f64 = 600.0;
 
+/// How often the adaptive policy asks Placement for allocations not yet leased, s: an
+/// allocation is seen at the first poll after it is made.
+pub const PLACEMENT_POLL_S: f64 = 5.0;
+
 /// A pool policy.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(tag = "policy", rename_all = "snake_case")]
@@ -40,6 +44,13 @@ pub enum Policy {
     },
     /// The adaptive target for a goal.
     Adaptive {
+        /// The goal.
+        goal: Goal,
+    },
+    /// A bound, not a policy: the adaptive plan made from the measured days' own needs (in
+    /// hindsight), hour by hour, with no recent raise. What any target set by the hour of
+    /// the week could reach on this trace, knowing it beforehand.
+    Hindsight {
         /// The goal.
         goal: Goal,
     },
@@ -153,35 +164,50 @@ pub fn replay(
         measure_from,
         area: 0.0,
     };
+    let announced = announcements(trace);
     let mut forecast = match policy {
         Policy::Adaptive { goal } => Some(Forecast::new(goal)),
+        Policy::Hindsight { goal } => Some(hindsight(trace, goal, model, measure_from, &announced)),
         _ => None,
     };
-    let target_at = |f: &Option<Forecast>, now: f64| match (policy, f) {
+    let learns = matches!(policy, Policy::Adaptive { .. });
+    let sees_pending = matches!(policy, Policy::Adaptive { .. } | Policy::Hindsight { .. });
+    let mut pending: u64 = 0;
+    let target_at = |f: &Option<Forecast>, now: f64, pending: u64| match (policy, f) {
         (Policy::None, _) => 0,
         (Policy::Static { bytes }, _) => bytes,
-        (Policy::Adaptive { .. }, Some(f)) => {
+        (Policy::Adaptive { .. } | Policy::Hindsight { .. }, Some(f)) => {
             f.target(&Inputs {
                 now_s: now,
-                pending: 0,
+                pending,
                 refill_rate: model.refill_rate,
                 free_share: u64::MAX,
             })
             .bytes
         }
-        (Policy::Adaptive { .. }, None) => 0,
+        (Policy::Adaptive { .. } | Policy::Hindsight { .. }, None) => 0,
     };
-    pool.set_target(target_at(&forecast, pool.t));
+    pool.set_target(target_at(&forecast, pool.t, 0));
     let mut ends: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
     let (mut starts, mut warm_starts, mut held_peak, mut stranded_peak) = (0u64, 0u64, 0u64, 0u64);
     let mut points = Vec::new();
     let (mut next_look, mut next_plan, mut next_point) = (pool.t, pool.t, measure_from);
     let mut i = 0;
+    // Allocations by the time the policy sees them: (seen, index into the trace).
+    let mut seen_order: Vec<(f64, usize)> = announced
+        .iter()
+        .enumerate()
+        .filter(|&(_, &a)| a > 0.0 && sees_pending)
+        .map(|(k, &a)| (trace[k].at_s - a, k))
+        .collect();
+    seen_order.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let mut a = 0;
     let end_of_trace = trace.last().map_or(pool.t, |v| v.at_s);
     loop {
         let next_start = trace.get(i).map(|v| v.at_s);
         let next_end = ends.peek().map(|Reverse((t, _))| *t as f64 / 1000.0);
-        let t = [Some(next_look), next_start, next_end]
+        let next_seen = seen_order.get(a).map(|&(t, _)| t);
+        let t = [Some(next_look), next_start, next_end, next_seen]
             .into_iter()
             .flatten()
             .fold(f64::INFINITY, f64::min);
@@ -200,9 +226,20 @@ pub fn replay(
             }
             continue;
         }
+        if next_seen == Some(t) {
+            let k = seen_order[a].1;
+            a += 1;
+            pending = pending.saturating_add(trace[k].bytes);
+            pool.set_target(target_at(&forecast, t, pending));
+            continue;
+        }
         if next_start == Some(t) {
             let v = trace[i];
+            let announced_s = if sees_pending { announced[i] } else { 0.0 };
             i += 1;
+            if announced_s > 0.0 {
+                pending = pending.saturating_sub(v.bytes);
+            }
             let warm = pool.warm >= v.bytes as f64;
             if warm {
                 pool.warm -= v.bytes as f64;
@@ -215,20 +252,22 @@ pub fn replay(
             }
             let end_ms = ((t + v.life_s) * 1000.0) as u64;
             ends.push(Reverse((end_ms, v.bytes)));
-            if let Some(f) = forecast.as_mut() {
-                f.started(t, v.bytes, model.refill_rate);
-                pool.set_target(target_at(&forecast, t));
+            if let Some(f) = forecast.as_mut().filter(|_| learns) {
+                f.started_announced(t, v.bytes, model.refill_rate, announced_s);
+            }
+            if forecast.is_some() {
+                pool.set_target(target_at(&forecast, t, pending));
             }
             continue;
         }
         // A look.
-        if let Some(f) = forecast.as_mut() {
+        if let Some(f) = forecast.as_mut().filter(|_| learns) {
             if t >= next_plan {
                 f.replan();
                 next_plan = t + REPLAN_S;
             }
         }
-        pool.set_target(target_at(&forecast, t));
+        pool.set_target(target_at(&forecast, t, pending));
         if series && t >= next_point {
             points.push(Point {
                 hour: (t - measure_from) / 3600.0,
@@ -254,6 +293,42 @@ pub fn replay(
         held_peak,
         series: points,
     }
+}
+
+/// How long before each start (by index) the adaptive policy saw its allocation, s: its
+/// Placement lead, less the wait for the next poll (0: not seen before it started).
+pub fn announcements(trace: &[VmLife]) -> Vec<f64> {
+    trace
+        .iter()
+        .map(|v| {
+            if v.lead_s <= 0.0 {
+                return 0.0;
+            }
+            let made = v.at_s - v.lead_s;
+            let seen = (made / PLACEMENT_POLL_S).ceil() * PLACEMENT_POLL_S;
+            (v.at_s - seen).max(0.0)
+        })
+        .collect()
+}
+
+/// The plan made from the needs of the starts from `measure_from` on, as if the forecast
+/// had learnt them beforehand: the bound [`Policy::Hindsight`] replays.
+fn hindsight(
+    trace: &[VmLife],
+    goal: Goal,
+    model: PoolModel,
+    measure_from: f64,
+    announced: &[f64],
+) -> Forecast {
+    let mut f = Forecast::exact(goal);
+    for (v, &a) in trace.iter().zip(announced) {
+        if v.at_s >= measure_from {
+            f.started_announced(v.at_s, v.bytes, model.refill_rate, a);
+        }
+    }
+    f.replan();
+    f.forget_recent();
+    f
 }
 
 /// The smallest static target, in steps of `step` bytes up to `max`, whose warm-start rate
@@ -305,6 +380,7 @@ mod tests {
         VmLife {
             at_s,
             bytes: gib * GIB,
+            lead_s: 0.0,
             page_size: PageSize::Size2M,
             life_s,
             kind: "steady",
@@ -343,5 +419,39 @@ mod tests {
         assert_eq!(o.warm_starts, 2);
         let best = best_static(&pair, model, 0.0, 1.0, GIB, 16 * GIB);
         assert_eq!(best.policy, Policy::Static { bytes: 7 * GIB });
+    }
+
+    #[test]
+    fn a_start_seen_coming_long_enough_is_warm_with_nothing_kept_for_it() {
+        let model = PoolModel {
+            refill_rate: GIB as f64,
+        };
+        let goal = Goal {
+            warm_start_rate: 0.99,
+            ceiling: u64::MAX,
+        };
+        // A 4 GiB VM every hour for four weeks; the last week is measured.
+        let hourly = |lead_s: f64| -> Vec<VmLife> {
+            (0..24 * 28)
+                .map(|i| VmLife {
+                    lead_s,
+                    ..vm(f64::from(i) * 3600.0 + 1800.0, 4, 600.0)
+                })
+                .collect()
+        };
+        let from = 21.0 * 86_400.0;
+        let unseen = replay(&hourly(0.0), Policy::Adaptive { goal }, model, from, false);
+        // Allocated 30 s ahead (seen at the next 5 s poll): 4 GiB is warm in 4 s.
+        let seen = replay(&hourly(30.0), Policy::Adaptive { goal }, model, from, false);
+        assert_eq!(announcements(&hourly(30.0))[0], 30.0);
+        assert_eq!((unseen.warm_starts, seen.warm_starts), (168, 168));
+        // Unseen, the pool keeps 4 GiB warm all week; seen, only from the poll to the start.
+        assert!(unseen.stranded_gib_h > 600.0, "{}", unseen.stranded_gib_h);
+        // 4 GiB for the 26 s after each poll, 168 times: 4.9 GiB·h.
+        assert!(seen.stranded_gib_h < 6.0, "{}", seen.stranded_gib_h);
+        // The hindsight bound: no hour plan keeps less for the same starts.
+        let bound = replay(&hourly(0.0), Policy::Hindsight { goal }, model, from, false);
+        assert_eq!(bound.warm_starts, 168);
+        assert!(bound.stranded_gib_h <= unseen.stranded_gib_h + 1.0);
     }
 }

@@ -120,6 +120,7 @@ pub fn render(sources: Sources<'_>) -> String {
     );
     pool::register_status(&mut reg, sources.status);
     pool::register_counters(&mut reg, sources.pool, sources.status);
+    pool::register_adaptive(&mut reg, &sources.pool.adaptive());
     register_clearing(&mut reg, sources.clearing);
     register_health(&mut reg, sources.health);
     if let Some(p) = sources.placement {

@@ -8,7 +8,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
+use std::sync::atomic::AtomicU64;
+
 use super::int;
+use crate::pool::adaptive::AdaptiveStatus;
 use crate::pool::{Pool, PoolStatus};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -39,6 +42,47 @@ struct RecycleLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProofLabels {
     method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AdaptiveLabels {
+    /// A node, or `all` for a target of every node.
+    node: String,
+    page_size: String,
+}
+
+/// Registers the adaptive targets' gauges: the warm bytes each keeps now and the share of
+/// starts its plan serves warm (absent before a target's first look).
+pub(super) fn register_adaptive(reg: &mut Registry, targets: &[AdaptiveStatus]) {
+    let bytes = Family::<AdaptiveLabels, Gauge>::default();
+    let rate = Family::<AdaptiveLabels, Gauge<f64, AtomicU64>>::default();
+    let goal = Family::<AdaptiveLabels, Gauge<f64, AtomicU64>>::default();
+    for t in targets {
+        let labels = AdaptiveLabels {
+            node: t.node.map_or("all".to_string(), |n| n.to_string()),
+            page_size: t.page_size.name().to_string(),
+        };
+        bytes.get_or_create(&labels).set(int(t.target_bytes));
+        goal.get_or_create(&labels).set(t.goal_percent / 100.0);
+        if let Some(why) = &t.why {
+            rate.get_or_create(&labels).set(why.planned_rate);
+        }
+    }
+    reg.register(
+        "pool_adaptive_target_bytes",
+        "Warm bytes an adaptive target keeps now, as the daemon sized it",
+        bytes,
+    );
+    reg.register(
+        "pool_adaptive_planned_warm_start_ratio",
+        "The share of VM starts the adaptive target's plan serves warm",
+        rate,
+    );
+    reg.register(
+        "pool_adaptive_goal_warm_start_ratio",
+        "The operator's warm-start goal of the adaptive target",
+        goal,
+    );
 }
 
 /// Registers the gauges of `status` (one consistent snapshot).

@@ -40,6 +40,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::Serialize;
 
+pub use super::forecast_steps::horizon;
+use super::forecast_steps::{hull, mixed, pooled};
+
 /// Buckets: 24 weekday hours, then 24 weekend hours.
 pub const BUCKETS: usize = 48;
 
@@ -55,9 +58,6 @@ pub const MARGIN: f64 = 0.0;
 
 /// The share of a bucket's samples drawn from every bucket's needs (see `mixed`).
 pub const POOLED: f64 = 0.5;
-
-/// The weights of a sample for the hours around its own (-2 to +2).
-const KERNEL: [f64; 5] = [0.25, 0.5, 1.0, 0.5, 0.25];
 
 /// The shortest look-ahead: the start gate holds refills while VMs start and the lessee grace
 /// leaves a new VM alone for 2 s, so a pool is never full again sooner.
@@ -158,6 +158,9 @@ pub struct Forecast {
     planned_rate: f64,
     /// Random state for replacing samples past [`SAMPLES_PER_WEEK`] (splitmix64).
     rng: u64,
+    /// Plan each bucket from its own samples alone, unsmoothed and unpooled (a plan made
+    /// in hindsight from the very starts it is judged on: [`Forecast::exact`]).
+    exact: bool,
 }
 
 /// The bucket of local time `t_s`: hour of the day, weekend hours after weekday ones.
@@ -202,6 +205,19 @@ impl Forecast {
             planned_max: [0; BUCKETS],
             planned_rate: 0.0,
             rng: 0x9e37_79b9_7f4a_7c15,
+            exact: false,
+        }
+    }
+
+    /// A forecast that plans each hour from that hour's own samples only, with no
+    /// smoothing over the hours around it and no pooled shape: fed the very starts it is
+    /// then judged on, its plan is the least warm memory any target set by the hour of the
+    /// week can keep for the goal (a bound for benchmarks, not a forecast: it has nothing
+    /// to spare for a week unlike the last).
+    pub fn exact(goal: Goal) -> Forecast {
+        Forecast {
+            exact: true,
+            ..Forecast::new(goal)
         }
     }
 
@@ -223,6 +239,18 @@ impl Forecast {
     /// A VM started at local time `at_s` with `bytes` of memory of this pool's page size.
     /// `refill_rate`: the pool's measured rate, bytes/s.
     pub fn started(&mut self, at_s: f64, bytes: u64, refill_rate: f64) {
+        self.started_announced(at_s, bytes, refill_rate, 0.0);
+    }
+
+    /// A VM started, as [`Forecast::started`], that the pool saw coming `announced_s`
+    /// seconds before: a Placement allocation the driver found not yet leased, whose bytes
+    /// the look added to the target as known demand. The refill had that long to make
+    /// them warm, so the pool itself needed that much less beforehand. What a start needs
+    /// of the warm pool is then the Lindley recursion with each start's refill beginning
+    /// at its announcement: `D_i = bytes_i + max(-R L_i, D_(i-1) - R (t_i - t_(i-1)))`,
+    /// and the need is `max(0, D_i)` (0: the announcement alone makes it warm). With
+    /// `announced_s = 0` this is the plain recursion of the module's doc.
+    pub fn started_announced(&mut self, at_s: f64, bytes: u64, refill_rate: f64, announced_s: f64) {
         self.mean_bytes = if self.mean_bytes == 0.0 {
             bytes as f64
         } else {
@@ -234,13 +262,20 @@ impl Forecast {
         } else {
             0.0
         };
-        let need = match self.last {
-            // A clock stepped back: nothing before this start is known to be before it.
-            Some((t, need)) if t <= at_s => bytes as f64 + (need - rate * (at_s - t)).max(0.0),
-            _ => bytes as f64,
+        let lead = if announced_s.is_finite() {
+            announced_s.max(0.0)
+        } else {
+            0.0
         };
-        self.last = Some((at_s, need));
-        let need = need as u64;
+        let ahead = -(rate * lead);
+        let carried = match self.last {
+            // A clock stepped back: nothing before this start is known to be before it.
+            Some((t, d)) if t <= at_s => (d - rate * (at_s - t)).max(ahead),
+            _ => ahead,
+        };
+        let d = bytes as f64 + carried;
+        self.last = Some((at_s, d));
+        let need = d.max(0.0) as u64;
         while self
             .recent
             .front()
@@ -248,8 +283,26 @@ impl Forecast {
         {
             self.recent.pop_front();
         }
+        // An earlier need no larger than this one is never the largest of a window that
+        // reaches back to it (each such window holds this one too): dropped, so a day of
+        // starts keeps only its falling sequence of needs, however many VMs start.
+        while self
+            .recent
+            .back()
+            .is_some_and(|&(t, d)| d <= need && t <= at_s)
+        {
+            self.recent.pop_back();
+        }
         self.recent.push_back((at_s, need));
         self.record(at_s, need);
+    }
+
+    /// Forgets the recent starts (the last hour's and day's needs and the last start),
+    /// keeping the samples and the plan: a plan made from a trace's own needs can then be
+    /// replayed over that trace without seeing ahead (the bench's hindsight bound).
+    pub fn forget_recent(&mut self) {
+        self.recent.clear();
+        self.last = None;
     }
 
     fn record(&mut self, at_s: f64, demand: u64) {
@@ -282,7 +335,13 @@ impl Forecast {
         let mut total = 0.0;
         let mut plan: [Option<u64>; BUCKETS] = [None; BUCKETS];
         for (b, (planned, planned_max)) in plan.iter_mut().zip(&mut self.planned_max).enumerate() {
-            let weighted = mixed(&own, &global, b);
+            let weighted = if self.exact {
+                let mut own_b = own[b].clone();
+                own_b.sort_unstable_by_key(|&(s, _)| s);
+                own_b
+            } else {
+                mixed(&own, &global, b)
+            };
             let Some(&(max, _)) = weighted.last() else {
                 continue;
             };
@@ -400,266 +459,6 @@ impl Forecast {
     }
 }
 
-/// Bucket `b`'s needs smoothed over the hours around it on the same kind of day (the
-/// [`KERNEL`]), sorted, with their weights.
-fn smoothed(own: &[Vec<(u64, f64)>], b: usize) -> Vec<(u64, f64)> {
-    let kernel_sum: f64 = KERNEL.iter().sum();
-    let mut weighted = Vec::new();
-    for (i, k) in KERNEL.iter().enumerate() {
-        let hour = (b % 24 + 24 + i - 2) % 24;
-        let from = b - b % 24 + hour;
-        weighted.extend(own[from].iter().map(|&(s, w)| (s, w * k / kernel_sum)));
-    }
-    weighted
-}
-
-/// Every bucket's needs together, their weights summing to 1: the shape of a start's need
-/// whatever its hour.
-fn pooled(own: &[Vec<(u64, f64)>]) -> Vec<(u64, f64)> {
-    let all: Vec<(u64, f64)> = own.iter().flatten().copied().collect();
-    let sum: f64 = all.iter().map(|&(_, w)| w).sum();
-    all.into_iter()
-        .map(|(s, w)| (s, w / sum.max(f64::MIN_POSITIVE)))
-        .collect()
-}
-
-/// Bucket `b`'s samples for the plan, sorted by need: half its own (smoothed), half the
-/// pooled shape scaled to its starts. A start's need depends on its hour mostly through
-/// how many starts come then: a deploy seen once at 11h speaks, in proportion, for every
-/// hour as busy, which one week of an hour's own samples cannot.
-fn mixed(own: &[Vec<(u64, f64)>], global: &[(u64, f64)], b: usize) -> Vec<(u64, f64)> {
-    let local = smoothed(own, b);
-    let starts: f64 = local.iter().map(|&(_, w)| w).sum();
-    let mut out: Vec<(u64, f64)> = local
-        .into_iter()
-        .map(|(s, w)| (s, w * (1.0 - POOLED)))
-        .collect();
-    if starts > 0.0 {
-        out.extend(global.iter().map(|&(s, w)| (s, w * starts * POOLED)));
-    }
-    out.sort_unstable_by_key(|&(s, _)| s);
-    out
-}
-
-/// The horizon for starts of `mean_bytes` at `refill_rate` bytes/s: twice the time to make
-/// one start's memory warm, within [`MIN_HORIZON_S`] and [`MAX_HORIZON_S`].
-pub fn horizon(mean_bytes: f64, refill_rate: f64) -> f64 {
-    if refill_rate <= 0.0 || !refill_rate.is_finite() {
-        return MAX_HORIZON_S;
-    }
-    (2.0 * mean_bytes / refill_rate).clamp(MIN_HORIZON_S, MAX_HORIZON_S)
-}
-
-/// The steps of one bucket, from its samples sorted by demand with their weights (warm
-/// starts a week each): (bytes added, warm starts gained), along the upper convex hull of
-/// (target, warm starts), so each step gains fewer starts per byte than the one before.
-fn hull(sorted: &[(u64, f64)]) -> Vec<(u64, f64)> {
-    // The points (target, starts warm at that target): a target of a sample's demand makes
-    // it and every smaller one warm.
-    let mut points: Vec<(u64, f64)> = vec![(0, 0.0)];
-    let mut warm = 0.0;
-    for (i, &(demand, weight)) in sorted.iter().enumerate() {
-        warm += weight;
-        let last_of_value = sorted.get(i + 1).map_or(true, |&(d, _)| d != demand);
-        if last_of_value {
-            points.push((demand, warm));
-        }
-    }
-    let mut upper: Vec<(u64, f64)> = Vec::with_capacity(points.len());
-    for p in points {
-        while upper.len() >= 2 {
-            let (a, b) = (upper[upper.len() - 2], upper[upper.len() - 1]);
-            // Drop `b` when it lies on or under the line from `a` to `p`.
-            let cross = (b.0 - a.0) as f64 * (p.1 - a.1) - (b.1 - a.1) * (p.0 - a.0) as f64;
-            if cross >= 0.0 {
-                upper.pop();
-            } else {
-                break;
-            }
-        }
-        upper.push(p);
-    }
-    upper
-        .windows(2)
-        .map(|w| (w[1].0 - w[0].0, w[1].1 - w[0].1))
-        .filter(|&(bytes, starts)| bytes > 0 && starts > 0.0)
-        .collect()
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const GIB: u64 = 1 << 30;
-    /// Monday 2026-11-23 00:00 UTC.
-    const MONDAY: f64 = 1_795_392_000.0;
-
-    fn goal(rate: f64) -> Goal {
-        Goal {
-            warm_start_rate: rate,
-            ceiling: 1 << 50,
-        }
-    }
-
-    fn look(at: f64) -> Inputs {
-        Inputs {
-            now_s: at,
-            pending: 0,
-            refill_rate: 4.0 * GIB as f64,
-            free_share: 1 << 50,
-        }
-    }
-
-    #[test]
-    fn buckets_are_the_hour_of_a_weekday_or_of_a_weekend_day() {
-        assert_eq!(bucket(MONDAY), 0);
-        assert_eq!(bucket(MONDAY + 9.5 * 3600.0), 9);
-        assert_eq!(bucket(MONDAY + 4.0 * DAY_S + 23.0 * 3600.0), 23);
-        assert_eq!(bucket(MONDAY + 5.0 * DAY_S + 3600.0), 25);
-        assert_eq!(bucket(MONDAY + 6.0 * DAY_S + 23.5 * 3600.0), 47);
-        assert_eq!(bucket(MONDAY + 7.0 * DAY_S), 0);
-        assert_eq!(bucket_name(33), "weekend 09h");
-    }
-
-    #[test]
-    fn the_hull_takes_the_steps_with_most_starts_per_byte_first() {
-        // 3 starts of 1 GiB, 1 of 8 GiB, 2 of 9 GiB.
-        let s = [
-            (GIB, 1.0),
-            (GIB, 1.0),
-            (GIB, 1.0),
-            (8 * GIB, 1.0),
-            (9 * GIB, 1.0),
-            (9 * GIB, 1.0),
-        ];
-        let steps = hull(&s);
-        assert_eq!(steps[0], (GIB, 3.0));
-        // 8 GiB then 9 GiB folds into one step: 3 starts for 8 GiB more.
-        assert_eq!(steps[1], (8 * GIB, 3.0));
-        assert_eq!(steps.len(), 2);
-    }
-
-    /// Every weekday: 40 starts of 2 GiB in office hours (09-17h), 1 of 16 GiB at 03h.
-    fn office_weeks(f: &mut Forecast, weeks: u64) {
-        for w in 0..weeks {
-            for d in 0..5 {
-                let day = MONDAY + (w * 7 + d) as f64 * DAY_S;
-                f.started(day + 3.0 * 3600.0, 16 * GIB, 4.0 * GIB as f64);
-                for i in 0..40 {
-                    f.started(
-                        day + 9.0 * 3600.0 + i as f64 * 720.0,
-                        2 * GIB,
-                        4.0 * GIB as f64,
-                    );
-                }
-            }
-        }
-        f.replan();
-    }
-
-    #[test]
-    fn the_plan_keeps_office_hours_warm_and_lets_the_rare_large_night_start_go_cold() {
-        let mut f = Forecast::new(goal(0.95));
-        office_weeks(&mut f, 2);
-        let day = MONDAY + 14.0 * DAY_S;
-        let t = f.target(&look(day + 10.0 * 3600.0));
-        assert_eq!(t.bytes, 2 * GIB, "{t:?}");
-        assert!(!t.why.cold_hour);
-        // The 03h start is 1 in 41 (2.4%): a 95% goal lets it go cold (16 GiB for a whole
-        // hour, five times a week, for one start).
-        let t = f.target(&look(day + 3.0 * 3600.0 + 600.0));
-        assert_eq!(t.bytes, 0, "{t:?}");
-        assert!(t.why.cold_hour);
-        // A 99% goal keeps it warm too.
-        f.set_goal(goal(0.99));
-        f.replan();
-        let t = f.target(&look(day + 3.0 * 3600.0 + 600.0));
-        assert_eq!(t.bytes, 16 * GIB, "{t:?}");
-        // Weekends saw nothing: cold.
-        let t = f.target(&look(MONDAY + 19.0 * DAY_S + 10.0 * 3600.0));
-        assert_eq!(t.bytes, 0, "{t:?}");
-    }
-
-    #[test]
-    fn the_next_hour_is_warm_before_it_begins() {
-        let mut f = Forecast::new(goal(0.95));
-        office_weeks(&mut f, 2);
-        let day = MONDAY + 14.0 * DAY_S;
-        // 06h is cold; 07h is warm (the starts of 09h speak for it a little, and the plan
-        // aims past the goal), and the pool is warm before it begins.
-        assert_eq!(f.target(&look(day + 6.0 * 3600.0)).bytes, 0);
-        assert_eq!(f.target(&look(day + 7.0 * 3600.0 - 10.0)).bytes, 2 * GIB);
-    }
-
-    #[test]
-    fn known_demand_adds_and_the_ceiling_and_free_memory_cut() {
-        let mut f = Forecast::new(goal(0.95));
-        office_weeks(&mut f, 1);
-        let at = MONDAY + 7.0 * DAY_S + 10.0 * 3600.0;
-        let mut i = look(at);
-        i.pending = 6 * GIB;
-        assert_eq!(f.target(&i).bytes, 8 * GIB);
-        f.set_goal(Goal {
-            warm_start_rate: 0.95,
-            ceiling: 5 * GIB,
-        });
-        let t = f.target(&i);
-        assert_eq!((t.bytes, t.why.capped_by), (5 * GIB, Some("ceiling")));
-        i.free_share = 3 * GIB;
-        let t = f.target(&i);
-        assert_eq!((t.bytes, t.why.capped_by), (3 * GIB, Some("free memory")));
-    }
-
-    #[test]
-    fn a_burst_the_history_never_saw_raises_the_target_for_its_follow_ons() {
-        let mut f = Forecast::new(goal(0.95));
-        office_weeks(&mut f, 2);
-        let at = MONDAY + 14.0 * DAY_S + 11.0 * 3600.0;
-        for i in 0..5 {
-            f.started(at + i as f64, 8 * GIB, 4.0 * GIB as f64);
-        }
-        let t = f.target(&look(at + 60.0));
-        assert!(t.why.recent_raised, "{t:?}");
-        // One a second at a refill of 4 GiB/s: each needs 4 GiB more than the one before.
-        assert_eq!(t.bytes, 24 * GIB);
-    }
-
-    #[test]
-    fn without_history_the_days_peak_stands_in() {
-        let mut f = Forecast::new(goal(0.99));
-        f.started(MONDAY + 3600.0, 4 * GIB, 4.0 * GIB as f64);
-        f.replan();
-        // Another bucket, no samples of its own.
-        let t = f.target(&look(MONDAY + 5.0 * 3600.0));
-        assert_eq!(t.bytes, 4 * GIB, "{t:?}");
-        assert!(t.why.recent_raised);
-    }
-
-    #[test]
-    fn a_starts_need_is_what_the_refill_has_not_made_good_since_the_ones_before() {
-        let mut f = Forecast::new(goal(1.0));
-        let r = 4.0 * GIB as f64;
-        f.started(MONDAY, 8 * GIB, r);
-        f.started(MONDAY + 1.0, 8 * GIB, r);
-        f.started(MONDAY + 1.5, 2 * GIB, r);
-        f.started(MONDAY + 600.0, 2 * GIB, r);
-        let needs: Vec<u64> = f.recent.iter().map(|&(_, n)| n / GIB).collect();
-        assert_eq!(needs, [8, 12, 12, 2]);
-    }
-
-    #[test]
-    fn a_clock_stepped_back_does_not_add_later_starts_to_an_earlier_window() {
-        let mut f = Forecast::new(goal(1.0));
-        f.started(MONDAY + 7200.0, 2 * GIB, 4.0 * GIB as f64);
-        f.started(MONDAY + 3600.0, 16 * GIB, 4.0 * GIB as f64);
-        f.replan();
-        assert_eq!(f.plan()[1], Some(16 * GIB));
-    }
-
-    #[test]
-    fn a_faster_refill_shortens_the_horizon() {
-        assert_eq!(horizon(GIB as f64, 0.0), MAX_HORIZON_S);
-        assert_eq!(horizon(64.0 * GIB as f64, GIB as f64), 128.0);
-        assert_eq!(horizon(GIB as f64, 64.0 * GIB as f64), MIN_HORIZON_S);
-    }
-}
+#[path = "tests/forecast.rs"]
+mod tests;

@@ -214,17 +214,7 @@ impl Reach {
             },
             _ => None,
         };
-        let reach = Arc::new(Reach {
-            watch,
-            probe,
-            model: Mutex::new(kernel::Model::Unchecked),
-            model_error: Mutex::new(None),
-            hierarchies,
-            watched: Mutex::new(Watched::default()),
-            beat_ms: AtomicU64::new(0),
-            born: Instant::now(),
-            beyond_mount_bound: AtomicU64::new(0),
-        });
+        let reach = Arc::new(Reach::of(watch, probe, hierarchies));
         tracing::info!(method = reach.method().label(), "release proof");
         if reach.watch.is_none() {
             return reach;
@@ -238,18 +228,27 @@ impl Reach {
             Err(err) => {
                 // No thread would answer the opens of a marked file: mark none.
                 tracing::warn!(%err, "cannot start the open watch's reader: released leases take the kernel's path");
-                Arc::new(Reach {
-                    watch: None,
-                    probe: None,
-                    model: Mutex::new(kernel::Model::Unchecked),
-                    model_error: Mutex::new(None),
-                    hierarchies: reach.hierarchies.clone(),
-                    watched: Mutex::new(Watched::default()),
-                    beat_ms: AtomicU64::new(0),
-                    born: Instant::now(),
-                    beyond_mount_bound: AtomicU64::new(0),
-                })
+                Arc::new(Reach::of(None, None, reach.hierarchies.clone()))
             }
+        }
+    }
+
+    /// A proof over `watch` and `probe`, nothing watched yet.
+    fn of(
+        watch: Option<OpenWatch>,
+        probe: Option<Probe>,
+        hierarchies: cgroup::Hierarchies,
+    ) -> Reach {
+        Reach {
+            watch,
+            probe,
+            model: Mutex::new(kernel::Model::Unchecked),
+            model_error: Mutex::new(None),
+            hierarchies,
+            watched: Mutex::new(Watched::default()),
+            beat_ms: AtomicU64::new(0),
+            born: Instant::now(),
+            beyond_mount_bound: AtomicU64::new(0),
         }
     }
 

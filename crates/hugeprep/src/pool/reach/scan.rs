@@ -124,9 +124,13 @@ pub fn find_mount(dev: u64) -> io::Result<Option<Finding>> {
 /// [`find`] for the file `ino`, or [`find_mount`] when `None`.
 fn walk(dev: u64, ino: Option<u64>) -> io::Result<Option<Finding>> {
     let me = std::process::id();
-    let dev_text = mountinfo_dev(dev);
-    let mut namespaces_in_use = BTreeSet::new();
-    let mut namespaces_held: Vec<(u32, String)> = Vec::new();
+    let mut w = Walk {
+        dev,
+        ino,
+        dev_text: mountinfo_dev(dev),
+        in_use: BTreeSet::new(),
+        held: Vec::new(),
+    };
     for entry in fs::read_dir("/proc")? {
         let entry = entry?;
         let Some(pid) = entry
@@ -139,14 +143,42 @@ fn walk(dev: u64, ino: Option<u64>) -> io::Result<Option<Finding>> {
         if pid == me {
             continue;
         }
-        let base = entry.path();
-        // Every thread: one may have a descriptor table or a mount namespace of its own
-        // (`unshare`), and the leader may have exited while others run.
+        if let Some(f) = w.threads(pid, &entry.path())? {
+            return Ok(Some(f));
+        }
+    }
+    // A namespace kept alive by a descriptor alone was not read through any process.
+    for (pid, ns) in &w.held {
+        if !w.in_use.contains(ns) {
+            return Ok(Some(Finding::Mount { pid: *pid }));
+        }
+    }
+    Ok(None)
+}
+
+/// What a walk looks for, and the mount namespaces it met so far.
+struct Walk {
+    dev: u64,
+    /// The file; `None`: mounts only.
+    ino: Option<u64>,
+    /// `dev` as mountinfo writes it.
+    dev_text: String,
+    /// Mount namespaces read through a process.
+    in_use: BTreeSet<String>,
+    /// Mount namespaces descriptors hold, with a process holding each.
+    held: Vec<(u32, String)>,
+}
+
+impl Walk {
+    /// Every thread of process `pid` (`base` is `/proc/PID`): one may have a descriptor
+    /// table or a mount namespace of its own (`unshare`), and the leader may have exited
+    /// while others run.
+    fn threads(&mut self, pid: u32, base: &Path) -> io::Result<Option<Finding>> {
         let tasks_dir = base.join("task");
         let tasks = match fs::read_dir(&tasks_dir) {
             Ok(t) => t,
-            Err(e) if vanished(&e) => continue,
-            Err(e) if denied(&e) && runs_as_root(&base) => continue,
+            Err(e) if vanished(&e) => return Ok(None),
+            Err(e) if denied(&e) && runs_as_root(base) => return Ok(None),
             Err(e) => return Err(at(&tasks_dir, e).into_io()),
         };
         for task in tasks {
@@ -166,32 +198,18 @@ fn walk(dev: u64, ino: Option<u64>) -> io::Result<Option<Finding>> {
                 pid,
                 fds: tid == pid || !shares_files(pid, tid),
             };
-            match process(
-                &task.path(),
-                &scan,
-                dev,
-                ino,
-                &dev_text,
-                &mut namespaces_in_use,
-                &mut namespaces_held,
-            ) {
+            match self.process(&task.path(), &scan) {
                 Ok(Some(f)) => return Ok(Some(f)),
                 Ok(None) => {}
                 // A thread that exited (a leader that called `exit` while others run has
                 // no namespace or descriptors left to read): the others are read.
                 Err(ProcError(_, e)) if vanished(&e) => {}
-                Err(ProcError(_, e)) if denied(&e) && runs_as_root(&base) => {}
+                Err(ProcError(_, e)) if denied(&e) && runs_as_root(base) => {}
                 Err(e) => return Err(e.into_io()),
             }
         }
+        Ok(None)
     }
-    // A namespace kept alive by a descriptor alone was not read through any process.
-    for (pid, ns) in namespaces_held {
-        if !namespaces_in_use.contains(&ns) {
-            return Ok(Some(Finding::Mount { pid }));
-        }
-    }
-    Ok(None)
 }
 
 /// What to read of one thread.
@@ -222,69 +240,78 @@ fn shares_files(pid: u32, tid: u32) -> bool {
 /// `KCMP_FILES` of `linux/kcmp.h`: the descriptor tables.
 const KCMP_FILES: libc::c_int = 2;
 
-/// One thread (`base` is `/proc/PID/task/TID`): its mount namespace (read once per
-/// namespace) and, unless it shares its leader's, its descriptor table.
-fn process(
-    base: &Path,
-    scan: &Scan,
-    dev: u64,
-    ino: Option<u64>,
-    dev_text: &str,
-    in_use: &mut BTreeSet<String>,
-    held: &mut Vec<(u32, String)>,
-) -> Result<Option<Finding>, ProcError> {
-    let pid = scan.pid;
-    let ns = fs::read_link(base.join("ns/mnt")).map_err(|e| at(&base.join("ns/mnt"), e))?;
-    let ns = ns.to_string_lossy().into_owned();
-    if in_use.insert(ns) {
-        let info = fs::read_to_string(base.join("mountinfo"))
-            .map_err(|e| at(&base.join("mountinfo"), e))?;
-        for line in info.lines() {
-            let mut f = line.split(' ').skip(2);
-            if let (Some(d), Some(root)) = (f.next(), f.next()) {
-                if d == dev_text && root != "/" {
-                    return Ok(Some(Finding::Mount { pid }));
+impl Walk {
+    /// One thread (`base` is `/proc/PID/task/TID`): its mount namespace (read once per
+    /// namespace) and, unless it shares its leader's, its descriptor table.
+    fn process(&mut self, base: &Path, scan: &Scan) -> Result<Option<Finding>, ProcError> {
+        let pid = scan.pid;
+        let ns = fs::read_link(base.join("ns/mnt")).map_err(|e| at(&base.join("ns/mnt"), e))?;
+        let ns = ns.to_string_lossy().into_owned();
+        if self.in_use.insert(ns) {
+            let info = fs::read_to_string(base.join("mountinfo"))
+                .map_err(|e| at(&base.join("mountinfo"), e))?;
+            for line in info.lines() {
+                let mut f = line.split(' ').skip(2);
+                if let (Some(d), Some(root)) = (f.next(), f.next()) {
+                    if d == self.dev_text && root != "/" {
+                        return Ok(Some(Finding::Mount { pid }));
+                    }
                 }
             }
         }
+        if !scan.fds {
+            return Ok(None);
+        }
+        let fd_dir = base.join("fd");
+        let dir = fs::File::open(&fd_dir).map_err(|e| at(&fd_dir, e))?;
+        for fd in fs::read_dir(&fd_dir).map_err(|e| at(&fd_dir, e))? {
+            let fd = match fd {
+                Ok(fd) => fd,
+                Err(e) if vanished(&e) => continue,
+                Err(e) => return Err(at(&fd_dir, e)),
+            };
+            if let Some(f) = self.descriptor(base, &dir, &fd, pid)? {
+                return Ok(Some(f));
+            }
+        }
+        Ok(None)
     }
-    if !scan.fds {
-        return Ok(None);
-    }
-    let fd_dir = base.join("fd");
-    let dir = fs::File::open(&fd_dir).map_err(|e| at(&fd_dir, e))?;
-    for fd in fs::read_dir(&fd_dir).map_err(|e| at(&fd_dir, e))? {
-        let fd = match fd {
-            Ok(fd) => fd,
-            Err(e) if vanished(&e) => continue,
-            Err(e) => return Err(at(&fd_dir, e)),
-        };
+
+    /// One descriptor `fd` of process `pid` (`dir` is the open `fd` directory of `base`):
+    /// a mount namespace it holds is remembered; the file, or an io_uring with registered
+    /// buffers, is found.
+    fn descriptor(
+        &mut self,
+        base: &Path,
+        dir: &fs::File,
+        fd: &fs::DirEntry,
+        pid: u32,
+    ) -> Result<Option<Finding>, ProcError> {
         let target = match fs::read_link(fd.path()) {
             Ok(t) => t,
-            Err(e) if vanished(&e) => continue,
+            Err(e) if vanished(&e) => return Ok(None),
             Err(e) => return Err(at(&fd.path(), e)),
         };
         let target = target.as_os_str().as_bytes();
         if target.starts_with(b"mnt:[") {
-            held.push((pid, String::from_utf8_lossy(target).into_owned()));
-            continue;
+            self.held
+                .push((pid, String::from_utf8_lossy(target).into_owned()));
+            return Ok(None);
         }
         // Mounts only: the namespaces descriptors hold are all that is read of them.
-        let Some(ino) = ino else { continue };
+        let Some(ino) = self.ino else { return Ok(None) };
         if target == b"anon_inode:[io_uring]" {
             let info = base.join("fdinfo").join(fd.file_name());
             let text = match fs::read_to_string(&info) {
                 Ok(t) => t,
-                Err(e) if vanished(&e) => continue,
+                Err(e) if vanished(&e) => return Ok(None),
                 Err(e) => return Err(at(&info, e)),
             };
-            if registered_buffers(&text) != Some(0) {
-                return Ok(Some(Finding::IoUring { pid }));
-            }
-            continue;
+            let held = registered_buffers(&text) != Some(0);
+            return Ok(held.then_some(Finding::IoUring { pid }));
         }
         if target.first() != Some(&b'/') {
-            continue;
+            return Ok(None);
         }
         // The descriptor's own file, through the magic link (an O_PATH one too).
         match fstatat(
@@ -292,19 +319,18 @@ fn process(
             fd.file_name().as_os_str(),
             AtFlags::empty(),
         ) {
-            Ok(st) if st.st_dev == dev && st.st_ino == ino => {
-                return Ok(Some(Finding::Descriptor { pid }))
+            Ok(st) if st.st_dev == self.dev && st.st_ino == ino => {
+                Ok(Some(Finding::Descriptor { pid }))
             }
-            Ok(_) => {}
-            Err(nix::errno::Errno::ENOENT) => {}
+            Ok(_) => Ok(None),
+            Err(nix::errno::Errno::ENOENT) => Ok(None),
             // A descriptor of something else the daemon may not stat (a socket of another
             // namespace, a deleted file's link target): it is not the pool file, which the
             // daemon owns and may always stat.
-            Err(nix::errno::Errno::EACCES) => {}
-            Err(e) => return Err(at(&fd.path(), io::Error::from(e))),
+            Err(nix::errno::Errno::EACCES) => Ok(None),
+            Err(e) => Err(at(&fd.path(), io::Error::from(e))),
         }
     }
-    Ok(None)
 }
 
 /// `UserBufs:` of an io_uring's fdinfo; `None` when the line is missing (counted as held).

@@ -1,0 +1,200 @@
+//! The driver of the adaptive warm targets (`goal` and `ceiling` in place of `warm`): it
+//! counts each lease as a VM start of its target's forecast, looks at each target once a
+//! minute (and soon after a start), and installs the target's warm bytes through the same
+//! path as a reload or `PUT /v1/pool/targets` ([`Pool::set_policy`]), so the API's targets
+//! stay in force and the worker fills or trims as for any target. See docs/pool.md,
+//! "Sizing the pool itself".
+//!
+//! The inputs of a look ([`Inputs`]):
+//! - the time: the host's clock plus the local offset from UTC (the C library's, from `TZ`
+//!   or `/etc/localtime`), so the day's hours are the operator's;
+//! - known demand: 0 (the daemon reads no Placement allocations yet; its Placement client
+//!   only publishes inventory);
+//! - the refill rate: the worker's measured fault rate (bytes over seconds faulted), else
+//!   the scrub rate, else [`DEFAULT_REFILL_RATE`], for every page size alike;
+//! - the free share: what the pool holds of the kind (warm, dirty, filling), the kernel's
+//!   free pages of it, and what the reserve may still add (the node's available memory
+//!   less `reserve_margin`, within `reserve_limit`; nothing with `reserve = false`).
+//!
+//! What the forecast has seen is not kept across restarts: it learns again from nothing.
+
+mod registry;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use registry::{AdaptiveStatus, Key, Registry, REPLAN_S};
+
+use super::{KindStatus, Pool};
+use crate::page_size::PageSize;
+use crate::policy::pool::Target;
+use crate::pool::core::forecast::Inputs;
+
+/// How often each adaptive target is looked at.
+pub const LOOK_EVERY: Duration = Duration::from_secs(60);
+
+/// How long after a start its look waits: as long as the lessee grace's default.
+pub const AFTER_START: Duration = super::LESSEE_GRACE;
+
+/// The refill rate assumed until the worker has faulted or scrubbed enough to measure one,
+/// bytes/s (1 GiB/s, below what one CPU faults 2M pages at on the hosts measured).
+pub const DEFAULT_REFILL_RATE: f64 = (1u64 << 30) as f64;
+
+/// Seconds of faulting (or scrubbing) before its rate is trusted.
+const MEASURED_AFTER_S: f64 = 0.5;
+
+/// The adaptive targets' state inside the pool's settings.
+#[derive(Debug, Default)]
+pub(in crate::pool) struct Adaptive {
+    registry: Mutex<Registry>,
+    /// Wakes the looks after a start.
+    wake: tokio::sync::Notify,
+}
+
+impl Adaptive {
+    fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Follows the targets in force and puts the adaptive ones' current bytes in their
+    /// `warm` (called by `set_policy`, after the API's targets are applied).
+    pub(in crate::pool) fn apply(&self, targets: &mut [Target]) {
+        let mut r = self.lock();
+        r.sync(targets);
+        r.apply(targets);
+    }
+}
+
+/// Local time now, in seconds since the epoch: the host's clock plus its UTC offset.
+pub fn local_now_s() -> f64 {
+    let unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    unix + crate::sys::localtime::utc_offset_s(unix as i64) as f64
+}
+
+impl Pool {
+    fn adaptive_state(&self) -> &Adaptive {
+        &self.settings.adaptive
+    }
+
+    /// A lease of `bytes` on `node` of `ps` pages was committed: a VM start for the adaptive
+    /// target it counts for, if any. Cheap; the look it calls for runs on the looks' task.
+    pub(in crate::pool) fn adaptive_started(&self, node: u32, ps: PageSize, bytes: u64) {
+        let rate = self.refill_rate();
+        let counted = self
+            .adaptive_state()
+            .lock()
+            .started(node, ps, local_now_s(), bytes, rate);
+        if counted {
+            self.adaptive_state().wake.notify_one();
+        }
+    }
+
+    /// The bytes per second the pool makes warm (see the module's doc).
+    pub fn refill_rate(&self) -> f64 {
+        let c = self.counters();
+        if c.refill_fault_seconds >= MEASURED_AFTER_S && c.refill_faulted_bytes > 0 {
+            c.refill_faulted_bytes as f64 / c.refill_fault_seconds
+        } else if c.scrub_seconds >= MEASURED_AFTER_S && c.scrubbed_bytes > 0 {
+            c.scrubbed_bytes as f64 / c.scrub_seconds
+        } else {
+            DEFAULT_REFILL_RATE
+        }
+    }
+
+    /// What the host's free memory lets the pool hold of `k`'s kind (see the module's doc).
+    fn free_share(&self, k: &KindStatus) -> u64 {
+        let page = k.page_size.bytes();
+        let policy = self.policy();
+        let available = crate::topology::node_available_bytes(k.node).unwrap_or(0);
+        let added = self.kernel.reservations.added_bytes_on(k.node);
+        let (room, _) = super::reserve::plan(
+            u64::MAX / page,
+            k.page_size,
+            &policy.reserve,
+            added,
+            available,
+        );
+        let held = k.warm_bytes + k.dirty_bytes + k.scrubbing_bytes + k.filling_bytes;
+        held.saturating_add(k.kernel_free_pages.saturating_mul(page))
+            .saturating_add(room.saturating_mul(page))
+    }
+
+    /// Looks at every adaptive target now and installs the warm bytes that changed (through
+    /// `set_policy`, as a reload). Returns whether any changed.
+    pub fn adaptive_look(&self) -> bool {
+        let keys = self.adaptive_state().lock().keys();
+        if keys.is_empty() {
+            return false;
+        }
+        let status = self.status();
+        let refill_rate = self.refill_rate();
+        let now_s = local_now_s();
+        let mut looks = Vec::new();
+        for key @ (node, ps) in keys {
+            // A target for every node is held on each: the least free of them bounds it.
+            let free_share = status
+                .kinds
+                .iter()
+                .filter(|k| k.page_size == ps && node.map_or(true, |n| n == k.node))
+                .map(|k| self.free_share(k))
+                .min()
+                .unwrap_or(0);
+            let inputs = Inputs {
+                now_s,
+                pending: 0,
+                refill_rate,
+                free_share,
+            };
+            looks.push((key, inputs));
+        }
+        let changed = {
+            let mut r = self.adaptive_state().lock();
+            let mut changed = false;
+            for (key, inputs) in looks {
+                let before = r.installed(key);
+                changed |= r.look(key, &inputs).is_some_and(|b| b != before);
+            }
+            changed
+        };
+        if changed {
+            self.settings.reapply_adaptive();
+            self.table.notify();
+            tracing::info!(policy = %self.policy().describe(), "adaptive warm targets sized");
+        }
+        changed
+    }
+
+    /// The adaptive targets, their goals and current targets with why.
+    pub fn adaptive(&self) -> Vec<AdaptiveStatus> {
+        self.adaptive_state().lock().report()
+    }
+
+    /// Waits for the next look: [`LOOK_EVERY`], or [`AFTER_START`] after a start (the
+    /// starts of a deploy make one look, and the VM's own start goes first).
+    async fn adaptive_wait(&self) {
+        tokio::select! {
+            _ = tokio::time::sleep(LOOK_EVERY) => {}
+            _ = async {
+                self.adaptive_state().wake.notified().await;
+                tokio::time::sleep(AFTER_START).await;
+            } => {}
+        }
+    }
+}
+
+/// Looks at the adaptive targets once a minute and after each start, on the runtime's
+/// blocking threads, until the pool shuts down.
+pub fn spawn_looks(pool: Arc<Pool>) {
+    tokio::spawn(async move {
+        loop {
+            if pool.table.is_shut_down() {
+                return;
+            }
+            let p = Arc::clone(&pool);
+            let _ = tokio::task::spawn_blocking(move || p.adaptive_look()).await;
+            pool.adaptive_wait().await;
+        }
+    });
+}
