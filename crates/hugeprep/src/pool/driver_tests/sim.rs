@@ -139,16 +139,8 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
             trace.push(format!("{step}: crash before the effect {n} from here"));
         }
         if rng.chance(10) {
-            // A clean restart, as `systemctl restart` makes it.
-            r.pool.shutdown();
-            let marked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                r.pool.mark_clean_shutdown()
-            }));
-            trace.push(format!(
-                "{step}: clean restart (marked: {})",
-                marked.is_ok()
-            ));
-            r.restart();
+            let marked = clean_restart(&mut r);
+            trace.push(format!("{step}: clean restart (marked: {marked})"));
             stats.restarts += 1;
             leases = r.pool.leases();
             r.check();
@@ -176,7 +168,13 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
         trace.push(format!("{step}: {what}"));
         r.check();
     }
-    // The end: faults gone, every lease back, the pool drained: every page with the kernel.
+    finish(&r, demand, &mut stats);
+    stats
+}
+
+/// The end of a seed: faults gone, every lease back, the pool drained: every page with the
+/// kernel; what the host and the pool counted goes into `stats`.
+fn finish(r: &Rig, demand: bool, stats: &mut Stats) {
     r.host.inject(|f| *f = Default::default());
     let leases = r.pool.leases();
     for info in leases {
@@ -197,7 +195,16 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
     let c = r.pool.counters();
     stats.kernel_path = c.kernel_path_releases;
     stats.scrubbed_bytes = c.scrubbed_bytes;
-    stats
+}
+
+/// A clean restart, as `systemctl restart` makes it: whether the clean shutdown was marked.
+fn clean_restart(r: &mut Rig) -> bool {
+    r.pool.shutdown();
+    let marked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        r.pool.mark_clean_shutdown()
+    }));
+    r.restart();
+    marked.is_ok()
 }
 
 /// One request, job or fault of the simulation: what it did.
@@ -209,6 +216,31 @@ fn one_step(
     demand: bool,
 ) -> String {
     match rng.below(100) {
+        n @ 0..=44 if n < 25 || !leases.is_empty() => request_step(r, rng, n, leases, stats),
+        n @ 80..=84 => pool_step(r, rng, n, demand),
+        96 if !leases.is_empty() => {
+            let info = &leases[rng.below(leases.len() as u64) as usize];
+            r.host.delete_lease_path(&info.path);
+            format!("the lessee's manager deletes {}", info.path.display())
+        }
+        n @ (85..=95 | 97 | 98) => fault_step(r, rng, n),
+        _ => {
+            let did = r.pool.work_once();
+            stats.jobs += u64::from(did);
+            format!("work: {did}")
+        }
+    }
+}
+
+/// A lease (`n` below 25) or a release.
+fn request_step(
+    r: &Rig,
+    rng: &mut Rng,
+    n: u64,
+    leases: &mut Vec<LeaseInfo>,
+    stats: &mut Stats,
+) -> String {
+    match n {
         0..=24 => {
             let name = format!("vm{}", rng.below(6));
             let size = (1 + rng.below(4)) * 2 * MIB;
@@ -231,7 +263,7 @@ fn one_step(
                 }
             }
         }
-        25..=44 if !leases.is_empty() => {
+        _ => {
             let info = leases.remove(rng.below(leases.len() as u64) as usize);
             match r.pool.release(info.id) {
                 Ok(_) => {
@@ -244,21 +276,28 @@ fn one_step(
                 }
             }
         }
-        45..=79 => {
-            let did = r.pool.work_once();
-            stats.jobs += u64::from(did);
-            format!("work: {did}")
-        }
+    }
+}
+
+/// A drain, a resume or a new target.
+fn pool_step(r: &Rig, rng: &mut Rng, n: u64, demand: bool) -> String {
+    match n {
         80..=81 => {
             let rep = r.pool.drain(&DrainRequest::default(), Duration::ZERO);
             format!("drain: {:?}", rep.map(|d| d.kinds))
         }
         82..=83 => format!("resume: {:?}", r.pool.resume(None, None)),
-        84 => {
+        _ => {
             let warm = rng.below(5) * 4;
             r.pool.set_policy(policy(warm, demand));
             format!("target {warm}M")
         }
+    }
+}
+
+/// A fault of the host from here on.
+fn fault_step(r: &Rig, rng: &mut Rng, n: u64) -> String {
+    match n {
         85..=86 => {
             let full = rng.chance(500).then_some(rng.below(3));
             r.host.inject(|f| f.journal_full_after = full);
@@ -269,20 +308,7 @@ fn one_step(
             r.host.inject(|f| f.phantom_pages = phantom);
             format!("kernel counts {phantom} pages it does not have")
         }
-        88..=89 => {
-            let mode = match rng.below(5) {
-                0 => ProofMode::Held,
-                1 => ProofMode::Fail,
-                2 => ProofMode::Slow,
-                _ => ProofMode::Pass,
-            };
-            r.host.inject(|f| f.proof = mode);
-            if mode == ProofMode::Slow {
-                r.host
-                    .during_proof(Some(lease_during_proof(r, rng.below(4))));
-            }
-            format!("proofs: {mode:?}")
-        }
+        88..=89 => proofs(r, rng),
         98 => {
             let rate = rng.below(3) * 250;
             r.host.inject(|f| f.unlink_error_per_mille = rate);
@@ -312,22 +338,28 @@ fn one_step(
             r.host.take_free(0, PS, pages);
             format!("another user takes {pages} free pages")
         }
-        96 if !leases.is_empty() => {
-            let info = &leases[rng.below(leases.len() as u64) as usize];
-            r.host.delete_lease_path(&info.path);
-            format!("the lessee's manager deletes {}", info.path.display())
-        }
-        94..=95 => {
+        _ => {
             let secs = rng.below(4000);
             r.host.advance(Duration::from_secs(secs));
             format!("time jumps {secs} s")
         }
-        _ => {
-            let did = r.pool.work_once();
-            stats.jobs += u64::from(did);
-            format!("work: {did}")
-        }
     }
+}
+
+/// How the proofs answer from here on (a slow one runs [`lease_during_proof`]).
+fn proofs(r: &Rig, rng: &mut Rng) -> String {
+    let mode = match rng.below(5) {
+        0 => ProofMode::Held,
+        1 => ProofMode::Fail,
+        2 => ProofMode::Slow,
+        _ => ProofMode::Pass,
+    };
+    r.host.inject(|f| f.proof = mode);
+    if mode == ProofMode::Slow {
+        r.host
+            .during_proof(Some(lease_during_proof(r, rng.below(4))));
+    }
+    format!("proofs: {mode:?}")
 }
 
 /// What runs inside a slow proof: another VM leases, writes its bytes and (unless `keep`
