@@ -232,12 +232,14 @@ fn check_idle(
     // Or scrubbing (a scrub given up whose file could not be deleted): both are
     // unproven to recovery, which never trusts either. Or dirty at the size before a
     // scrub meant to cut it, given up, whose dirty record a full journal refused:
-    // recovery reads every size from the file.
+    // recovery reads every size from the file. Or filling (a failed cold lease's or
+    // refill's file that could not be removed, whose dirty record a full journal refused):
+    // recovery deletes a filling file, never hands it out.
     let behind = rec.state == FileState::Dirty
         && journaled.as_ref().is_some_and(|j| {
             matches!(
                 j.state,
-                FileState::Warm | FileState::Scrubbing | FileState::Dirty
+                FileState::Warm | FileState::Scrubbing | FileState::Dirty | FileState::Filling
             )
         });
     // Or at another size than the file's, which the core follows (a cut done whose record
