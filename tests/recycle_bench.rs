@@ -1,5 +1,5 @@
 //! `hugeprep bench recycle --json` on a small configuration, as a user runs it: both paths and
-//! the lease latency are measured, every hugepage it borrowed is given back, and no process it
+//! the lease latency (quiet, and beside another client's churn) are measured, every hugepage it borrowed is given back, and no process it
 //! started is left. No speed is asserted. The benchmark is the binary's (crates/hugeprep-bench):
 //! the test runs the command and reads its JSON, it does not link the benchmark code.
 
@@ -25,7 +25,7 @@ fn small_run_measures_both_paths_and_gives_every_page_back() {
     let out = Command::new(env!("CARGO_BIN_EXE_hugeprep"))
         .args(["bench", "recycle", "--size", "8M", "--page-size", "2M"])
         .args(["--threads", "1", "--reps", "1", "--leases", "5"])
-        .args(["--lease-size", "4M", "--host-processes", "60"])
+        .args(["--lease-size", "4M", "--host-processes", "60", "--churn"])
         .arg("--json-out")
         .arg(&json_out)
         .env(hugeprep::hugetlb::ledger::ENV, &ledger)
@@ -117,4 +117,11 @@ fn small_run_measures_both_paths_and_gives_every_page_back() {
     assert!(table.contains("(c) scrub / kernel's path"), "{table}");
     let latency = &run["latency"];
     assert_eq!(latency["warm_exact"], 5, "{latency:#}");
+    // --churn: the quiet and the churned batch (one round of each after the warm-up), the
+    // churned one timed while the other client's files went through the worker.
+    let churn = &run["churn"];
+    assert_eq!(churn["quiet"]["leases"], 8, "{churn:#}");
+    assert_eq!(churn["churned"]["leases"], 8, "{churn:#}");
+    assert!(churn["churn_cycles"].as_u64().unwrap() > 0, "{churn:#}");
+    assert!(table.contains("churned / quiet at the client"), "{table}");
 }

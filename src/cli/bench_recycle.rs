@@ -40,6 +40,11 @@ pub struct BenchRecycleArgs {
     /// priority) instead of as an ordinary process.
     #[arg(long, allow_hyphen_values = true, requires = "hog")]
     pub client_nice: Option<i32>,
+    /// Also time warm leases while another client leases and releases files of twice the
+    /// lease size in a loop (the kernel's path: the worker journals, truncates and
+    /// deletes meanwhile), against a quiet pool, side by side.
+    #[arg(long)]
+    pub churn: bool,
     /// Also time the release proof beside this many extra processes, started by the bench
     /// (one in 50 QEMU-like: 64 threads, 200 descriptors), side by side with the quiet host.
     #[arg(long, default_value_t = 0)]
@@ -109,6 +114,7 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
                 methods: hugeprep::clear::available_methods(),
                 state_dir: args.state_dir.clone(),
                 hog: args.hog,
+                churn: args.churn,
                 client_nice: args.client_nice,
                 host_processes: if i == 0 { args.host_processes } else { 0 },
                 flood: if i == 0 {
@@ -174,6 +180,7 @@ fn run_held(
             methods: Vec::new(),
             state_dir: args.state_dir.clone(),
             hog: false,
+            churn: false,
             client_nice: None,
             host_processes: 0,
             flood: Vec::new(),

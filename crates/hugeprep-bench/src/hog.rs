@@ -56,7 +56,12 @@ pub struct HogLatency {
     pub client_nice: i32,
 }
 
-fn case(name: &'static str, client: &[f64], daemon: &[f64], warm_exact: usize) -> CaseLatency {
+pub(crate) fn case(
+    name: &'static str,
+    client: &[f64],
+    daemon: &[f64],
+    warm_exact: usize,
+) -> CaseLatency {
     let q = |v: &[f64], p| Summary::quantile(v, p).unwrap_or(f64::NAN);
     CaseLatency {
         case: name,

@@ -7,6 +7,7 @@
 //! shares with the tests are in `hugeprep-testkit`, re-exported here as [`qemu`] and
 //! [`cgroup`].
 
+pub mod churn;
 pub mod clear;
 pub mod clear_config;
 pub mod clear_goals;

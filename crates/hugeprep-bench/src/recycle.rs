@@ -254,11 +254,14 @@ pub fn run(
     }
     hugeprep::hugetlb::check_size(cfg.size, cfg.page_size)?;
     hugeprep::hugetlb::check_size(cfg.lease_size, cfg.page_size)?;
-    let lease_files = if cfg.hog {
+    let mut lease_files = if cfg.hog {
         crate::hog::BATCH as u64 + 2
     } else {
         6
     };
+    if cfg.churn {
+        lease_files = lease_files.max(crate::churn::WARM_FILES + crate::churn::CHURN_FILES + 2);
+    }
     let pages = (2 * cfg.size).max(lease_files * cfg.lease_size) / cfg.page_size.bytes();
     // Declared before the mount so that it drops after it, on every return: pages can only be
     // given back once the files on the mount have let go of them.
@@ -310,6 +313,11 @@ pub fn run(
     } else {
         None
     };
+    let churn = if cfg.leases > 0 && cfg.churn {
+        Some(crate::churn::churned_latency(cfg, mount.path(), log)?)
+    } else {
+        None
+    };
     let _ = mount.unmount();
     drop(top_up);
     let best_clear = clear_methods
@@ -344,5 +352,6 @@ pub fn run(
         floods,
         latency,
         hog,
+        churn,
     })
 }

@@ -1,5 +1,5 @@
 //! What `hugeprep bench recycle` runs, how it fails, and the in-process daemon its latency
-//! parts (quiet, `--hog`, floods) lease from.
+//! parts (quiet, `--hog`, `--churn`, floods) lease from.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -37,6 +37,10 @@ pub struct RecycleBenchConfig {
     /// Also time warm leases with a busy-looping process on every CPU, against quiet
     /// (`--hog`, see [`crate::hog`]).
     pub hog: bool,
+    /// Also time warm leases while another client leases and releases in a loop, so the
+    /// worker journals, truncates and deletes meanwhile, against quiet (`--churn`, see
+    /// [`crate::churn`]).
+    pub churn: bool,
     /// Nice value of the benchmark's client thread during `--hog` (default: unchanged, i.e.
     /// an ordinary caller); `-10` times a caller that runs at the API's priority.
     pub client_nice: Option<i32>,

@@ -97,6 +97,8 @@ pub struct RecycleBenchReport {
     pub latency: Option<LatencyResult>,
     /// Quiet against hogged lease latency, with `--hog`.
     pub hog: Option<crate::hog::HogLatency>,
+    /// Quiet against churned lease latency, with `--churn`.
+    pub churn: Option<crate::churn::ChurnLatency>,
 }
 
 impl RecycleBenchReport {
@@ -211,6 +213,9 @@ impl RecycleBenchReport {
         }
         if let Some(h) = &self.hog {
             s += &h.table();
+        }
+        if let Some(c) = &self.churn {
+            s += &c.table();
         }
         s
     }

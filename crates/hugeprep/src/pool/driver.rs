@@ -138,6 +138,49 @@ impl Pool {
         }
     }
 
+    /// Undoes a file the core forgot ([`core::Core::abort_cold`], `fill_failed`): its
+    /// removal, then the removal of its record. When the file cannot be removed (`EIO`,
+    /// `EBUSY`) its record stays, as a dirty file the worker gives the kernel's path and
+    /// removes again (see [`core::Core::unremoved`]): dropping the record would leave the
+    /// file's pages to nobody until the next start. `what` names the undo in the log.
+    /// Runs outside the state lock (the id is never given again, so nothing else writes the
+    /// file or its record meanwhile); the lock is taken only to hand a file back to the core.
+    pub(super) fn undo_forgotten(&self, undo: &[Action], what: &'static str) {
+        for action in undo {
+            let Action::RemoveFile { rec, .. } = action else {
+                self.perform_all(std::slice::from_ref(action), what);
+                continue;
+            };
+            let Err(err) = self.perform(action) else {
+                continue;
+            };
+            // Gone after all (the failure was not the unlink's): nothing to keep.
+            let on_mount = match self.host.file_size(host::FileAt::of(rec)) {
+                Err(host::HostError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    continue;
+                }
+                on_mount => on_mount.ok(),
+            };
+            tracing::warn!(id = rec.id, %err, what, "cannot remove the file of a failed lease or refill: kept as dirty, removed again later");
+            let kept = self.lock().core.unremoved(rec.clone(), on_mount);
+            match kept {
+                // Written outside the lock: should the worker delete the file first, the
+                // record names no file, and the next start drops it.
+                Ok(journal) => {
+                    if let Err(err) = self.perform(&journal) {
+                        tracing::error!(id = rec.id, %err, "cannot journal an unremoved file dirty");
+                    }
+                    self.table.changed.notify_all();
+                }
+                Err(err) => tracing::error!(%err, "pool core refused an unremoved file"),
+            }
+            // Its record stays: the steps after the removal (unjournaling it) are not taken.
+            return;
+        }
+    }
+
     /// Performs actions in order, logging (not stopping at) a failure: for undoing work
     /// whose every step is worth trying (`what` names it in the log).
     pub(super) fn perform_all(&self, actions: &[Action], what: &'static str) {

@@ -407,7 +407,7 @@ impl Pool {
         // The file is forgotten under the lock; it is removed, then its record, outside it.
         let undo = self.lock().core.fill_failed(id);
         match undo {
-            Ok(undo) => self.perform_all(&undo, "a failed refill"),
+            Ok(undo) => self.undo_forgotten(&undo, "a failed refill"),
             Err(err) => tracing::error!(%err, "pool core refused a failed refill"),
         }
     }

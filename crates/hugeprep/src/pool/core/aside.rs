@@ -64,8 +64,9 @@ pub(crate) struct AsideQueue {
 }
 
 impl AsideQueue {
-    /// File `id`'s proof found it held at `now`: wait (with the next time) or the kernel's
-    /// path. `limit`: the principal's `held_bytes` (`None`: no limit).
+    /// File `id`'s proof found it held at `now`, holding `bytes` (its extent now): wait
+    /// (with the next time) or the kernel's path. `limit`: the principal's `held_bytes`
+    /// (`None`: no limit), checked at every proof with the file's current `bytes`.
     pub(crate) fn held(
         &mut self,
         id: u64,
@@ -80,11 +81,15 @@ impl AsideQueue {
             self.files.remove(&id);
             return Verdict::BoundPassed;
         }
-        if known.is_none() {
-            let held = self.held_bytes(principal) + bytes;
-            if let Some(limit) = limit.filter(|&l| held > l) {
-                return Verdict::OverLimit { held, limit };
-            }
+        // At every proof, with what the file holds now (its lessee's holder may have grown
+        // it since the first): the principal's other files aside, plus this one's extent.
+        let others = self
+            .held_bytes(principal)
+            .saturating_sub(known.as_ref().map_or(0, |a| a.bytes));
+        let held = others.saturating_add(bytes);
+        if let Some(limit) = limit.filter(|&l| held > l) {
+            self.files.remove(&id);
+            return Verdict::OverLimit { held, limit };
         }
         let tries = known.as_ref().map_or(0, |a| a.tries) + 1;
         let wait = FIRST_BACKOFF
@@ -225,5 +230,39 @@ mod tests {
         q.retain(|id| id != 2);
         assert_eq!(q.next_due().is_some(), q.totals().0 > 0);
         assert_eq!(q.held_bytes(Some("uid:1000")), 0);
+    }
+
+    /// Review of issue 35: the limit was checked at a held file's first proof only, so a
+    /// holder that grew the file (fallocate through a descriptor it kept) afterwards kept
+    /// more than its lessee's limit aside until the bound.
+    #[test]
+    fn held_bytes_are_checked_again_with_the_extent_at_each_proof() {
+        let mut q = AsideQueue::default();
+        let now = Instant::now();
+        let lim = Some(4 * M);
+        assert!(matches!(
+            q.held(1, Some("uid:1000"), 2 * M, lim, now),
+            Verdict::Wait(_)
+        ));
+        assert!(matches!(
+            q.held(2, Some("uid:1000"), 2 * M, lim, now),
+            Verdict::Wait(_)
+        ));
+        // File 1 grew to 4M while it waited: 6M with file 2's, over the limit.
+        assert_eq!(
+            q.held(1, Some("uid:1000"), 4 * M, lim, now + FIRST_BACKOFF),
+            Verdict::OverLimit {
+                held: 6 * M,
+                limit: 4 * M
+            }
+        );
+        assert!(!q.contains(1), "forgotten once it takes the kernel's path");
+        assert_eq!(q.held_bytes(Some("uid:1000")), 2 * M);
+        // A file that shrank is counted at its new extent.
+        assert!(matches!(
+            q.held(2, Some("uid:1000"), M, lim, now + FIRST_BACKOFF),
+            Verdict::Wait(_)
+        ));
+        assert_eq!(q.held_bytes(Some("uid:1000")), M);
     }
 }

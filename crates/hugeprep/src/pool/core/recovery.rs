@@ -184,13 +184,16 @@ fn keep_or_drop(facts: &Facts, mut rec: FileRecord, plan: &mut Plan) {
         rec.size = file.len;
         changed = true;
     }
+    // A file of nothing (a lessee cut its lease to nothing, or the kernel's path truncated
+    // it) is deleted whatever its record says: before any relink, so that no lease path is
+    // linked again to a file no record keeps.
+    if rec.state == FileState::Filling || rec.size == 0 {
+        plan.steps.push(Step::RemoveFile(ps, rec.id));
+        plan.steps.push(Step::Unjournal(key));
+        plan.report.deleted_files += 1;
+        return;
+    }
     match &rec.state {
-        FileState::Filling => {
-            plan.steps.push(Step::RemoveFile(ps, rec.id));
-            plan.steps.push(Step::Unjournal(key));
-            plan.report.deleted_files += 1;
-            return;
-        }
         FileState::Leased(lease) => {
             if !facts.existing_paths.contains(&lease.path) {
                 plan.steps
@@ -206,12 +209,6 @@ fn keep_or_drop(facts: &Facts, mut rec: FileRecord, plan: &mut Plan) {
             }
             plan.report.dirty += 1;
         }
-    }
-    if rec.size == 0 {
-        plan.steps.push(Step::RemoveFile(ps, rec.id));
-        plan.steps.push(Step::Unjournal(key));
-        plan.report.deleted_files += 1;
-        return;
     }
     if changed {
         plan.steps.push(Step::Journal(rec.clone()));

@@ -390,20 +390,60 @@ impl Core {
         on_mount: Option<u64>,
     ) -> Result<Option<Action>> {
         let e = self.expect("delete-failed", id, &[Phase::Deleting])?;
-        if e.rec.state == FileState::Scrubbing {
+        // A scrub given up (its proof failed) was never journaled scrubbing, but its record
+        // here may have taken the size in demand already (`begin_scrub`): journaled dirty
+        // again, so that the journal says what the core holds.
+        let scrubbing = e.rec.state == FileState::Scrubbing;
+        if scrubbing {
             e.rec.state = FileState::Dirty;
         }
         e.busy = None;
+        if on_mount == Some(0) {
+            // Truncated by the kernel's path, then not unlinked: nothing is left to recycle,
+            // and its history is dropped, so that the next round proves nothing and deletes
+            // it again (a proof that passed would scrub and journal warm a file of nothing).
+            e.released = None;
+        }
         let page = e.rec.page_size.bytes();
         let resized = match on_mount {
             Some(size) if size != e.rec.size && size > 0 && size % page == 0 => {
                 e.rec.size = size;
                 Some(Action::Journal(e.rec.clone()))
             }
+            _ if scrubbing => Some(Action::Journal(e.rec.clone())),
             _ => None,
         };
         self.assert_valid("delete-failed");
         Ok(resized)
+    }
+
+    /// A file forgotten by [`Core::abort_cold`] or [`Core::fill_failed`] could not be
+    /// removed: it comes back as dirty and idle, its history unknown (never proven: the
+    /// worker gives it the kernel's path and tries the removal again), at the size it has
+    /// on the mount (`on_mount`) when that is whole pages, else its record's. The record to
+    /// journal instead of the removal of the old one: until the file is gone a record names
+    /// it, so its pages are the pool's, not leaked until the next start.
+    pub(crate) fn unremoved(
+        &mut self,
+        mut rec: FileRecord,
+        on_mount: Option<u64>,
+    ) -> Result<Action> {
+        let id = rec.id;
+        if self.files.contains_key(&id) {
+            return Err(CoreError::Phase {
+                event: "unremoved",
+                id,
+                phase: self.files.get(&id).and_then(Entry::phase),
+            });
+        }
+        let page = rec.page_size.bytes();
+        if let Some(size) = on_mount.filter(|&s| s > 0 && s % page == 0) {
+            rec.size = size;
+        }
+        rec.state = FileState::Dirty;
+        self.files.insert(id, Entry::new(rec.clone(), None));
+        self.assert_valid("unremoved");
+        Ok(Action::Journal(rec))
     }
 
     /// A refill failed: the file is forgotten, then removed, then its record.

@@ -161,3 +161,55 @@ fn a_crash_before_a_cold_leases_fault_is_recovered_without_its_file() {
     assert!(r.host.journal().is_empty());
     assert_eq!(r.free(), 16);
 }
+
+/// Issue 35: a cold lease whose file could not be faulted, then not unlinked (`EIO`,
+/// `EBUSY`), dropped its record anyway: the file and its pages were nobody's until the next
+/// start. Its record stays now, dirty, and the worker removes the file once it can.
+#[test]
+fn a_failed_cold_lease_whose_file_cannot_be_unlinked_keeps_its_record_until_removed() {
+    let r = rig("", 16);
+    // The kernel counts 8 pages it cannot give: the lease's fault fails after the create.
+    r.host.inject(|f| {
+        f.phantom_pages = 8;
+        f.unlink_error_per_mille = 1000;
+    });
+    // `Rig::lease` checks that every file on the host is the pool's.
+    r.lease("vm1", 40).unwrap_err();
+    let files = r.host.files();
+    assert!(!files.is_empty(), "the file could not be unlinked");
+    assert!(r.states().iter().all(|s| s == "dirty"), "{:?}", r.states());
+    for id in files.keys() {
+        assert_eq!(r.host.journal()[id].state, FileState::Dirty);
+    }
+    assert!(r.host.injected().contains_key("unlink a pool file fails"));
+    // Still failing: the worker's tries leave them as they are.
+    r.pool.work_once();
+    r.check();
+    assert_eq!(r.host.files().len(), files.len());
+    r.host.inject(|f| *f = Default::default());
+    r.settle();
+    assert!(r.host.files().is_empty());
+    assert!(r.host.journal().is_empty());
+    assert_eq!(r.free(), 16);
+}
+
+/// The same for a refill whose fault failed.
+#[test]
+fn a_failed_refill_whose_file_cannot_be_unlinked_keeps_its_record_until_removed() {
+    let r = rig(&target(8, &[8]), 2);
+    r.host.inject(|f| {
+        f.phantom_pages = 4;
+        f.unlink_error_per_mille = 1000;
+    });
+    assert!(r.pool.work_once(), "a refill ran");
+    r.check();
+    assert_eq!(r.states(), ["dirty"]);
+    r.host.inject(|f| *f = Default::default());
+    r.settle();
+    assert!(r
+        .host
+        .journal()
+        .values()
+        .all(|j| j.state != FileState::Dirty));
+    assert_eq!(r.free(), 2);
+}

@@ -10,6 +10,7 @@ mod release;
 mod sim;
 mod worker;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -166,46 +167,9 @@ impl Rig {
                 "file {id} on the host is no pool file's or lease's"
             );
         }
-        for e in st.core.files() {
-            if e.busy().is_some() {
-                continue;
-            }
-            let rec = e.rec();
-            if rec.state == FileState::Warm {
-                let marks = files.get(&rec.id).map(|(_, f)| f.marks.clone());
-                assert!(
-                    marks.as_ref().is_none_or(|m| m.is_empty()),
-                    "warm file {} holds bytes of {marks:?}",
-                    rec.id
-                );
-            }
-            let on_host = files.get(&rec.id).map(|(_, f)| f.size);
-            // A dirty file the kernel's path truncated and then could not unlink stays
-            // at its recorded size in the core (a record has whole pages) and is deleted at
-            // the worker's next round.
-            let truncated = rec.state == FileState::Dirty && on_host == Some(0);
-            if rec.size > 0 && !truncated {
-                assert_eq!(on_host, Some(rec.size), "file {} on the host", rec.id);
-            }
-            // The journal may still say warm where the core says dirty (an aborted lease
-            // whose dirty record could not be written, at the size before it grew): safe, as
-            // warm records are proven again after an unclean start (sizes read from the
-            // files) and a clean one journals dirty files first.
-            let journaled = self.host.journal().get(&rec.id).cloned();
-            // Or scrubbing (a scrub given up whose file could not be deleted): both are
-            // unproven to recovery, which never trusts either.
-            let behind = rec.state == FileState::Dirty
-                && journaled
-                    .as_ref()
-                    .is_some_and(|j| matches!(j.state, FileState::Warm | FileState::Scrubbing));
-            if !behind {
-                assert_eq!(
-                    journaled.as_ref(),
-                    Some(rec),
-                    "journal of idle file {}",
-                    rec.id
-                );
-            }
+        let journal = self.host.journal();
+        for e in st.core.files().filter(|e| e.busy().is_none()) {
+            check_idle(e.rec(), &files, &journal);
         }
     }
 
@@ -235,5 +199,62 @@ impl Rig {
 
     fn path(&self, name: &str) -> PathBuf {
         self.pool.mounts()[&PS].lease_dir.join(name)
+    }
+}
+
+/// What must hold of an idle file's record `rec`, against the host's `files` and `journal`.
+fn check_idle(
+    rec: &FileRecord,
+    files: &BTreeMap<u64, (PageSize, host::sim::SimFile)>,
+    journal: &BTreeMap<u64, FileRecord>,
+) {
+    if rec.state == FileState::Warm {
+        let marks = files.get(&rec.id).map(|(_, f)| f.marks.clone());
+        assert!(
+            marks.as_ref().is_none_or(|m| m.is_empty()),
+            "warm file {} holds bytes of {marks:?}",
+            rec.id
+        );
+    }
+    let on_host = files.get(&rec.id).map(|(_, f)| f.size);
+    // A dirty file the kernel's path truncated and then could not unlink stays
+    // at its recorded size in the core (a record has whole pages) and is deleted at
+    // the worker's next round.
+    let truncated = rec.state == FileState::Dirty && on_host == Some(0);
+    if rec.size > 0 && !truncated {
+        assert_eq!(on_host, Some(rec.size), "file {} on the host", rec.id);
+    }
+    // The journal may still say warm where the core says dirty (an aborted lease
+    // whose dirty record could not be written, at the size before it grew): safe, as
+    // warm records are proven again after an unclean start (sizes read from the
+    // files) and a clean one journals dirty files first.
+    let journaled = journal.get(&rec.id).cloned();
+    // Or scrubbing (a scrub given up whose file could not be deleted): both are
+    // unproven to recovery, which never trusts either. Or dirty at the size before a
+    // scrub meant to cut it, given up, whose dirty record a full journal refused:
+    // recovery reads every size from the file. Or filling (a failed cold lease's or
+    // refill's file that could not be removed, whose dirty record a full journal refused):
+    // recovery deletes a filling file, never hands it out.
+    let behind = rec.state == FileState::Dirty
+        && journaled.as_ref().is_some_and(|j| {
+            matches!(
+                j.state,
+                FileState::Warm | FileState::Scrubbing | FileState::Dirty | FileState::Filling
+            )
+        });
+    // Or at another size than the file's, which the core follows (a cut done whose record
+    // a full journal refused, and whose file then could not be deleted): recovery reads
+    // every size from the file.
+    let resized = journaled
+        .as_ref()
+        .is_some_and(|j| j.state == rec.state && j.size != rec.size)
+        && on_host == Some(rec.size);
+    if !behind && !resized {
+        assert_eq!(
+            journaled.as_ref(),
+            Some(rec),
+            "journal of idle file {}",
+            rec.id
+        );
     }
 }

@@ -2,7 +2,9 @@
 //! releases (with each lessee's bytes written into its lease), lease paths deleted by the
 //! VMM's manager, the worker's jobs one at a time, drains and resumes, target changes, and the host's faults: a full journal, a kernel
 //! that supplies fewer pages than it counts or takes pages back, failed creates and scrubs,
-//! proofs that fail or find the file held, and time that jumps. After every step the rig's
+//! proofs that fail, find the file held or answer late (the clock moves on and another VM
+//! leases and releases meanwhile), pool-file unlinks that fail (`EIO`, `EBUSY`), and time
+//! that jumps. After every step the rig's
 //! checks run (every page in exactly one file, every file the pool's or a lease's, no
 //! lessee's bytes handed to another, the core's invariants, the journal of idle files); at
 //! the end, with the faults gone, every lease released and the pool drained, every page is
@@ -12,6 +14,10 @@
 //! a fault, a link, a scrub, a truncate, a step of recovery itself); a new one recovers with
 //! the daemon's own recovery from what the host keeps, and its open watch has forgotten
 //! every file (so files released before it take the kernel's path). Clean restarts too.
+//! In half the seeds the journal also loses, at each crash, what it had not synced: the
+//! last of its writes and removals since the last clean-shutdown marker, the last one kept
+//! possibly cut short (a record that does not decode). Each of these faults must be hit
+//! by the suite ([`INJECTIONS`]), as each crash point must.
 //!
 //! A failing seed prints the one command that replays it:
 //! `HUGEPREP_DRIVER_SIM_SEED=<seed> cargo test --lib pool::driver_tests::sim -- --nocapture`.
@@ -50,6 +56,15 @@ const CRASH_POINTS: &[&str] = &[
     "recovery: unjournal",
     "recovery: journal dirty",
     "recovery: remove a file",
+];
+
+/// The faults other than crashes the suite must have injected: each is found safe, or the
+/// suite fails.
+const INJECTIONS: &[&str] = &[
+    "lost journal writes",
+    "torn journal write",
+    "slow proof",
+    "unlink a pool file fails",
 ];
 
 /// Free 2M pages the kernel starts with.
@@ -93,6 +108,7 @@ fn policy(warm_mib: u64, demand: bool) -> PoolPolicy {
 #[derive(Debug, Default)]
 struct Stats {
     crashed_at: BTreeMap<&'static str, u64>,
+    injected: BTreeMap<&'static str, u64>,
     crashes: u64,
     restarts: u64,
     leases: u64,
@@ -110,6 +126,10 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
     r.pool.set_policy(policy(8, demand));
     r.policy = policy(8, demand);
     let crash_rate = rng.below(80);
+    // The journal of this seed loses what it had not synced at a crash (or keeps it, as a
+    // journal in the page cache does when only the daemon dies).
+    let lose = rng.chance(500);
+    r.host.inject(|f| f.lose_unsynced = lose);
     let mut stats = Stats::default();
     let mut leases: Vec<LeaseInfo> = Vec::new();
     for step in 0..STEPS {
@@ -119,16 +139,8 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
             trace.push(format!("{step}: crash before the effect {n} from here"));
         }
         if rng.chance(10) {
-            // A clean restart, as `systemctl restart` makes it.
-            r.pool.shutdown();
-            let marked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                r.pool.mark_clean_shutdown()
-            }));
-            trace.push(format!(
-                "{step}: clean restart (marked: {})",
-                marked.is_ok()
-            ));
-            r.restart();
+            let marked = clean_restart(&mut r);
+            trace.push(format!("{step}: clean restart (marked: {marked})"));
             stats.restarts += 1;
             leases = r.pool.leases();
             r.check();
@@ -156,7 +168,13 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
         trace.push(format!("{step}: {what}"));
         r.check();
     }
-    // The end: faults gone, every lease back, the pool drained: every page with the kernel.
+    finish(&r, demand, &mut stats);
+    stats
+}
+
+/// The end of a seed: faults gone, every lease back, the pool drained: every page with the
+/// kernel; what the host and the pool counted goes into `stats`.
+fn finish(r: &Rig, demand: bool, stats: &mut Stats) {
     r.host.inject(|f| *f = Default::default());
     let leases = r.pool.leases();
     for info in leases {
@@ -173,10 +191,20 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
     assert!(r.host.files().is_empty(), "left: {:?}", r.host.files());
     assert_eq!(r.free(), r.host.total_pages(0, PS), "every page back");
     stats.crashed_at = r.host.crashed_at();
+    stats.injected = r.host.injected();
     let c = r.pool.counters();
     stats.kernel_path = c.kernel_path_releases;
     stats.scrubbed_bytes = c.scrubbed_bytes;
-    stats
+}
+
+/// A clean restart, as `systemctl restart` makes it: whether the clean shutdown was marked.
+fn clean_restart(r: &mut Rig) -> bool {
+    r.pool.shutdown();
+    let marked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        r.pool.mark_clean_shutdown()
+    }));
+    r.restart();
+    marked.is_ok()
 }
 
 /// One request, job or fault of the simulation: what it did.
@@ -188,6 +216,31 @@ fn one_step(
     demand: bool,
 ) -> String {
     match rng.below(100) {
+        n @ 0..=44 if n < 25 || !leases.is_empty() => request_step(r, rng, n, leases, stats),
+        n @ 80..=84 => pool_step(r, rng, n, demand),
+        96 if !leases.is_empty() => {
+            let info = &leases[rng.below(leases.len() as u64) as usize];
+            r.host.delete_lease_path(&info.path);
+            format!("the lessee's manager deletes {}", info.path.display())
+        }
+        n @ (85..=95 | 97 | 98) => fault_step(r, rng, n),
+        _ => {
+            let did = r.pool.work_once();
+            stats.jobs += u64::from(did);
+            format!("work: {did}")
+        }
+    }
+}
+
+/// A lease (`n` below 25) or a release.
+fn request_step(
+    r: &Rig,
+    rng: &mut Rng,
+    n: u64,
+    leases: &mut Vec<LeaseInfo>,
+    stats: &mut Stats,
+) -> String {
+    match n {
         0..=24 => {
             let name = format!("vm{}", rng.below(6));
             let size = (1 + rng.below(4)) * 2 * MIB;
@@ -210,7 +263,7 @@ fn one_step(
                 }
             }
         }
-        25..=44 if !leases.is_empty() => {
+        _ => {
             let info = leases.remove(rng.below(leases.len() as u64) as usize);
             match r.pool.release(info.id) {
                 Ok(_) => {
@@ -223,21 +276,28 @@ fn one_step(
                 }
             }
         }
-        45..=79 => {
-            let did = r.pool.work_once();
-            stats.jobs += u64::from(did);
-            format!("work: {did}")
-        }
+    }
+}
+
+/// A drain, a resume or a new target.
+fn pool_step(r: &Rig, rng: &mut Rng, n: u64, demand: bool) -> String {
+    match n {
         80..=81 => {
             let rep = r.pool.drain(&DrainRequest::default(), Duration::ZERO);
             format!("drain: {:?}", rep.map(|d| d.kinds))
         }
         82..=83 => format!("resume: {:?}", r.pool.resume(None, None)),
-        84 => {
+        _ => {
             let warm = rng.below(5) * 4;
             r.pool.set_policy(policy(warm, demand));
             format!("target {warm}M")
         }
+    }
+}
+
+/// A fault of the host from here on.
+fn fault_step(r: &Rig, rng: &mut Rng, n: u64) -> String {
+    match n {
         85..=86 => {
             let full = rng.chance(500).then_some(rng.below(3));
             r.host.inject(|f| f.journal_full_after = full);
@@ -248,14 +308,11 @@ fn one_step(
             r.host.inject(|f| f.phantom_pages = phantom);
             format!("kernel counts {phantom} pages it does not have")
         }
-        88..=89 => {
-            let mode = match rng.below(4) {
-                0 => ProofMode::Held,
-                1 => ProofMode::Fail,
-                _ => ProofMode::Pass,
-            };
-            r.host.inject(|f| f.proof = mode);
-            format!("proofs: {mode:?}")
+        88..=89 => proofs(r, rng),
+        98 => {
+            let rate = rng.below(3) * 250;
+            r.host.inject(|f| f.unlink_error_per_mille = rate);
+            format!("{rate}/1000 of pool-file unlinks fail (EIO, EBUSY)")
         }
         97 => {
             let rate = rng.below(3) * 100;
@@ -281,22 +338,57 @@ fn one_step(
             r.host.take_free(0, PS, pages);
             format!("another user takes {pages} free pages")
         }
-        96 if !leases.is_empty() => {
-            let info = &leases[rng.below(leases.len() as u64) as usize];
-            r.host.delete_lease_path(&info.path);
-            format!("the lessee's manager deletes {}", info.path.display())
-        }
-        94..=95 => {
+        _ => {
             let secs = rng.below(4000);
             r.host.advance(Duration::from_secs(secs));
             format!("time jumps {secs} s")
         }
-        _ => {
-            let did = r.pool.work_once();
-            stats.jobs += u64::from(did);
-            format!("work: {did}")
-        }
     }
+}
+
+/// How the proofs answer from here on (a slow one runs [`lease_during_proof`]).
+fn proofs(r: &Rig, rng: &mut Rng) -> String {
+    let mode = match rng.below(5) {
+        0 => ProofMode::Held,
+        1 => ProofMode::Fail,
+        2 => ProofMode::Slow,
+        _ => ProofMode::Pass,
+    };
+    r.host.inject(|f| f.proof = mode);
+    if mode == ProofMode::Slow {
+        r.host
+            .during_proof(Some(lease_during_proof(r, rng.below(4))));
+    }
+    format!("proofs: {mode:?}")
+}
+
+/// What runs inside a slow proof: another VM leases, writes its bytes and (unless `keep`
+/// is 0) releases while the worker waits for the proof, as leases go on meanwhile on a
+/// real host. The pool is the one of the proof's run (a weak reference: a crash inside the
+/// hook unwinds through the proof, and the next daemon's pool is another).
+fn lease_during_proof(r: &Rig, keep: u64) -> super::host::sim::ProofHook {
+    let pool = Arc::downgrade(&r.pool);
+    let host = Arc::clone(&r.host);
+    let mut n = 0u64;
+    Box::new(move || {
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        n += 1;
+        // Past a lease's wait at its first turn: a lease that would wait for the file
+        // under proof is refused at once (the proof does not end while the hook runs).
+        let tick = Duration::from_secs(200);
+        host.inject(|f| f.tick = tick);
+        let leased = pool.lease(&request(&format!("during-proof{n}"), 2 + 2 * (n % 2)));
+        host.inject(|f| f.tick = Duration::ZERO);
+        if let Ok(info) = leased {
+            host.write(&info.path, &format!("lessee-{}", info.id));
+            if keep != 0 {
+                // A refused release leaves the lease, released at the end.
+                let _ = pool.release(info.id);
+            }
+        }
+    })
 }
 
 #[test]
@@ -316,6 +408,9 @@ fn seeds_keep_every_page_in_one_file_and_every_byte_with_its_lessee() {
             Ok(s) => {
                 for (site, n) in s.crashed_at {
                     *total.crashed_at.entry(site).or_default() += n;
+                }
+                for (what, n) in s.injected {
+                    *total.injected.entry(what).or_default() += n;
                 }
                 total.crashes += s.crashes;
                 total.restarts += s.restarts;
@@ -345,5 +440,10 @@ fn seeds_keep_every_page_in_one_file_and_every_byte_with_its_lessee() {
             .filter(|p| !total.crashed_at.contains_key(*p))
             .collect();
         assert!(missed.is_empty(), "never crashed before {missed:?}");
+        let missed: Vec<&&str> = INJECTIONS
+            .iter()
+            .filter(|i| !total.injected.contains_key(*i))
+            .collect();
+        assert!(missed.is_empty(), "never injected {missed:?}");
     }
 }

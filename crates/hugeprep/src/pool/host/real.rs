@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::ops::Range;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -233,9 +233,7 @@ impl Host for RealHost {
         // The pool directory (0700, the daemon's) keeps the file from anyone else by name
         // either way, and the release proof does not depend on it; but a file its lessee
         // still owns is worth a warning.
-        if let Err(err) = std::os::unix::fs::chown(&path, Some(o.uid), Some(o.gid))
-            .and_then(|()| fs::set_permissions(&path, fs::Permissions::from_mode(0o600)))
-        {
+        if let Err(err) = take_back_file(&path, o) {
             if err.kind() != io::ErrorKind::NotFound {
                 tracing::warn!(file = %path.display(), %err, "cannot take a released file back from its owner");
             }
@@ -331,11 +329,90 @@ impl Host for RealHost {
     }
 }
 
+/// Gives the regular file at `path` to `owner`, mode 0600, through a descriptor: opened
+/// without following a symbolic link (`O_NOFOLLOW`; `O_NONBLOCK`, so that a file lease
+/// someone holds fails the open at once instead of stalling the worker) and checked to be a
+/// regular file, then `fchown` and `fchmod` act on that very inode: a name swapped between
+/// a check and a `chown` by path cannot redirect them.
+fn take_back_file(path: &Path, owner: Owner) -> io::Result<()> {
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.file_type().is_file() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    rustix::fs::fchown(
+        &f,
+        Some(rustix::fs::Uid::from_raw(owner.uid)),
+        Some(rustix::fs::Gid::from_raw(owner.gid)),
+    )?;
+    rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(0o600))?;
+    Ok(())
+}
+
 /// A handle this host did not make (never: the pool has one host).
 fn foreign(handle: &Handle) -> crate::hugetlb::FileError {
     crate::hugetlb::FileError::Io {
         op: "using a handle of another host for",
         path: file_key(handle.at().id).into(),
         source: io::Error::other("the handle is not this host's"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn dir(name: &str) -> std::path::PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("hugeprep-take-back-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn me() -> Owner {
+        Owner {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+        }
+    }
+
+    #[test]
+    fn take_back_makes_the_file_the_daemons_mode_0600() {
+        let d = dir("file");
+        let f = d.join("p1");
+        fs::write(&f, b"").unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o666)).unwrap();
+        take_back_file(&f, me()).unwrap();
+        let m = fs::metadata(&f).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o600);
+        assert_eq!((m.uid(), m.gid()), (me().uid, me().gid));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Review of issue 35: `chown` and `chmod` by path follow a symbolic link put in the
+    /// file's place; through a descriptor opened `O_NOFOLLOW` they act on nothing but the
+    /// pool file.
+    #[test]
+    fn take_back_follows_no_symbolic_link_and_changes_no_other_inode() {
+        let d = dir("link");
+        let target = d.join("elsewhere");
+        fs::write(&target, b"").unwrap();
+        fs::set_permissions(&target, fs::Permissions::from_mode(0o644)).unwrap();
+        let link = d.join("p1");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = take_back_file(&link, me()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+        assert_eq!(fs::metadata(&target).unwrap().mode() & 0o7777, 0o644);
+        // Nor a directory in its place.
+        let sub = d.join("p2");
+        fs::create_dir(&sub).unwrap();
+        let err = take_back_file(&sub, me()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+        fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -246,7 +246,7 @@ impl Pool {
             let undo = st.core.abort_cold(id);
             drop(st);
             match undo {
-                Ok(undo) => self.perform_all(&undo, "a cold lease"),
+                Ok(undo) => self.undo_forgotten(&undo, "a cold lease"),
                 Err(err) => tracing::error!(%err, "pool core refused a cold lease's abort"),
             }
         } else {

@@ -157,7 +157,10 @@ fn a_scrub_whose_file_cannot_be_deleted_is_dirty_again() {
     release(&mut c, l);
     c.begin_scrub(1, M2).unwrap();
     c.begin_delete(1).unwrap();
-    assert_eq!(c.delete_failed(1, Some(M2)).unwrap(), None);
+    assert_eq!(
+        c.delete_failed(1, Some(M2)).unwrap(),
+        Some(Action::Journal(c.get(1).unwrap().rec().clone()))
+    );
     assert_eq!(phase(&c, 1), Some(Phase::Dirty));
 }
 

@@ -284,6 +284,7 @@ fn a_failed_warm_lease_is_dirty_at_its_size_on_the_mount() {
 }
 
 mod decide;
+mod deletion;
 mod invariants;
 mod lifecycle;
 mod recovery;

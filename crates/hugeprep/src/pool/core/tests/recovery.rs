@@ -173,6 +173,27 @@ fn recovery_deletes_an_empty_file() {
     );
 }
 
+/// Regression (found by the driver simulation with lost journal writes, seed 21; reachable
+/// without: a lessee cuts its file to nothing, the daemon dies, the VM's manager deletes
+/// the lease path): a leased record of an empty file whose lease path was gone got its path
+/// linked again, then the file removed from the pool and its record dropped, leaving the
+/// path naming a file no record keeps.
+#[test]
+fn recovery_relinks_no_lease_path_to_an_empty_file_it_deletes() {
+    let mut f = facts(&[leased_rec(1, 30, "vm")], false);
+    f.pool_files
+        .get_mut(&PS)
+        .unwrap()
+        .insert("p1".into(), fact(0, 1));
+    let p = plan(&f);
+    assert_eq!(
+        p.steps,
+        vec![Step::RemoveFile(PS, 1), Step::Unjournal("p1".into())]
+    );
+    assert!(p.kept.is_empty());
+    assert_eq!(p.max_id, 30, "its lease id is still counted");
+}
+
 #[test]
 fn recovery_relinks_a_missing_lease_path_and_counts_the_lease_id() {
     let p = plan(&facts(&[leased_rec(1, 30, "vm")], false));

@@ -6,17 +6,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{drop_unnamed, enospc, node_of, set_node, unpool, ProofMode, SimFile, SimHost};
+use super::{drop_unnamed, enospc, node_of, set_node, ProofMode, SimFile, SimHost};
 use crate::hugetlb::Owner;
 use crate::journal::JournalError;
 use crate::page_size::PageSize;
-use crate::pool::core::recovery::{Facts, LeasePathFact, PoolFileFact, Step};
+use crate::pool::core::recovery::{Facts, Step};
 use crate::pool::fault::FaultError;
 use crate::pool::holes::{HoleError, Refill};
 use crate::pool::host::{Background, FileAt, Handle, Host, HostError};
 use crate::pool::on_node::{OnNodeError, Stray};
 use crate::pool::reach::{Proof, Unproven};
-use crate::pool::record::{file_key, FileRecord, FileState};
+use crate::pool::record::{FileRecord, FileState};
 use crate::pool::state::Promised;
 use crate::prefault::Taken;
 use crate::scrub::{ScrubControl, ScrubError, ScrubOptions, ScrubReport};
@@ -45,19 +45,29 @@ impl Host for SimHost {
             return Err(enospc());
         }
         w.journal_writes += 1;
-        w.journal.insert(rec.id, rec.clone());
+        let before = w.journal.insert(rec.id, rec.clone());
+        w.journaled(rec.id, before);
         Ok(())
     }
 
     fn journal_remove(&self, id: u64) -> Result<(), JournalError> {
         self.effect("unjournal");
-        self.world().journal.remove(&id);
+        let mut w = self.world();
+        let torn = w.torn.contains(&id);
+        if let Some(before) = w.journal.remove(&id) {
+            w.journaled(id, Some(before));
+        } else if torn {
+            w.journaled(id, None);
+        }
         Ok(())
     }
 
     fn journal_mark_clean(&self) -> Result<(), JournalError> {
         self.effect("journal the clean shutdown");
-        self.world().clean = true;
+        let mut w = self.world();
+        // The marker is written and synced with its directory after every record.
+        w.synced();
+        w.clean = true;
         Ok(())
     }
 
@@ -272,11 +282,15 @@ impl Host for SimHost {
 
     fn prove(&self, id: u64, _handle: &Handle) -> Result<Proof, Unproven> {
         self.effect("prove out of reach");
+        let slow = self.world().faults.proof == ProofMode::Slow;
+        if slow {
+            self.slow_proof();
+        }
         let w = self.world();
         let watched = w.files.get(&id).is_some_and(|(_, f)| f.watched);
         match w.faults.proof {
             _ if !watched => Err(Unproven::NotWatched),
-            ProofMode::Pass => Ok(Proof {
+            ProofMode::Pass | ProofMode::Slow => Ok(Proof {
                 openers: 0,
                 took: Duration::ZERO,
             }),
@@ -368,13 +382,17 @@ impl Host for SimHost {
     }
 
     fn unlink(&self, file: FileAt) -> io::Result<()> {
-        // Not failed on purpose: a failed unlink of a cold lease's or a refill's file leaks
-        // it until the next start (its record goes regardless; see the report of issue 35).
         self.effect("unlink a pool file");
+        let pooled = |w: &super::World| w.files.get(&file.id).is_some_and(|(_, f)| f.pooled);
+        if !pooled(&self.world()) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        if let Some(err) = self.unlink_fails() {
+            return Err(err);
+        }
         let mut w = self.world();
-        match w.files.get_mut(&file.id) {
-            Some((_, f)) if f.pooled => f.pooled = false,
-            _ => return Err(io::Error::from(io::ErrorKind::NotFound)),
+        if let Some((_, f)) = w.files.get_mut(&file.id) {
+            f.pooled = false;
         }
         drop_unnamed(&mut w, file.id);
         Ok(())
@@ -386,52 +404,14 @@ impl Host for SimHost {
 
     fn journal_clear_clean(&self) -> Result<(), JournalError> {
         self.effect("clear the clean shutdown");
-        self.world().clean = false;
+        let mut w = self.world();
+        w.synced();
+        w.clean = false;
         Ok(())
     }
 
     fn recovery_facts(&self, clean: bool) -> crate::pool::Result<Facts> {
-        let w = self.world();
-        let mut facts = Facts {
-            records: w
-                .journal
-                .values()
-                .map(|rec| (rec.key(), Ok(rec.clone())))
-                .collect(),
-            served: w.lease_dirs.keys().copied().collect(),
-            clean,
-            ..Facts::default()
-        };
-        for (&ps, dir) in &w.lease_dirs {
-            let pool = facts.pool_files.entry(ps).or_default();
-            for (id, (fps, f)) in &w.files {
-                if *fps == ps && f.pooled {
-                    let fact = PoolFileFact {
-                        len: f.size,
-                        inode: (0, *id),
-                    };
-                    pool.insert(file_key(*id), Some(fact));
-                }
-            }
-            let paths = facts.lease_paths.entry(ps).or_default();
-            for (path, id) in &w.lease_paths {
-                if let Ok(name) = path.strip_prefix(dir) {
-                    let fact = LeasePathFact {
-                        path: path.clone(),
-                        inode: Some((0, *id)),
-                    };
-                    paths.insert(name.to_string_lossy().into_owned(), fact);
-                }
-            }
-        }
-        for rec in w.journal.values() {
-            if let FileState::Leased(lease) = &rec.state {
-                if w.lease_paths.contains_key(&lease.path) {
-                    facts.existing_paths.insert(lease.path.clone());
-                }
-            }
-        }
-        Ok(facts)
+        Ok(super::recovery::facts(&self.world(), clean))
     }
 
     fn recovery_step(&self, step: &Step) -> crate::pool::Result<()> {
@@ -442,41 +422,7 @@ impl Host for SimHost {
             Step::Relink(..) => "recovery: relink a lease path",
             Step::RemoveLeasePath(..) => "recovery: remove a lease path",
         });
-        let mut w = self.world();
-        let id_of = |name: &str| name.strip_prefix('p').and_then(|n| n.parse::<u64>().ok());
-        match step {
-            Step::Unjournal(key) => {
-                if let Some(id) = id_of(key) {
-                    w.journal.remove(&id);
-                }
-            }
-            Step::Journal(rec) => {
-                w.journal.insert(rec.id, rec.clone());
-            }
-            Step::RemovePoolEntry(_, name) => {
-                if let Some(id) = id_of(name) {
-                    unpool(&mut w, id);
-                }
-            }
-            Step::RemoveFile(_, id) => unpool(&mut w, *id),
-            Step::Relink(_, id, path) => {
-                if let Some((_, f)) = w.files.get_mut(id) {
-                    f.links.insert(path.clone());
-                    w.lease_paths.insert(path.clone(), *id);
-                }
-            }
-            Step::RemoveLeasePath(ps, name) => {
-                let path = w.lease_dirs.get(ps).map(|d| d.join(name));
-                if let Some(path) = path {
-                    if let Some(id) = w.lease_paths.remove(&path) {
-                        if let Some((_, f)) = w.files.get_mut(&id) {
-                            f.links.remove(&path);
-                        }
-                        drop_unnamed(&mut w, id);
-                    }
-                }
-            }
-        }
+        super::recovery::step(&mut self.world(), step);
         Ok(())
     }
 

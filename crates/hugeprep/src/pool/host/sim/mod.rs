@@ -8,6 +8,8 @@
 //! ([`SimHost::leaks`]): the one thing that must never happen.
 
 mod effects;
+mod journal;
+mod recovery;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -55,7 +57,17 @@ pub(in crate::pool) enum ProofMode {
     Held,
     /// The proof cannot be made (the kernel's path).
     Fail,
+    /// The proof passes, late: the clock moves on [`SLOW_PROOF`] while it runs, and the
+    /// hook set with [`SimHost::during_proof`] runs meanwhile (leases go on).
+    Slow,
 }
+
+/// How long a slow proof takes (see [`ProofMode::Slow`]): past a held file's backoff and
+/// a lease's wait.
+pub(in crate::pool) const SLOW_PROOF: Duration = Duration::from_secs(3);
+
+/// What a hook run during a slow proof does (see [`SimHost::during_proof`]).
+pub(in crate::pool) type ProofHook = Box<dyn FnMut() + Send>;
 
 /// Faults to inject.
 #[derive(Debug, Clone, Default)]
@@ -83,6 +95,12 @@ pub(in crate::pool) struct Faults {
     pub(in crate::pool) io_error_per_mille: u64,
     /// The stream the failures are drawn from (splitmix64).
     pub(in crate::pool) io_seed: u64,
+    /// Per mille of pool-file unlinks that fail (`EIO` or `EBUSY`), drawn from `io_seed`.
+    pub(in crate::pool) unlink_error_per_mille: u64,
+    /// At a crash the journal loses what it had not synced: the last of its unsynced
+    /// writes and removals (a suffix drawn from `io_seed`; a clean-shutdown marker syncs),
+    /// and the last write it keeps may be cut short (a record that does not decode).
+    pub(in crate::pool) lose_unsynced: bool,
 }
 
 /// The payload of a simulated crash (see [`Faults::crash_after`]).
@@ -105,13 +123,29 @@ struct World {
     elapsed: Duration,
     faults: Faults,
     leaks: Vec<String>,
+    /// Journal changes not synced yet, oldest first: the file and its record before it.
+    unsynced: Vec<(u64, Option<FileRecord>)>,
+    /// Records cut short by a crash (they do not decode), until written or removed again.
+    torn: BTreeSet<u64>,
+    /// Faults other than crashes injected so far, by name (a run must hit each).
+    injected: BTreeMap<&'static str, u64>,
 }
 
 /// The simulated host.
-#[derive(Debug)]
 pub(in crate::pool) struct SimHost {
     start: Instant,
     world: Mutex<World>,
+    /// Runs inside a slow proof, outside the world's lock (see [`ProofMode::Slow`]).
+    during_proof: Mutex<Option<ProofHook>>,
+}
+
+impl std::fmt::Debug for SimHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimHost")
+            .field("start", &self.start)
+            .field("world", &self.world)
+            .finish_non_exhaustive()
+    }
 }
 
 fn enospc() -> JournalError {
@@ -133,6 +167,7 @@ impl SimHost {
         Arc::new(SimHost {
             start: Instant::now(),
             world: Mutex::new(world),
+            during_proof: Mutex::new(None),
         })
     }
 
@@ -148,6 +183,7 @@ impl SimHost {
                 Some(0) => {
                     w.faults.crash_after = None;
                     *w.crashed_at.entry(site).or_default() += 1;
+                    w.crash();
                     true
                 }
                 Some(n) => {
@@ -166,14 +202,56 @@ impl SimHost {
     fn io_fails(&self) -> bool {
         let mut w = self.world();
         let rate = w.faults.io_error_per_mille;
-        if rate == 0 {
-            return false;
+        rate > 0 && w.draw() % 1000 < rate
+    }
+
+    /// Whether the unlink of a pool file under way fails, and with which error (see
+    /// [`Faults::unlink_error_per_mille`]).
+    fn unlink_fails(&self) -> Option<io::Error> {
+        let mut w = self.world();
+        let rate = w.faults.unlink_error_per_mille;
+        if rate == 0 || w.draw() % 1000 >= rate {
+            return None;
         }
-        w.faults.io_seed = w.faults.io_seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = w.faults.io_seed;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % 1000 < rate
+        w.inject("unlink a pool file fails");
+        let errno = if w.draw() % 2 == 0 {
+            libc::EIO
+        } else {
+            libc::EBUSY
+        };
+        Some(io::Error::from_raw_os_error(errno))
+    }
+
+    /// Faults other than crashes injected so far, by name.
+    pub(in crate::pool) fn injected(&self) -> BTreeMap<&'static str, u64> {
+        self.world().injected.clone()
+    }
+
+    /// Sets what runs inside a slow proof (see [`ProofMode::Slow`]).
+    pub(in crate::pool) fn during_proof(&self, hook: Option<ProofHook>) {
+        *self.during_proof.lock().unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+
+    /// A slow proof: the clock moves on and the hook runs (taken out while it runs, so
+    /// that a proof inside it is not slowed again).
+    fn slow_proof(&self) {
+        {
+            let mut w = self.world();
+            w.elapsed += SLOW_PROOF;
+            w.inject("slow proof");
+        }
+        let hook = self
+            .during_proof
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(mut hook) = hook {
+            hook();
+            let mut slot = self.during_proof.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.is_none() {
+                *slot = Some(hook);
+            }
+        }
     }
 
     /// A new daemon starts on what the host keeps: the dead one's open watch is gone (a
