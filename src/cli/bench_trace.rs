@@ -49,6 +49,19 @@ pub struct BenchTraceArgs {
     /// With `--days`: weeks before the measured days in which the adaptive target learns.
     #[arg(long, default_value_t = 3)]
     pub learning_weeks: u32,
+    /// Instead of a real-time replay: compare the pool policies (as `--days` does) on an
+    /// operator's own VM trace, a CSV file of starts and stops (docs/pool.md, "An operator's
+    /// trace"; `hugeprep bench trace-csv` makes one from libvirt's events).
+    #[arg(long, value_name = "FILE", conflicts_with = "days")]
+    pub csv: Option<std::path::PathBuf>,
+    /// With `--csv`: days at the start of the trace in which the adaptive target learns,
+    /// not counted.
+    #[arg(long, default_value_t = 0.0)]
+    pub learn_days: f64,
+    /// With `--days` or `--csv`: replay with the fluid model of warm bytes instead of the real
+    /// pool driver on the simulated host (milliseconds; no file sizes or shapes).
+    #[arg(long)]
+    pub model: bool,
     /// With `--days`: write the plot of warm, leased and target bytes here (SVG).
     #[arg(long)]
     pub svg_out: Option<std::path::PathBuf>,
@@ -82,11 +95,56 @@ fn run_week(args: &BenchTraceArgs, days: u32) -> anyhow::Result<()> {
         goal_rate: args.goal / 100.0,
         refill_rate: args.refill_rate as f64,
         learning_weeks: args.learning_weeks,
+        engine: if args.model {
+            trace::week::Engine::Model
+        } else {
+            trace::week::Engine::Driver
+        },
     };
-    let report = trace::week::run(&config);
+    let report = trace::week::run(&config)?;
     if let Some(path) = &args.svg_out {
         std::fs::write(path, report.svg())
             .map_err(|e| anyhow::anyhow!("--svg-out {}: {e}", path.display()))?;
+    }
+    args.output.emit(&report, || report.table())
+}
+
+/// `--csv`: the policies side by side on an operator's trace in simulated time.
+fn run_csv(args: &BenchTraceArgs, path: &std::path::Path) -> anyhow::Result<()> {
+    use trace::operator;
+    use trace::week::{generate::TraceShape, WeekConfig};
+    if !(50.0..=100.0).contains(&args.goal) {
+        anyhow::bail!("--goal: {} is not a percentage from 50 to 100", args.goal);
+    }
+    if !(0.0..=28.0).contains(&args.learn_days) {
+        anyhow::bail!("--learn-days: {} is not from 0 to 28", args.learn_days);
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--csv {}: {e}", path.display()))?;
+    let events = operator::parse(path, &text)?;
+    let (lives, orphans) = operator::lives(&events);
+    if lives.is_empty() {
+        anyhow::bail!("--csv {}: no VM starts", path.display());
+    }
+    if orphans > 0 {
+        eprintln!("{orphans} stops without a start (VMs running before the trace) skipped");
+    }
+    let measure_from = lives[0].at_s + args.learn_days * 86_400.0;
+    let config = WeekConfig {
+        shape: TraceShape::default(),
+        goal_rate: args.goal / 100.0,
+        refill_rate: args.refill_rate as f64,
+        learning_weeks: 0,
+        engine: if args.model {
+            trace::week::Engine::Model
+        } else {
+            trace::week::Engine::Driver
+        },
+    };
+    let report = trace::week::compare(&config, &path.display().to_string(), &lives, measure_from)?;
+    if let Some(out) = &args.svg_out {
+        std::fs::write(out, report.svg())
+            .map_err(|e| anyhow::anyhow!("--svg-out {}: {e}", out.display()))?;
     }
     args.output.emit(&report, || report.table())
 }
@@ -95,6 +153,9 @@ fn run_week(args: &BenchTraceArgs, days: u32) -> anyhow::Result<()> {
 pub fn run(args: BenchTraceArgs) -> anyhow::Result<()> {
     if let Some(days) = args.days {
         return run_week(&args, days);
+    }
+    if let Some(path) = args.csv.clone() {
+        return run_csv(&args, &path);
     }
     let events = match &args.trace {
         Some(path) => {

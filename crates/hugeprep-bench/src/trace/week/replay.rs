@@ -33,8 +33,14 @@ pub const SERIES_S: f64 = 600.0;
 pub enum Policy {
     /// No pool: every start takes the kernel's path.
     None,
-    /// A fixed warm target, bytes.
+    /// A fixed warm target, bytes, in files of the trace's sizes (the fixed shape).
     Static {
+        /// The target.
+        bytes: u64,
+    },
+    /// A fixed warm target, bytes, in files of the sizes leased recently (today's demand
+    /// shape). The model, which leaves file sizes out, replays it as [`Policy::Static`].
+    Demand {
         /// The target.
         bytes: u64,
     },
@@ -159,7 +165,7 @@ pub fn replay(
     };
     let target_at = |f: &Option<Forecast>, now: f64| match (policy, f) {
         (Policy::None, _) => 0,
-        (Policy::Static { bytes }, _) => bytes,
+        (Policy::Static { bytes } | Policy::Demand { bytes }, _) => bytes,
         (Policy::Adaptive { .. }, Some(f)) => {
             f.target(&Inputs {
                 now_s: now,
