@@ -54,7 +54,14 @@ fn virsh_events_and_the_daemon_log_of_a_real_libvirtd_become_a_trace() {
     let dir = lab.env.dir.clone();
     let events_path = dir.join("virsh-events.txt");
     let mut listener = Command::new("virsh")
-        .args(["-c", lab.sandbox.uri(), "event", "--all", "--loop", "--timestamp"])
+        .args([
+            "-c",
+            lab.sandbox.uri(),
+            "event",
+            "--all",
+            "--loop",
+            "--timestamp",
+        ])
         .stdout(std::fs::File::create(&events_path).unwrap())
         .stderr(Stdio::null())
         .spawn()
@@ -83,13 +90,17 @@ fn virsh_events_and_the_daemon_log_of_a_real_libvirtd_become_a_trace() {
         assert_eq!(lab.leases_of(&uuid).len(), 1);
         lab.destroy(&uuid);
     }
-    let stopped = wait_until("both stops in virsh's output", Duration::from_secs(60), || {
-        std::fs::read_to_string(&events_path)
-            .unwrap_or_default()
-            .matches("'tracevm': Stopped")
-            .count()
-            == 2
-    });
+    let stopped = wait_until(
+        "both stops in virsh's output",
+        Duration::from_secs(60),
+        || {
+            std::fs::read_to_string(&events_path)
+                .unwrap_or_default()
+                .matches("'tracevm': Stopped")
+                .count()
+                == 2
+        },
+    );
     let _ = listener.kill();
     let _ = listener.wait();
     assert!(stopped);
@@ -136,6 +147,9 @@ fn virsh_events_and_the_daemon_log_of_a_real_libvirtd_become_a_trace() {
     ]))
     .unwrap();
     assert_eq!(report["starts"], 2, "{report}");
-    assert_eq!(report["page_sizes"][0]["none"]["warm_starts"], 0, "{report}");
+    assert_eq!(
+        report["page_sizes"][0]["none"]["warm_starts"], 0,
+        "{report}"
+    );
     lab.assert_clean();
 }

@@ -7,6 +7,7 @@
 
 pub mod driven;
 pub mod generate;
+pub mod realtime;
 pub mod replay;
 
 use serde::Serialize;
