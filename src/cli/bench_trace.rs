@@ -65,6 +65,25 @@ pub struct BenchTraceArgs {
     /// With `--days`: write the plot of warm, leased and target bytes here (SVG).
     #[arg(long)]
     pub svg_out: Option<std::path::PathBuf>,
+    /// Instead: replay this many hours of the generated trace (seed `--seed`, its 2M VMs,
+    /// from Tuesday 13:00) in real time against the running daemon at `--socket`, which must
+    /// keep `--warm` warm on 2M pages with the demand shape, and beside it in simulated time
+    /// through the driver; takes `hours / speed` hours (docs/pool.md, "Replay").
+    #[arg(long, value_name = "HOURS", conflicts_with_all = ["days", "csv"])]
+    pub real_hours: Option<f64>,
+    /// With `--real-hours`: the daemon's socket.
+    #[arg(
+        long,
+        env = "HUGEPREP_SOCKET",
+        default_value = "/run/hugeprep/hugeprep.sock"
+    )]
+    pub socket: std::path::PathBuf,
+    /// With `--real-hours`: how many times faster than the trace to run.
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+    /// With `--real-hours`: divide each VM's memory by this (a small host).
+    #[arg(long, default_value_t = 64)]
+    pub shrink: u64,
     /// `--json`, `--json-out FILE`.
     #[command(flatten)]
     pub output: super::JsonOutput,
@@ -149,8 +168,68 @@ fn run_csv(args: &BenchTraceArgs, path: &std::path::Path) -> anyhow::Result<()> 
     args.output.emit(&report, || report.table())
 }
 
+/// `--real-hours`: real time against the daemon beside simulated time.
+fn run_real(args: &BenchTraceArgs, hours: f64) -> anyhow::Result<()> {
+    use trace::week::generate::{generate, TraceShape, MONDAY};
+    use trace::week::{driven, realtime, replay::Policy};
+    if !(hours > 0.0 && hours <= 24.0) {
+        anyhow::bail!("--real-hours: {hours} is not from above 0 to 24");
+    }
+    if !(1.0..=3600.0).contains(&args.speed) {
+        anyhow::bail!("--speed: {} is not from 1 to 3600", args.speed);
+    }
+    if !(1..=1024).contains(&args.shrink) {
+        anyhow::bail!("--shrink: {} is not from 1 to 1024", args.shrink);
+    }
+    let ps = PageSize::Size2M;
+    let trace = generate(&TraceShape {
+        seed: args.seed,
+        days: 7,
+        ..TraceShape::default()
+    });
+    let from_s = MONDAY + 86_400.0 + 13.0 * 3600.0;
+    let slice = realtime::slice(&trace, ps, from_s, hours, args.speed, args.shrink);
+    let client = hugeprep::client::Client::new(&args.socket)
+        .with_timeout(std::time::Duration::from_secs(60));
+    let policy = Policy::Demand { bytes: args.warm };
+    eprintln!(
+        "replaying {} starts over {:.2} h against {}",
+        slice.len(),
+        hours / args.speed,
+        args.socket.display()
+    );
+    let prefix = format!("bench-trace-{}-", std::process::id());
+    let real = realtime::replay(
+        &client,
+        &slice,
+        ps,
+        policy,
+        &prefix,
+        std::time::Duration::from_millis(100),
+    )?;
+    let rate = if real.refill_rate > 0.0 {
+        real.refill_rate
+    } else {
+        args.refill_rate as f64
+    };
+    let simulated = driven::replay(&slice, ps, policy, rate, f64::MIN, false)?;
+    let report = realtime::Agreement {
+        starts: slice.len(),
+        from_s,
+        hours,
+        speed: args.speed,
+        shrink: args.shrink,
+        real,
+        simulated,
+    };
+    args.output.emit(&report, || report.table())
+}
+
 /// Runs `hugeprep bench trace`.
 pub fn run(args: BenchTraceArgs) -> anyhow::Result<()> {
+    if let Some(hours) = args.real_hours {
+        return run_real(&args, hours);
+    }
     if let Some(days) = args.days {
         return run_week(&args, days);
     }

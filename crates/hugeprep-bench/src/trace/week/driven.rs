@@ -169,8 +169,22 @@ pub fn flavors(trace: &[VmLife]) -> Vec<u64> {
 }
 
 /// Replays `trace` (one page size's VMs, sorted by start) through the real driver with
-/// `policy`; only what happens from `measure_from` on is counted.
+/// `policy`; only what happens from `measure_from` on is counted. The driver's log lines
+/// (a line per release, thousands a simulated day) are not emitted.
 pub fn replay(
+    trace: &[VmLife],
+    ps: PageSize,
+    policy: Policy,
+    refill_rate: f64,
+    measure_from: f64,
+    series: bool,
+) -> Result<Outcome, DrivenError> {
+    tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+        replay_logged(trace, ps, policy, refill_rate, measure_from, series)
+    })
+}
+
+fn replay_logged(
     trace: &[VmLife],
     ps: PageSize,
     policy: Policy,

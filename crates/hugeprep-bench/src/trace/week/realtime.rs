@@ -199,3 +199,56 @@ pub fn slice(
         })
         .collect()
 }
+
+/// A real-time replay and the simulated replay of the same slice, side by side.
+#[derive(Debug, Clone, Serialize)]
+pub struct Agreement {
+    /// The slice: starts, from when (s since the epoch), hours, speed and shrink.
+    pub starts: usize,
+    /// The slice's start in the generated trace, s since the epoch.
+    pub from_s: f64,
+    /// Hours of the trace.
+    pub hours: f64,
+    /// How many times faster than the trace it ran.
+    pub speed: f64,
+    /// How many times smaller the VMs' memory was.
+    pub shrink: u64,
+    /// Against the daemon.
+    pub real: RealTimeRun,
+    /// Through the driver on the simulated host at the daemon's measured refill rate.
+    pub simulated: Outcome,
+}
+
+impl Agreement {
+    /// The two side by side.
+    pub fn table(&self) -> String {
+        let row = |name: &str, o: &Outcome| {
+            format!(
+                "{name:<10} {:>6} {:>6} {:>8.2}% {:>14.6} {:>10}\n",
+                o.starts,
+                o.warm_starts,
+                o.warm_start_rate * 100.0,
+                o.stranded_gib_h,
+                o.stranded_peak >> 20
+            )
+        };
+        format!(
+            "{} h of the trace from {:.0}, {}x faster, memory /{}; refill {:.2} GiB/s measured, lag {:.1} s\n\
+             {:<10} {:>6} {:>6} {:>9} {:>14} {:>10}\n{}{}",
+            self.hours,
+            self.from_s,
+            self.speed,
+            self.shrink,
+            self.real.refill_rate / (1u64 << 30) as f64,
+            self.real.lag_s,
+            "replay",
+            "starts",
+            "warm",
+            "rate",
+            "stranded GiBh",
+            "peak MiB",
+            row("real time", &self.real.outcome),
+            row("simulated", &self.simulated)
+        )
+    }
+}
