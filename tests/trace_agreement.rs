@@ -23,7 +23,7 @@ fn an_hour_replayed_in_real_time_agrees_with_the_simulated_replay() {
         days: 7,
         ..TraceShape::default()
     });
-    let (speed, shrink) = (60.0, 128);
+    let (speed, shrink) = (30.0, 128);
     let from = MONDAY + 86_400.0 + 13.0 * 3600.0;
     let slice = realtime::slice(&trace, ps, from, 1.0, speed, shrink);
     assert!(slice.len() >= 10, "{} starts in the slice", slice.len());

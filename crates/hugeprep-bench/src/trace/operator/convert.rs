@@ -299,6 +299,52 @@ mod tests {
         assert_eq!((d.bytes, d.page_size), (64 * MIB, None));
     }
 
+    /// Lines as a real libvirtd 9.0 (`virsh event --all --loop --timestamp`) and the daemon
+    /// printed them (tests/trace_csv_libvirt.rs captures them live).
+    #[test]
+    fn captured_virsh_events_and_daemon_lines_convert() {
+        let virsh = "\
+2026-11-27 10:44:42.604+0000: event 'lifecycle' for domain 'probe': Defined Added
+2026-11-27 10:44:46.196+0000: event 'lifecycle' for domain 'tracevm': Started Booted
+2026-11-27 10:44:46.196+0000: event 'lifecycle' for domain 'tracevm': Suspended Paused
+2026-11-27 10:44:48.414+0000: event 'lifecycle' for domain 'tracevm': Shutdown Finished after host request
+2026-11-27 10:44:48.443+0000: event 'lifecycle' for domain 'tracevm': Stopped Destroyed
+";
+        let dom = DomainMemory {
+            name: "tracevm".into(),
+            uuid: None,
+            bytes: 32 * MIB,
+            page_size: None,
+        };
+        let ev = from_virsh_events(virsh, &[dom], PageSize::Size2M).unwrap();
+        let kinds: Vec<(bool, Option<u64>)> = ev.iter().map(|e| (e.start, e.bytes)).collect();
+        assert_eq!(kinds, [(true, Some(32 * MIB)), (false, None)]);
+        assert!((ev[1].at_s - ev[0].at_s - 2.247).abs() < 1e-6);
+        let uuid = "5e1f0000-0000-4000-8000-000000000003";
+        let log = format!(
+            "\
+2026-11-27T11:01:50.326921Z  INFO hugeprep::api::routes: leased id=1 name=libvirt-{uuid}-pc.ram size=16777216 page_size=2M node=0 source=\"warm-shrunk\" ready_ms=3.9
+2026-11-27T11:01:50.400000Z  INFO hugeprep::api::routes: leased id=2 name=libvirt-{uuid}-ram1 size=16777216 page_size=2M node=0 source=\"warm-exact\" ready_ms=0.1
+2026-11-27T11:01:50.907816Z  INFO hugeprep::api::routes: leased id=3 name=other size=1073741824 page_size=1G node=0 source=\"cold\" ready_ms=0.09
+2026-11-27T11:02:50.000000Z  INFO hugeprep::pool::release: released lease=1 name=libvirt-{uuid}-pc.ram file=7
+2026-11-27T11:02:51.000000Z  INFO hugeprep::pool::release: released lease=2 name=libvirt-{uuid}-ram1 file=8
+"
+        );
+        let ev = from_daemon_log(&log, PageSize::Size2M).unwrap();
+        let got: Vec<(&str, bool, Option<u64>, PageSize)> = ev
+            .iter()
+            .map(|e| (e.vm.as_str(), e.start, e.bytes, e.page_size))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (uuid, true, Some(32 * MIB), PageSize::Size2M),
+                ("other", true, Some(1 << 30), PageSize::Size1G),
+                (uuid, false, None, PageSize::Size2M),
+            ]
+        );
+    }
+
     #[test]
     fn unknown_domains_and_untimed_events_are_named() {
         let e = from_virsh_events(
