@@ -54,9 +54,41 @@ pub struct BenchTraceArgs {
     /// With `--days`: weeks before the measured days in which the adaptive target learns.
     #[arg(long, default_value_t = 3)]
     pub learning_weeks: u32,
+    /// Instead of a real-time replay: compare the pool policies (as `--days` does) on an
+    /// operator's own VM trace, a CSV file of starts and stops (docs/pool.md, "An operator's
+    /// trace"; `hugeprep bench trace-csv` makes one from libvirt's events).
+    #[arg(long, value_name = "FILE", conflicts_with = "days")]
+    pub csv: Option<std::path::PathBuf>,
+    /// With `--csv`: days at the start of the trace in which the adaptive target learns,
+    /// not counted.
+    #[arg(long, default_value_t = 0.0)]
+    pub learn_days: f64,
+    /// With `--days` or `--csv`: replay with the fluid model of warm bytes instead of the real
+    /// pool driver on the simulated host (milliseconds; no file sizes or shapes).
+    #[arg(long)]
+    pub model: bool,
     /// With `--days`: write the plot of warm, leased and target bytes here (SVG).
     #[arg(long)]
     pub svg_out: Option<std::path::PathBuf>,
+    /// Instead: replay this many hours of the generated trace (seed `--seed`, its 2M VMs,
+    /// from Tuesday 13:00) in real time against the running daemon at `--socket`, which must
+    /// keep `--warm` warm on 2M pages with the demand shape, and beside it in simulated time
+    /// through the driver; takes `hours / speed` hours (docs/pool.md, "Replay").
+    #[arg(long, value_name = "HOURS", conflicts_with_all = ["days", "csv"])]
+    pub real_hours: Option<f64>,
+    /// With `--real-hours`: the daemon's socket.
+    #[arg(
+        long,
+        env = "HUGEPREP_SOCKET",
+        default_value = "/run/hugeprep/hugeprep.sock"
+    )]
+    pub socket: std::path::PathBuf,
+    /// With `--real-hours`: how many times faster than the trace to run.
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+    /// With `--real-hours`: divide each VM's memory by this (a small host).
+    #[arg(long, default_value_t = 64)]
+    pub shrink: u64,
     /// `--json`, `--json-out FILE`.
     #[command(flatten)]
     pub output: super::JsonOutput,
@@ -73,6 +105,9 @@ fn run_week(args: &BenchTraceArgs, days: u32) -> anyhow::Result<()> {
             "--learning-weeks: {} is more than the 4 weeks the forecast keeps",
             args.learning_weeks
         );
+    }
+    if args.placement_lead > 0.0 && !args.model {
+        anyhow::bail!("--placement-lead: only the fluid model (--model) replays Placement leads");
     }
     if !(0.0..=600.0).contains(&args.placement_lead) {
         anyhow::bail!(
@@ -94,8 +129,13 @@ fn run_week(args: &BenchTraceArgs, days: u32) -> anyhow::Result<()> {
         goal_rate: args.goal / 100.0,
         refill_rate: args.refill_rate as f64,
         learning_weeks: args.learning_weeks,
+        engine: if args.model {
+            trace::week::Engine::Model
+        } else {
+            trace::week::Engine::Driver
+        },
     };
-    let report = trace::week::run(&config);
+    let report = trace::week::run(&config)?;
     if let Some(path) = &args.svg_out {
         std::fs::write(path, report.svg())
             .map_err(|e| anyhow::anyhow!("--svg-out {}: {e}", path.display()))?;
@@ -103,10 +143,113 @@ fn run_week(args: &BenchTraceArgs, days: u32) -> anyhow::Result<()> {
     args.output.emit(&report, || report.table())
 }
 
+/// `--csv`: the policies side by side on an operator's trace in simulated time.
+fn run_csv(args: &BenchTraceArgs, path: &std::path::Path) -> anyhow::Result<()> {
+    use trace::operator;
+    use trace::week::{generate::TraceShape, WeekConfig};
+    if !(50.0..=100.0).contains(&args.goal) {
+        anyhow::bail!("--goal: {} is not a percentage from 50 to 100", args.goal);
+    }
+    if !(0.0..=28.0).contains(&args.learn_days) {
+        anyhow::bail!("--learn-days: {} is not from 0 to 28", args.learn_days);
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--csv {}: {e}", path.display()))?;
+    let events = operator::parse(path, &text)?;
+    let (lives, orphans) = operator::lives(&events);
+    if lives.is_empty() {
+        anyhow::bail!("--csv {}: no VM starts", path.display());
+    }
+    if orphans > 0 {
+        eprintln!("{orphans} stops without a start (VMs running before the trace) skipped");
+    }
+    let measure_from = lives[0].at_s + args.learn_days * 86_400.0;
+    let config = WeekConfig {
+        shape: TraceShape::default(),
+        goal_rate: args.goal / 100.0,
+        refill_rate: args.refill_rate as f64,
+        learning_weeks: 0,
+        engine: if args.model {
+            trace::week::Engine::Model
+        } else {
+            trace::week::Engine::Driver
+        },
+    };
+    let report = trace::week::compare(&config, &path.display().to_string(), &lives, measure_from)?;
+    if let Some(out) = &args.svg_out {
+        std::fs::write(out, report.svg())
+            .map_err(|e| anyhow::anyhow!("--svg-out {}: {e}", out.display()))?;
+    }
+    args.output.emit(&report, || report.table())
+}
+
+/// `--real-hours`: real time against the daemon beside simulated time.
+fn run_real(args: &BenchTraceArgs, hours: f64) -> anyhow::Result<()> {
+    use trace::week::generate::{generate, TraceShape, MONDAY};
+    use trace::week::{driven, realtime, replay::Policy};
+    if !(hours > 0.0 && hours <= 24.0) {
+        anyhow::bail!("--real-hours: {hours} is not from above 0 to 24");
+    }
+    if !(1.0..=3600.0).contains(&args.speed) {
+        anyhow::bail!("--speed: {} is not from 1 to 3600", args.speed);
+    }
+    if !(1..=1024).contains(&args.shrink) {
+        anyhow::bail!("--shrink: {} is not from 1 to 1024", args.shrink);
+    }
+    let ps = PageSize::Size2M;
+    let trace = generate(&TraceShape {
+        seed: args.seed,
+        days: 7,
+        ..TraceShape::default()
+    });
+    let from_s = MONDAY + 86_400.0 + 13.0 * 3600.0;
+    let slice = realtime::slice(&trace, ps, from_s, hours, args.speed, args.shrink);
+    let client = hugeprep::client::Client::new(&args.socket)
+        .with_timeout(std::time::Duration::from_secs(60));
+    let policy = Policy::Demand { bytes: args.warm };
+    eprintln!(
+        "replaying {} starts over {:.2} h against {}",
+        slice.len(),
+        hours / args.speed,
+        args.socket.display()
+    );
+    let prefix = format!("bench-trace-{}-", std::process::id());
+    let real = realtime::replay(
+        &client,
+        &slice,
+        ps,
+        policy,
+        &prefix,
+        std::time::Duration::from_millis(100),
+    )?;
+    let rate = if real.refill_rate > 0.0 {
+        real.refill_rate
+    } else {
+        args.refill_rate as f64
+    };
+    let simulated = driven::replay(&slice, ps, policy, rate, f64::MIN, false)?;
+    let report = realtime::Agreement {
+        starts: slice.len(),
+        from_s,
+        hours,
+        speed: args.speed,
+        shrink: args.shrink,
+        real,
+        simulated,
+    };
+    args.output.emit(&report, || report.table())
+}
+
 /// Runs `hugeprep bench trace`.
 pub fn run(args: BenchTraceArgs) -> anyhow::Result<()> {
+    if let Some(hours) = args.real_hours {
+        return run_real(&args, hours);
+    }
     if let Some(days) = args.days {
         return run_week(&args, days);
+    }
+    if let Some(path) = args.csv.clone() {
+        return run_csv(&args, &path);
     }
     let events = match &args.trace {
         Some(path) => {

@@ -6,6 +6,7 @@ mod bench_pin;
 mod bench_prefault;
 mod bench_recycle;
 mod bench_trace;
+mod bench_trace_csv;
 mod bench_vm_start;
 mod capacity;
 mod ch_args;
@@ -116,6 +117,9 @@ pub enum BenchCommand {
     VmStart(bench_vm_start::BenchVmStartArgs),
     /// Lease trace replay: the fixed and the demand-shaped pool side by side.
     Trace(bench_trace::BenchTraceArgs),
+    /// An operator's VM trace (CSV) from `virsh event --all --loop --timestamp` or the
+    /// daemon's log of the libvirt hook's leases, for `bench trace --csv`.
+    TraceCsv(bench_trace_csv::BenchTraceCsvArgs),
     /// Long-term pin (VFIO's path) of never-faulted memory vs of a lease.
     Pin(bench_pin::BenchPinArgs),
     /// A QEMU-like process of `bench recycle --host-processes`: threads and descriptors,
@@ -196,6 +200,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Recycle(args) => bench_recycle::run(args),
             BenchCommand::VmStart(args) => bench_vm_start::run(args),
             BenchCommand::Trace(args) => bench_trace::run(args),
+            BenchCommand::TraceCsv(args) => bench_trace_csv::run(args),
             BenchCommand::Pin(args) => bench_pin::run(args),
             BenchCommand::BusyProcess(args) => {
                 use hugeprep_bench::host;

@@ -25,6 +25,7 @@ use hugeprep::pool::{LeaseRequest, LeaseSource, Pool, PoolConfig, PoolError, Poo
 use hugeprep::units::format_bytes;
 
 mod events;
+pub mod operator;
 pub mod week;
 pub use events::{held_at_arrival, mixed_trace, parse_trace, TraceEvent, MAX_EVENTS};
 

@@ -121,7 +121,8 @@ async fn make_lease(
         pidwatch::watch(Arc::clone(&state.pool), info.id, pid, start);
     }
     events().lease(info.source, info.ready_ms);
-    tracing::info!(id = info.id, name = %info.name, size = info.size, source = info.source.name(), ready_ms = info.ready_ms, "leased");
+    // `hugeprep bench trace-csv --daemon-log` reads these lines (and `released`) as a trace.
+    tracing::info!(id = info.id, name = %info.name, size = info.size, page_size = %info.page_size, node = info.node, source = info.source.name(), ready_ms = info.ready_ms, "leased");
     Ok((StatusCode::CREATED, HeaderMap::new(), Json(info)))
 }
 

@@ -50,6 +50,8 @@ mod request;
 pub mod reserve;
 pub mod shape;
 mod shortfall;
+#[cfg(feature = "sim")]
+pub mod simulated;
 mod state;
 mod status;
 pub mod targets;

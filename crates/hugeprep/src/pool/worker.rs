@@ -84,8 +84,9 @@ impl Pool {
     }
 
     /// Chooses and does one job, as the worker's loop does, without waiting: whether there
-    /// was one. Tests drive the worker with it on the simulated host.
-    #[cfg(test)]
+    /// was one. Tests (and the `sim` feature's replays) drive the worker with it on the
+    /// simulated host.
+    #[cfg(any(test, feature = "sim"))]
     pub(super) fn work_once(&self) -> bool {
         let (job, pressing) = {
             let mut st = self.lock();

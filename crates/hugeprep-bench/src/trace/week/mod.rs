@@ -5,7 +5,9 @@
 //! memory (warm but unleased: GiB·hours, and the peak as a share of the most the trace ever
 //! held leased). A learning week precedes the measured days; only they are counted.
 
+pub mod driven;
 pub mod generate;
+pub mod realtime;
 pub mod replay;
 
 use serde::Serialize;
@@ -17,6 +19,17 @@ use hugeprep::pool::core::forecast::Goal;
 use replay::{Outcome, Policy, PoolModel};
 
 const GIB: u64 = 1 << 30;
+
+/// What replays the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Engine {
+    /// The real pool driver on the simulated host ([`driven`]): file sizes, shapes, the
+    /// release's scrub and the worker's jobs as the daemon does them.
+    Driver,
+    /// The fluid model of warm bytes ([`replay`]): milliseconds, no file sizes.
+    Model,
+}
 
 /// What to compare.
 #[derive(Debug, Clone, Serialize)]
@@ -31,6 +44,8 @@ pub struct WeekConfig {
     /// Weeks of the trace before the measured days, in which the adaptive target learns
     /// (a daemon that has run that long; the forecast keeps 4).
     pub learning_weeks: u32,
+    /// What replays it.
+    pub engine: Engine,
 }
 
 /// One page size's comparison.
@@ -40,22 +55,31 @@ pub struct PageSizeResult {
     pub page_size: PageSize,
     /// No pool.
     pub none: Outcome,
-    /// The smallest static target that reaches the goal on the measured days: a sweep in
-    /// hindsight, which no operator can run.
+    /// The model: the smallest static target that reaches the goal. The driver: hugeprep
+    /// 0.1's fixed shape (files of the trace's sizes) at the target of [`Self::demand`].
     pub best_static: Outcome,
+    /// The smallest static target that reaches the goal with today's demand shape (the
+    /// driver only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub demand: Option<Outcome>,
     /// The smallest static target that reached the goal on the learning weeks (what an
-    /// operator could have known), replayed on the measured days.
-    pub learned_static: Outcome,
-    /// The adaptive target.
+    /// operator could have known), replayed on the measured days (the model only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub learned_static: Option<Outcome>,
+    /// The adaptive target (with the demand shape).
     pub adaptive: Outcome,
-    /// The bound: the adaptive plan made from the measured days' own needs.
-    pub hindsight: Outcome,
+    /// The bound (the model only): the adaptive plan made from the measured days' own
+    /// needs, hour by hour ([`Policy::Hindsight`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hindsight: Option<Outcome>,
     /// The bound's stranded GiB·hours over the best static target's: no target set by
     /// the hour of the week goes below it on this trace.
-    pub hindsight_ratio: f64,
-    /// The adaptive target's stranded GiB·hours over the best static one's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hindsight_ratio: Option<f64>,
+    /// The adaptive target's stranded GiB·hours over the best static one's (of either
+    /// shape: the one with fewer).
     pub stranded_ratio: f64,
-    /// Whether the adaptive target reached the best static target's warm-start rate.
+    /// Whether the adaptive target reached that static target's warm-start rate.
     pub rate_reached: bool,
 }
 
@@ -64,14 +88,18 @@ pub struct PageSizeResult {
 pub struct WeekReport {
     /// What was compared.
     pub config: WeekConfig,
+    /// The trace replayed: `generated` or an operator's CSV file.
+    pub trace: String,
     /// VM starts in the measured days (both page sizes).
     pub starts: usize,
     /// Per page size.
     pub page_sizes: Vec<PageSizeResult>,
+    /// Wall-clock seconds the replays took.
+    pub replay_seconds: f64,
 }
 
 /// Generates the trace and compares the policies.
-pub fn run(config: &WeekConfig) -> WeekReport {
+pub fn run(config: &WeekConfig) -> Result<WeekReport, driven::DrivenError> {
     let learning_days = 7 * config.learning_weeks;
     let shape = TraceShape {
         days: config.shape.days + learning_days,
@@ -79,6 +107,17 @@ pub fn run(config: &WeekConfig) -> WeekReport {
     };
     let trace = generate::generate(&shape);
     let measure_from = MONDAY + f64::from(learning_days) * 86_400.0;
+    compare(config, "generated", &trace, measure_from)
+}
+
+/// Compares the policies on `trace` (sorted by start), counting from `measure_from` on.
+pub fn compare(
+    config: &WeekConfig,
+    name: &str,
+    trace: &[VmLife],
+    measure_from: f64,
+) -> Result<WeekReport, driven::DrivenError> {
+    let began = std::time::Instant::now();
     let model = PoolModel {
         refill_rate: config.refill_rate,
     };
@@ -93,43 +132,102 @@ pub fn run(config: &WeekConfig) -> WeekReport {
             .copied()
             .filter(|v| v.page_size == ps)
             .collect();
-        let none = replay::replay(&of_size, Policy::None, model, measure_from, false);
-        let max = none.held_peak.max(GIB).saturating_mul(2);
-        let best_static =
-            replay::best_static(&of_size, model, measure_from, config.goal_rate, GIB, max);
-        let learned_static = learned_static(&of_size, model, measure_from, config, max);
-        let adaptive = replay::replay(
-            &of_size,
-            Policy::Adaptive { goal },
-            model,
-            measure_from,
-            true,
-        );
-        let hindsight = replay::replay(
-            &of_size,
-            Policy::Hindsight { goal },
-            model,
-            measure_from,
-            false,
-        );
-        let of_static = |o: &Outcome| o.stranded_gib_h / best_static.stranded_gib_h.max(1e-9);
+        if of_size.is_empty() {
+            continue;
+        }
+        let rate = config.refill_rate;
+        let mut bounds = None;
+        let (none, best_static, demand, adaptive) = match config.engine {
+            Engine::Model => {
+                let none = replay::replay(&of_size, Policy::None, model, measure_from, false);
+                let max = none.held_peak.max(GIB).saturating_mul(2);
+                let best_static =
+                    replay::best_static(&of_size, model, measure_from, config.goal_rate, GIB, max);
+                let adaptive = replay::replay(
+                    &of_size,
+                    Policy::Adaptive { goal },
+                    model,
+                    measure_from,
+                    true,
+                );
+                let learned = learned_static(&of_size, model, measure_from, config, max);
+                let hindsight = replay::replay(
+                    &of_size,
+                    Policy::Hindsight { goal },
+                    model,
+                    measure_from,
+                    false,
+                );
+                bounds = Some((learned, hindsight));
+                (none, best_static, None, adaptive)
+            }
+            Engine::Driver => {
+                let none = driven::replay(&of_size, ps, Policy::None, rate, measure_from, false)?;
+                let max = none.held_peak.max(GIB).saturating_mul(2);
+                let sweep = (config.goal_rate, GIB, max);
+                let demand = driven::best_static(
+                    &of_size,
+                    ps,
+                    |bytes| Policy::Demand { bytes },
+                    rate,
+                    measure_from,
+                    sweep,
+                )?;
+                // hugeprep 0.1's fixed shape at the same target (a sweep of its own finds
+                // none reaching 99% up to twice the peak, at ten times the replay's time).
+                let bytes = match demand.policy {
+                    Policy::Demand { bytes } => bytes,
+                    _ => 0,
+                };
+                let fixed = driven::replay(
+                    &of_size,
+                    ps,
+                    Policy::Static { bytes },
+                    rate,
+                    measure_from,
+                    false,
+                )?;
+                let adaptive = driven::replay(
+                    &of_size,
+                    ps,
+                    Policy::Adaptive { goal },
+                    rate,
+                    measure_from,
+                    true,
+                )?;
+                (none, fixed, Some(demand), adaptive)
+            }
+        };
+        // The static target to beat: of those reaching the goal, the one stranding least.
+        let beat = [Some(&best_static), demand.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter(|o| o.warm_start_rate >= config.goal_rate)
+            .min_by(|a, b| a.stranded_gib_h.total_cmp(&b.stranded_gib_h))
+            .unwrap_or(&best_static);
+        let of_beat = |o: &Outcome| o.stranded_gib_h / beat.stranded_gib_h.max(1e-9);
+        let hindsight_ratio = bounds.as_ref().map(|(_, h)| of_beat(h));
+        let (learned_static, hindsight) = bounds.unzip();
         page_sizes.push(PageSizeResult {
             page_size: ps,
-            stranded_ratio: of_static(&adaptive),
-            hindsight_ratio: of_static(&hindsight),
-            rate_reached: adaptive.warm_start_rate >= best_static.warm_start_rate,
+            stranded_ratio: of_beat(&adaptive),
+            hindsight_ratio,
+            learned_static,
+            hindsight,
+            rate_reached: adaptive.warm_start_rate >= beat.warm_start_rate,
             none,
             best_static,
-            learned_static,
+            demand,
             adaptive,
-            hindsight,
         });
     }
-    WeekReport {
+    Ok(WeekReport {
         config: config.clone(),
+        trace: name.to_string(),
         starts: trace.iter().filter(|v| v.at_s >= measure_from).count(),
         page_sizes,
-    }
+        replay_seconds: began.elapsed().as_secs_f64(),
+    })
 }
 
 /// The static target an operator could have chosen: the smallest that reached the goal on
@@ -155,10 +253,13 @@ fn learned_static(
     replay::replay(trace, Policy::Static { bytes }, model, measure_from, false)
 }
 
-fn policy_name(p: &Policy, row: &str) -> String {
+/// The policy's name in the table; `shapes`: the replay knew file shapes (the driver).
+fn policy_name(p: &Policy, shapes: bool) -> String {
     match p {
         Policy::None => "none (kernel's path)".into(),
-        Policy::Static { bytes } => format!("{row} static ({} GiB)", bytes / GIB),
+        Policy::Static { bytes } if shapes => format!("fixed shape ({} GiB)", bytes / GIB),
+        Policy::Static { bytes } => format!("best static ({} GiB)", bytes / GIB),
+        Policy::Demand { bytes } => format!("best static ({} GiB)", bytes / GIB),
         Policy::Adaptive { goal } => format!("adaptive ({:.1}%)", goal.warm_start_rate * 100.0),
         Policy::Hindsight { .. } => "bound: hour plan in hindsight".into(),
     }
@@ -168,31 +269,46 @@ impl WeekReport {
     /// The side-by-side table.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "seed {}, {} measured days after {} learning weeks, {} starts, goal {:.1}%, refill {:.1} GiB/s, Placement lead {:.0} s\n",
-            self.config.shape.seed,
-            self.config.shape.days,
-            self.config.learning_weeks,
+            "{} trace{}, {} starts measured, goal {:.1}%, refill {:.1} GiB/s, Placement lead {:.0} s, replayed by the {:?} in {:.1} s\n",
+            self.trace,
+            if self.trace == "generated" {
+                format!(
+                    " (seed {}, {} measured days after {} learning weeks)",
+                    self.config.shape.seed, self.config.shape.days, self.config.learning_weeks
+                )
+            } else {
+                String::new()
+            },
             self.starts,
             self.config.goal_rate * 100.0,
             self.config.refill_rate / GIB as f64,
-            self.config.shape.placement_lead_s
+            self.config.shape.placement_lead_s,
+            self.config.engine,
+            self.replay_seconds,
         );
         out.push_str(&format!(
             "{:<5} {:<30} {:>7} {:>10} {:>12} {:>12}\n",
             "pages", "policy", "starts", "warm", "stranded", "peak/held"
         ));
         for r in &self.page_sizes {
-            for (o, row) in [
-                (&r.none, ""),
-                (&r.best_static, "best"),
-                (&r.learned_static, "learned"),
-                (&r.adaptive, ""),
-                (&r.hindsight, ""),
+            for (o, learned) in [
+                (Some(&r.none), false),
+                (Some(&r.best_static), false),
+                (r.demand.as_ref(), false),
+                (r.learned_static.as_ref(), true),
+                (Some(&r.adaptive), false),
+                (r.hindsight.as_ref(), false),
             ] {
+                let Some(o) = o else { continue };
+                let name = if learned {
+                    policy_name(&o.policy, false).replace("best", "learned")
+                } else {
+                    policy_name(&o.policy, r.demand.is_some())
+                };
                 out.push_str(&format!(
                     "{:<5} {:<30} {:>7} {:>9.2}% {:>9.0} GiBh {:>11.2}\n",
                     r.page_size.name(),
-                    policy_name(&o.policy, row),
+                    name,
                     o.starts,
                     o.warm_start_rate * 100.0,
                     o.stranded_gib_h,
@@ -200,12 +316,15 @@ impl WeekReport {
                 ));
             }
             out.push_str(&format!(
-                "{:<5} adaptive/best static stranded {:.2}, rate reached: {}; bound/best static {:.2}\n",
+                "{:<5} adaptive/best static stranded {:.2}, rate reached: {}",
                 r.page_size.name(),
                 r.stranded_ratio,
-                r.rate_reached,
-                r.hindsight_ratio
+                r.rate_reached
             ));
+            if let Some(h) = r.hindsight_ratio {
+                out.push_str(&format!("; bound/best static {h:.2}"));
+            }
+            out.push('\n');
         }
         out
     }

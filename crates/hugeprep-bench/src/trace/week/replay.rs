@@ -37,8 +37,14 @@ pub const PLACEMENT_POLL_S: f64 = 5.0;
 pub enum Policy {
     /// No pool: every start takes the kernel's path.
     None,
-    /// A fixed warm target, bytes.
+    /// A fixed warm target, bytes, in files of the trace's sizes (the fixed shape).
     Static {
+        /// The target.
+        bytes: u64,
+    },
+    /// A fixed warm target, bytes, in files of the sizes leased recently (today's demand
+    /// shape). The model, which leaves file sizes out, replays it as [`Policy::Static`].
+    Demand {
         /// The target.
         bytes: u64,
     },
@@ -175,7 +181,7 @@ pub fn replay(
     let mut pending: u64 = 0;
     let target_at = |f: &Option<Forecast>, now: f64, pending: u64| match (policy, f) {
         (Policy::None, _) => 0,
-        (Policy::Static { bytes }, _) => bytes,
+        (Policy::Static { bytes } | Policy::Demand { bytes }, _) => bytes,
         (Policy::Adaptive { .. } | Policy::Hindsight { .. }, Some(f)) => {
             f.target(&Inputs {
                 now_s: now,

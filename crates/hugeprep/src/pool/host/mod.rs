@@ -14,9 +14,12 @@
 //! `shortfall`).
 
 mod real;
-#[cfg(test)]
+// The simulated host: the driver's unit tests, and the `sim` feature's replays in simulated
+// time (`pool::simulated`, for `hugeprep bench trace`); never in the daemon's code paths.
+#[cfg(any(test, feature = "sim"))]
+#[cfg_attr(not(test), allow(dead_code))]
 pub(super) mod sim;
-#[cfg(test)]
+#[cfg(any(test, feature = "sim"))]
 mod sim_pool;
 
 use std::ops::Range;
@@ -103,7 +106,7 @@ impl Handle {
     }
 
     /// Records a new length (a simulated host's resize).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "sim"))]
     pub(super) fn set_size(&mut self, size: u64) {
         self.size = size;
     }
