@@ -69,7 +69,7 @@ fn an_hour_replayed_in_real_time_agrees_with_the_simulated_replay() {
     } else {
         1e9
     };
-    let sim = driven::replay(&slice, ps, policy, rate, -1.0, false).unwrap();
+    let sim = driven::replay(&slice, ps, policy, rate, slice[0].at_s, false).unwrap();
     eprintln!(
         "real time: {:?} (refill {:.2} GiB/s, lag {:.1} s, {} polls)\nsimulated: {:?}",
         real.outcome,

@@ -227,7 +227,10 @@ fn run_real(args: &BenchTraceArgs, hours: f64) -> anyhow::Result<()> {
     } else {
         args.refill_rate as f64
     };
-    let simulated = driven::replay(&slice, ps, policy, rate, f64::MIN, false)?;
+    // Counted from the first start, as in real time (the simulated pool fills for an hour
+    // before it, as the daemon had before the replay).
+    let first = slice.first().map_or(0.0, |v| v.at_s);
+    let simulated = driven::replay(&slice, ps, policy, rate, first, false)?;
     let report = realtime::Agreement {
         starts: slice.len(),
         from_s,

@@ -87,13 +87,16 @@ pub fn replay(
             _ => false,
         };
         let due = if end_first { next_end } else { next_start }.unwrap_or(0.0);
-        // Read the warm bytes until the event is due.
+        // Read the warm bytes until the event is due; counted until the last start, as the
+        // simulated replay counts.
         loop {
             let (warm, _) = warm_now()?;
             let t = now_s();
-            area += last_warm as f64 * (t - last_t);
+            if i < trace.len() {
+                area += last_warm as f64 * (t - last_t);
+                peak = peak.max(warm);
+            }
             (last_t, last_warm) = (t, warm);
-            peak = peak.max(warm);
             polls += 1;
             let wait = due - now_s();
             if wait <= 0.0 {
