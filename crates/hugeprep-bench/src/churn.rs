@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hugeprep::client::Client;
-use hugeprep::pool::{LeaseRequest, LeaseSource};
+use hugeprep::pool::LeaseRequest;
 use serde::Serialize;
 
-use super::hog::{case, CaseLatency, BATCH};
+use super::hog::{lease_batch, CaseLatency, Samples, BATCH};
 use super::recycle_config::{RecycleBenchConfig, RecycleBenchError};
 
 /// Warm files of the lease size kept for the batch, beside what the churning client takes.
@@ -155,10 +155,8 @@ pub fn churned_latency(
     let cycles = Arc::new(AtomicU64::new(0));
     let rounds = cfg.leases.div_ceil(BATCH).max(1);
     let before = daemon.pool().counters();
-    // (client ms, daemon ms, warm-exact) per case: 0 quiet, 1 churned.
-    let mut samples: [(Vec<f64>, Vec<f64>, usize); 2] = Default::default();
-    // Client ms of the warm-exact leases, per case.
-    let mut exact: [Vec<f64>; 2] = Default::default();
+    // Per case: 0 quiet, 1 churned.
+    let mut samples: [Samples; 2] = Default::default();
     let mut serial = 0usize;
     let result = (|| -> Result<(), RecycleBenchError> {
         for r in 0..=rounds {
@@ -176,29 +174,8 @@ pub fn churned_latency(
                     }
                     churn
                 });
-                for _ in 0..BATCH {
-                    serial += 1;
-                    let req = LeaseRequest {
-                        name: format!("churned{serial}"),
-                        size: cfg.lease_size,
-                        page_size: Some(cfg.page_size),
-                        node: Some(0),
-                        ..LeaseRequest::default()
-                    };
-                    let t = Instant::now();
-                    let lease = daemon.block_on(client.lease(&req))?;
-                    let ms = t.elapsed().as_secs_f64() * 1e3;
-                    if r > 0 {
-                        let s = &mut samples[c];
-                        s.0.push(ms);
-                        s.1.push(lease.ready_ms);
-                        s.2 += usize::from(lease.source == LeaseSource::WarmExact);
-                        if lease.source == LeaseSource::WarmExact {
-                            exact[c].push(ms);
-                        }
-                    }
-                    daemon.block_on(client.release(lease.id))?;
-                }
+                let into = (r > 0).then_some(&mut samples[c]);
+                lease_batch(&daemon, &client, cfg, "churned", &mut serial, into)?;
                 if let Some(churn) = churn {
                     churn.stop()?;
                 }
@@ -215,10 +192,11 @@ pub fn churned_latency(
         );
     }
     result?;
-    let quiet = case("quiet", &samples[0].0, &samples[0].1, samples[0].2);
-    let churned = case("churned", &samples[1].0, &samples[1].1, samples[1].2);
+    let quiet = samples[0].case("quiet");
+    let churned = samples[1].case("churned");
     let q = |v: &[f64], p| hugeprep::stats::Summary::quantile(v, p).unwrap_or(f64::NAN);
-    let warm_exact_p50_p99 = [0, 1].map(|c| (q(&exact[c], 0.5), q(&exact[c], 0.99)));
+    let exact = |c: usize| &samples[c].exact_client;
+    let warm_exact_p50_p99 = [0, 1].map(|c| (q(exact(c), 0.5), q(exact(c), 0.99)));
     let [wq, wc] = warm_exact_p50_p99;
     let out = ChurnLatency {
         warm_exact_p50_p99,

@@ -77,6 +77,58 @@ pub(crate) fn case(
     }
 }
 
+/// One case's timed leases: client and daemon ms, how many were warm-exact, and the client
+/// ms of the warm-exact ones alone.
+#[derive(Debug, Default)]
+pub(crate) struct Samples {
+    pub(crate) client: Vec<f64>,
+    pub(crate) daemon: Vec<f64>,
+    pub(crate) warm_exact: usize,
+    pub(crate) exact_client: Vec<f64>,
+}
+
+impl Samples {
+    /// The case's latency summary.
+    pub(crate) fn case(&self, name: &'static str) -> CaseLatency {
+        case(name, &self.client, &self.daemon, self.warm_exact)
+    }
+}
+
+/// Leases and at once releases [`BATCH`] files of `cfg.lease_size`, one after the other,
+/// named `<prefix><serial>`, timing each into `into` (`None`: a warm-up batch).
+pub(crate) fn lease_batch(
+    daemon: &super::daemon::BenchDaemon,
+    client: &Client,
+    cfg: &RecycleBenchConfig,
+    prefix: &str,
+    serial: &mut usize,
+    mut into: Option<&mut Samples>,
+) -> Result<(), RecycleBenchError> {
+    for _ in 0..BATCH {
+        *serial += 1;
+        let req = LeaseRequest {
+            name: format!("{prefix}{serial}"),
+            size: cfg.lease_size,
+            page_size: Some(cfg.page_size),
+            node: Some(0),
+            ..LeaseRequest::default()
+        };
+        let t = Instant::now();
+        let lease = daemon.block_on(client.lease(&req))?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if let Some(s) = into.as_deref_mut() {
+            s.client.push(ms);
+            s.daemon.push(lease.ready_ms);
+            if lease.source == LeaseSource::WarmExact {
+                s.warm_exact += 1;
+                s.exact_client.push(ms);
+            }
+        }
+        daemon.block_on(client.release(lease.id))?;
+    }
+    Ok(())
+}
+
 /// Runs the quiet/hogged comparison with `cfg.leases` leases per case.
 pub fn hogged_latency(
     cfg: &RecycleBenchConfig,
@@ -101,8 +153,8 @@ pub fn hogged_latency(
     let client_nice = hugeprep::sys::priority::current_thread_nice();
     let hogs = hugeprep::sys::affinity::allowed_cpus().len();
     let rounds = cfg.leases.div_ceil(BATCH).max(1);
-    // (client ms, daemon ms, warm-exact) per case: 0 quiet, 1 hogged.
-    let mut samples: [(Vec<f64>, Vec<f64>, usize); 2] = Default::default();
+    // Per case: 0 quiet, 1 hogged.
+    let mut samples: [Samples; 2] = Default::default();
     let mut serial = 0usize;
     let result = (|| -> Result<(), RecycleBenchError> {
         // Warm-up, untimed: one quiet batch.
@@ -120,26 +172,8 @@ pub fn hogged_latency(
                 } else {
                     None
                 };
-                for _ in 0..BATCH {
-                    serial += 1;
-                    let req = LeaseRequest {
-                        name: format!("hog{serial}"),
-                        size: cfg.lease_size,
-                        page_size: Some(cfg.page_size),
-                        node: Some(0),
-                        ..LeaseRequest::default()
-                    };
-                    let t = Instant::now();
-                    let lease = daemon.block_on(client.lease(&req))?;
-                    let ms = t.elapsed().as_secs_f64() * 1e3;
-                    if r > 0 {
-                        let s = &mut samples[c];
-                        s.0.push(ms);
-                        s.1.push(lease.ready_ms);
-                        s.2 += usize::from(lease.source == LeaseSource::WarmExact);
-                    }
-                    daemon.block_on(client.release(lease.id))?;
-                }
+                let into = (r > 0).then_some(&mut samples[c]);
+                lease_batch(&daemon, &client, cfg, "hog", &mut serial, into)?;
             }
         }
         Ok(())
@@ -148,8 +182,8 @@ pub fn hogged_latency(
     drop(daemon);
     let _ = std::fs::remove_dir_all(&base);
     result?;
-    let quiet = case("quiet", &samples[0].0, &samples[0].1, samples[0].2);
-    let hogged = case("hogged", &samples[1].0, &samples[1].1, samples[1].2);
+    let quiet = samples[0].case("quiet");
+    let hogged = samples[1].case("hogged");
     let out = HogLatency {
         hogs,
         lease_size: cfg.lease_size,
