@@ -319,18 +319,25 @@ impl BackingFile {
         &self.file
     }
 
-    /// Hands the file's ownership to `owner` (the VMM's user).
+    /// Hands the file's ownership to `owner` (the VMM's user), mode 0600: whatever mode a
+    /// file came with, only its new owner may open it by name.
     pub fn chown(&self, owner: Owner) -> Result<()> {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.file);
+        let io = |op: &'static str| {
+            move |e: nix::errno::Errno| FileError::Io {
+                op,
+                path: self.path.clone(),
+                source: e.into(),
+            }
+        };
+        nix::sys::stat::fchmod(fd, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .map_err(io("chmod"))?;
         nix::unistd::fchown(
-            std::os::fd::AsRawFd::as_raw_fd(&self.file),
+            fd,
             Some(Uid::from_raw(owner.uid)),
             Some(Gid::from_raw(owner.gid)),
         )
-        .map_err(|e| FileError::Io {
-            op: "chown",
-            path: self.path.clone(),
-            source: e.into(),
-        })
+        .map_err(io("chown"))
     }
 
     /// Sets the length to `size` whole pages. Growing adds a hole that the caller populates

@@ -156,6 +156,19 @@ impl Pool {
         }
     }
 
+    /// Takes released file `id` back from its lessee (owner and mode) before it is proven.
+    /// One that cannot be is still its lessee's and is never recycled: it takes the
+    /// kernel's path, and the answer is false.
+    fn taken_back(&self, id: u64, at: FileAt) -> bool {
+        if self.host.take_back(at).is_ok() {
+            return true;
+        }
+        self.table.counters.release_failed(ReleaseFailure::Open);
+        self.lock().aside.remove(id);
+        self.give_up_unlocked(id);
+        false
+    }
+
     /// Scrubs a released file back to warm: proven out of reach, journaled scrubbing
     /// (`journal`), cut to its size in demand, holes refilled, scrubbed and verified,
     /// journaled warm; a file still held waits aside (see `aside`); on any other failure it
@@ -171,7 +184,9 @@ impl Pool {
             return;
         }
         let at = FileAt::of(&rec);
-        self.host.take_back(at);
+        if !self.taken_back(id, at) {
+            return;
+        }
         let opts = ScrubOptions {
             cpus: self.cpus(rec.node),
             bandwidth: self.policy().scrub_bandwidth,

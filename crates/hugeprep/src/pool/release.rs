@@ -41,7 +41,9 @@ impl Pool {
         }
         let at = host::FileAt { page_size, id };
         self.host.unlink_lease(at, &info.path);
-        self.host.take_back(at);
+        // A file not taken back here is tried again before its scrub, and takes the
+        // kernel's path if it still cannot be.
+        let _ = self.host.take_back(at);
         // Before the scrub can start: the file leaves the lease unpinned.
         self.unpin(id);
         self.clearing.gate.forget(id);

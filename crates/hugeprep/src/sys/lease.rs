@@ -67,6 +67,28 @@ fn ignore_sigio_once() -> io::Result<()> {
     done.map_err(io::Error::from_raw_os_error)
 }
 
+/// Takes (`libc::F_WRLCK`, `F_RDLCK`) or gives back (`F_UNLCK`) a file lease on `file`,
+/// as a lessee may: for tests of what the daemon does beside one.
+#[cfg(test)]
+pub(crate) fn set_lease(file: &File, kind: libc::c_int) -> io::Result<()> {
+    // SAFETY: F_SETLEASE takes an integer argument; no memory is passed.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, kind) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The file lease `file` holds (`F_UNLCK`: none, or broken).
+#[cfg(test)]
+pub(crate) fn lease_of(file: &File) -> io::Result<libc::c_int> {
+    // SAFETY: F_GETLEASE takes no argument.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLEASE) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

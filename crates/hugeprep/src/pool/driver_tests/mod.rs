@@ -202,6 +202,23 @@ impl Rig {
     }
 }
 
+/// A warm file holds nobody's bytes and is the daemon's: one its last lessee still owns is
+/// never recycled.
+fn check_warm(rec: &FileRecord, files: &BTreeMap<u64, (PageSize, host::sim::SimFile)>) {
+    let marks = files.get(&rec.id).map(|(_, f)| f.marks.clone());
+    assert!(
+        marks.as_ref().is_none_or(|m| m.is_empty()),
+        "warm file {} holds bytes of {marks:?}",
+        rec.id
+    );
+    let owner = files.get(&rec.id).and_then(|(_, f)| f.owner);
+    assert_eq!(
+        owner, None,
+        "warm file {} is still owned by uid {owner:?}",
+        rec.id
+    );
+}
+
 /// What must hold of an idle file's record `rec`, against the host's `files` and `journal`.
 fn check_idle(
     rec: &FileRecord,
@@ -209,12 +226,7 @@ fn check_idle(
     journal: &BTreeMap<u64, FileRecord>,
 ) {
     if rec.state == FileState::Warm {
-        let marks = files.get(&rec.id).map(|(_, f)| f.marks.clone());
-        assert!(
-            marks.as_ref().is_none_or(|m| m.is_empty()),
-            "warm file {} holds bytes of {marks:?}",
-            rec.id
-        );
+        check_warm(rec, files);
     }
     let on_host = files.get(&rec.id).map(|(_, f)| f.size);
     // A dirty file the kernel's path truncated and then could not unlink stays

@@ -136,6 +136,23 @@ fn a_failed_scrub_deletes_the_file_and_gives_its_pages_back() {
     assert_eq!(r.pool.counters().failed_releases, 1);
 }
 
+/// Attacker's review: a file that cannot be taken back from its lessee (owner, mode) is
+/// never recycled: it takes the kernel's path.
+#[test]
+fn a_file_not_taken_back_from_its_lessee_is_deleted_not_scrubbed() {
+    let r = rig(&target(8, &[8]), 8);
+    r.settle();
+    let info = r.lease("vm1", 8).unwrap();
+    r.host.write(&r.path("vm1"), "tenant-a");
+    r.host.inject(|f| f.take_back_fails = true);
+    r.release(&info).unwrap();
+    assert!(r.pool.work_once());
+    r.check();
+    assert!(r.host.files().is_empty());
+    assert_eq!(r.free(), 8);
+    assert_eq!(r.pool.counters().failed_releases, 1);
+}
+
 #[test]
 fn a_release_above_the_target_is_given_back_not_scrubbed() {
     let r = rig(&target(8, &[8]), 32);

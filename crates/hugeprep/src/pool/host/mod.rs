@@ -231,8 +231,10 @@ pub(super) trait Host: Send + Sync + std::fmt::Debug {
     fn unlink_lease(&self, file: FileAt, lease_path: &Path);
 
     /// Gives a pool file back to the daemon's user, mode 0600, so that its last lessee
-    /// cannot open it again.
-    fn take_back(&self, file: FileAt);
+    /// cannot open it again. `Err`: the file may still be its lessee's, owner and mode as
+    /// the lessee left them; it must not be recycled (the caller sends it down the kernel's
+    /// path). A file already gone is `Ok`: there is nothing left to hand out.
+    fn take_back(&self, file: FileAt) -> Result<(), HostError>;
 
     /// Proves that the released file `id` is out of everyone else's reach.
     fn prove(&self, id: u64, handle: &Handle) -> Result<Proof, Unproven>;

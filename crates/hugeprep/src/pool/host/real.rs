@@ -225,18 +225,21 @@ impl Host for RealHost {
         }
     }
 
-    fn take_back(&self, file: FileAt) {
-        let Ok(path) = self.path(file) else {
-            return;
-        };
-        let o = self.daemon_owner;
-        // The pool directory (0700, the daemon's) keeps the file from anyone else by name
-        // either way, and the release proof does not depend on it; but a file its lessee
-        // still owns is worth a warning.
-        if let Err(err) = take_back_file(&path, o) {
-            if err.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(file = %path.display(), %err, "cannot take a released file back from its owner");
+    fn take_back(&self, file: FileAt) -> Result<(), HostError> {
+        let path = self.path(file)?;
+        // The pool directory (0700, the daemon's) keeps the file from anyone else by name,
+        // but a warm file is linked under `leases/` again at its next lease, where the
+        // owner and mode its last lessee left would let that lessee open it: a file not
+        // taken back is never recycled.
+        match take_back_file(&path, self.daemon_owner) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => {
+                tracing::warn!(file = %path.display(), %err, "cannot take a released file back from its owner: it takes the kernel's path");
+                Err(HostError::Io {
+                    id: file.id,
+                    source: err,
+                })
             }
+            _ => Ok(()),
         }
     }
 
@@ -329,25 +332,32 @@ impl Host for RealHost {
     }
 }
 
-/// Gives the regular file at `path` to `owner`, mode 0600, through a descriptor: opened
-/// without following a symbolic link (`O_NOFOLLOW`; `O_NONBLOCK`, so that a file lease
-/// someone holds fails the open at once instead of stalling the worker) and checked to be a
-/// regular file, then `fchown` and `fchmod` act on that very inode: a name swapped between
-/// a check and a `chown` by path cannot redirect them.
+/// Gives the regular file at `path` to `owner`, mode 0600, through a descriptor opened
+/// `O_PATH | O_NOFOLLOW`: a symbolic link is not followed, and a name swapped between the
+/// check and the change cannot redirect it, since both act on that very inode. `O_PATH`
+/// opens nothing for reading, so a file lease the lessee holds on the file neither fails
+/// the call nor is broken by it (an `O_RDONLY` open would fail with `EWOULDBLOCK` and
+/// signal the lessee). The owner changes by `fchownat(AT_EMPTY_PATH)` and the mode through
+/// the descriptor's `/proc/self/fd` link, which names the inode itself.
 fn take_back_file(path: &Path, owner: Owner) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
     let f = fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)?;
-    if !f.metadata()?.file_type().is_file() {
+    let st = rustix::fs::fstat(&f)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
-    rustix::fs::fchown(
+    rustix::fs::chownat(
         &f,
+        "",
         Some(rustix::fs::Uid::from_raw(owner.uid)),
         Some(rustix::fs::Gid::from_raw(owner.gid)),
+        rustix::fs::AtFlags::EMPTY_PATH,
     )?;
-    rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(0o600))?;
+    let by_fd = format!("/proc/self/fd/{}", f.as_raw_fd());
+    rustix::fs::chmod(by_fd.as_str(), rustix::fs::Mode::from_raw_mode(0o600))?;
     Ok(())
 }
 
@@ -405,14 +415,34 @@ mod tests {
         fs::set_permissions(&target, fs::Permissions::from_mode(0o644)).unwrap();
         let link = d.join("p1");
         std::os::unix::fs::symlink(&target, &link).unwrap();
+        // `O_PATH | O_NOFOLLOW` opens the link itself, which is no regular file.
         let err = take_back_file(&link, me()).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
         assert_eq!(fs::metadata(&target).unwrap().mode() & 0o7777, 0o644);
         // Nor a directory in its place.
         let sub = d.join("p2");
         fs::create_dir(&sub).unwrap();
         let err = take_back_file(&sub, me()).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Attacker's review of this session: an `O_RDONLY` open to take a file back failed
+    /// with `EWOULDBLOCK` while its lessee held a write lease on it (and signalled the
+    /// lessee, who could then let go before the proof), leaving the file its lessee's, mode
+    /// 0666, to be recycled. `O_PATH` neither fails on the lease nor breaks it.
+    #[test]
+    fn take_back_neither_fails_on_nor_breaks_a_lessees_file_lease() {
+        let d = dir("lease");
+        let f = d.join("p1");
+        fs::write(&f, b"").unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o666)).unwrap();
+        let held = fs::File::open(&f).unwrap();
+        crate::sys::lease::set_lease(&held, libc::F_WRLCK).unwrap();
+        take_back_file(&f, me()).unwrap();
+        assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o600);
+        assert_eq!(crate::sys::lease::lease_of(&held).unwrap(), libc::F_WRLCK);
+        crate::sys::lease::set_lease(&held, libc::F_UNLCK).unwrap();
         fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -273,11 +273,20 @@ impl Host for SimHost {
         drop_unnamed(&mut w, file.id);
     }
 
-    fn take_back(&self, file: FileAt) {
+    fn take_back(&self, file: FileAt) -> Result<(), HostError> {
         self.effect("take a released file back");
+        // As a chown: it may fail, and the file stays its lessee's.
+        let refused = self.world().faults.take_back_fails;
+        if refused || self.io_fails() {
+            return Err(HostError::Io {
+                id: file.id,
+                source: io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
         if let Some((_, f)) = self.world().files.get_mut(&file.id) {
             f.owner = None;
         }
+        Ok(())
     }
 
     fn prove(&self, id: u64, _handle: &Handle) -> Result<Proof, Unproven> {

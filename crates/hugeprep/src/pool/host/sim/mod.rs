@@ -101,6 +101,8 @@ pub(in crate::pool) struct Faults {
     /// writes and removals (a suffix drawn from `io_seed`; a clean-shutdown marker syncs),
     /// and the last write it keeps may be cut short (a record that does not decode).
     pub(in crate::pool) lose_unsynced: bool,
+    /// Taking released files back from their lessees fails (besides `io_error_per_mille`).
+    pub(in crate::pool) take_back_fails: bool,
 }
 
 /// The payload of a simulated crash (see [`Faults::crash_after`]).
