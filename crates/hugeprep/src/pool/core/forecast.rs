@@ -163,6 +163,21 @@ pub struct Forecast {
     exact: bool,
 }
 
+/// Needs are counted in steps of this many bytes (the smallest hugepage), rounded up.
+pub const NEED_STEP: u64 = 2 << 20;
+
+/// A need as the forecast keeps it: at most the ceiling (no target is ever larger, so a
+/// larger need says nothing more), rounded up to [`NEED_STEP`]. This bounds what a stream
+/// of crafted starts can make it keep: at most `ceiling / NEED_STEP` distinct values, in
+/// the recent needs and in each bucket's plan.
+fn counted_need(d: f64, ceiling: u64) -> u64 {
+    let bytes = (d.max(0.0) as u64).min(ceiling);
+    bytes
+        .div_ceil(NEED_STEP)
+        .saturating_mul(NEED_STEP)
+        .min(ceiling.max(NEED_STEP))
+}
+
 /// The bucket of local time `t_s`: hour of the day, weekend hours after weekday ones.
 pub fn bucket(t_s: f64) -> usize {
     let day = (t_s / DAY_S).floor();
@@ -275,7 +290,7 @@ impl Forecast {
         };
         let d = bytes as f64 + carried;
         self.last = Some((at_s, d));
-        let need = d.max(0.0) as u64;
+        let need = counted_need(d, self.goal.ceiling);
         while self
             .recent
             .front()
@@ -427,7 +442,8 @@ impl Forecast {
             (planned_bytes, false)
         };
         let wanted = base.saturating_add(inputs.pending);
-        let (bytes, capped_by) = if wanted > self.goal.ceiling {
+        // At the ceiling is cut by it: needs are counted up to it (`counted_need`).
+        let (bytes, capped_by) = if wanted >= self.goal.ceiling && wanted > 0 {
             (self.goal.ceiling, Some("ceiling"))
         } else {
             (wanted, None)

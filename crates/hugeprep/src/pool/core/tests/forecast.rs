@@ -263,3 +263,25 @@ fn a_day_of_starts_keeps_only_the_needs_that_can_be_a_peak() {
     });
     assert_eq!(t.why.recent_peak, 7 << 21);
 }
+
+#[test]
+fn crafted_needs_are_kept_up_to_the_ceiling_in_whole_steps() {
+    // Attacker's review: needs falling by a few bytes each (a lessee's crafted churn) kept one
+    // recent entry each; needs are now counted up to the ceiling in steps of NEED_STEP.
+    let mut f = Forecast::new(Goal {
+        warm_start_rate: 0.99,
+        ceiling: GIB,
+    });
+    for i in 0..100_000u64 {
+        f.started(MONDAY + i as f64 * 0.01, 2 * GIB - i * 1000, 1e12);
+    }
+    // 2 GiB down to 1.9 GiB: all past the ceiling, counted at it.
+    assert!(f.recent.len() <= 2, "{}", f.recent.len());
+    for i in 0..100_000u64 {
+        f.started(MONDAY + 1000.0 + i as f64 * 0.01, GIB - i * 1000, 1e12);
+    }
+    // 1 GiB down to 0.9 GiB in 2 MiB steps: about 48 values.
+    assert!(f.recent.len() <= 2 + 49, "{}", f.recent.len());
+    let t = f.target(&look(MONDAY + 2100.0));
+    assert!(t.bytes <= GIB && t.bytes % NEED_STEP == 0, "{}", t.bytes);
+}
