@@ -22,7 +22,7 @@ use hugeprep::client::Client;
 use hugeprep::pool::LeaseRequest;
 use serde::Serialize;
 
-use super::hog::{lease_batch, CaseLatency, Samples, BATCH};
+use super::hog::{cases_table, lease_batch, CaseLatency, Samples, BATCH};
 use super::recycle_config::{RecycleBenchConfig, RecycleBenchError};
 
 /// Warm files of the lease size kept for the batch, beside what the churning client takes.
@@ -219,32 +219,14 @@ impl ChurnLatency {
     /// The two cases side by side.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "warm lease, quiet vs the worker busy with another client's {} leases ({} cycles; {} MB scrubbed, {} truncated and deleted), {} leases each:\n{:<8} {:>11} {:>11} {:>24} {:>13} {:>13} {:>11}\n",
+            "warm lease, quiet vs the worker busy with another client's {} leases ({} cycles; {} MB scrubbed, {} truncated and deleted), {} leases each:\n",
             hugeprep::units::format_bytes(self.churn_lease_size),
             self.churn_cycles,
             self.scrubbed_bytes >> 20,
             self.kernel_path_releases,
             self.quiet.leases,
-            "case",
-            "client p50",
-            "client p99",
-            "client ms median (min-max)",
-            "daemon p50",
-            "daemon p99",
-            "warm-exact"
         );
-        for c in [&self.quiet, &self.churned] {
-            s += &format!(
-                "{:<8} {:>8.3} ms {:>8.3} ms {:>24} {:>10.3} ms {:>10.3} ms {:>11}\n",
-                c.case,
-                c.client_p50_p99.0,
-                c.client_p50_p99.1,
-                c.client_ms.to_string(),
-                c.daemon_p50_p99.0,
-                c.daemon_p50_p99.1,
-                c.warm_exact
-            );
-        }
+        s += &cases_table(&[&self.quiet, &self.churned]);
         s += &format!(
             "churned / quiet at the client: p50 {:.2}x, p99 {:.2}x\n",
             self.p50_ratio, self.p99_ratio

@@ -77,6 +77,34 @@ pub(crate) fn case(
     }
 }
 
+/// The cases' rows under one header: client and daemon p50/p99, the client's median and
+/// range, and how many leases were served warm-exact.
+pub(crate) fn cases_table(cases: &[&CaseLatency]) -> String {
+    let mut s = format!(
+        "{:<8} {:>11} {:>11} {:>24} {:>13} {:>13} {:>11}\n",
+        "case",
+        "client p50",
+        "client p99",
+        "client ms median (min-max)",
+        "daemon p50",
+        "daemon p99",
+        "warm-exact"
+    );
+    for c in cases {
+        s += &format!(
+            "{:<8} {:>8.3} ms {:>8.3} ms {:>24} {:>10.3} ms {:>10.3} ms {:>11}\n",
+            c.case,
+            c.client_p50_p99.0,
+            c.client_p50_p99.1,
+            c.client_ms.to_string(),
+            c.daemon_p50_p99.0,
+            c.daemon_p50_p99.1,
+            c.warm_exact
+        );
+    }
+    s
+}
+
 /// One case's timed leases: client and daemon ms, how many were warm-exact, and the client
 /// ms of the warm-exact ones alone.
 #[derive(Debug, Default)]
@@ -200,30 +228,10 @@ impl HogLatency {
     /// The two cases side by side.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "warm lease, quiet vs {} CPU hogs (nice 0), client at nice {}, {} leases each:\n{:<8} {:>11} {:>11} {:>24} {:>13} {:>13} {:>11}\n",
-            self.hogs,
-            self.client_nice,
-            self.quiet.leases,
-            "case",
-            "client p50",
-            "client p99",
-            "client ms median (min-max)",
-            "daemon p50",
-            "daemon p99",
-            "warm-exact"
+            "warm lease, quiet vs {} CPU hogs (nice 0), client at nice {}, {} leases each:\n",
+            self.hogs, self.client_nice, self.quiet.leases,
         );
-        for c in [&self.quiet, &self.hogged] {
-            s += &format!(
-                "{:<8} {:>8.3} ms {:>8.3} ms {:>24} {:>10.3} ms {:>10.3} ms {:>11}\n",
-                c.case,
-                c.client_p50_p99.0,
-                c.client_p50_p99.1,
-                c.client_ms.to_string(),
-                c.daemon_p50_p99.0,
-                c.daemon_p50_p99.1,
-                c.warm_exact
-            );
-        }
+        s += &cases_table(&[&self.quiet, &self.hogged]);
         s += &format!("hogged / quiet p99 at the client: {:.2}x\n", self.p99_ratio);
         s
     }
