@@ -7,6 +7,7 @@
 mod faults;
 mod lease;
 mod release;
+mod reserve;
 mod sim;
 mod worker;
 
@@ -141,6 +142,9 @@ impl Rig {
     fn check(&self) {
         if let Err(e) = self.host.check_pages() {
             panic!("pages: {e}");
+        }
+        if let Err(e) = self.host.check_ledger() {
+            panic!("reservations: {e}");
         }
         let leaks = self.host.leaks();
         assert!(

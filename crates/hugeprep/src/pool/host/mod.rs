@@ -8,11 +8,14 @@
 //! of this kind still get". Files are named by page size and id ([`FileAt`]); the host
 //! resolves them on its mounts.
 //!
+//! The kernel's pools (`nr_hugepages`, compaction, the reservations' ledger) are the
+//! supertrait [`KernelPools`].
+//!
 //! Not behind it yet (see docs/architecture.md): the long-term pin of `pin: true` leases,
 //! the pin check before a released file's truncate (`kernel_path::keep_pinned`) and the
-//! files kept for a read lease (`kept`), and the raises of the kernel's pools (`reserve`,
-//! `shortfall`).
+//! files kept for a read lease (`kept`).
 
+mod pools;
 mod real;
 // The simulated host: the driver's unit tests, and the `sim` feature's replays in simulated
 // time (`pool::simulated`, for `hugeprep bench trace`); never in the daemon's code paths.
@@ -42,6 +45,9 @@ use super::reach::{Proof, Unproven};
 use super::record::FileRecord;
 use super::state::Promised;
 
+#[cfg(test)]
+pub(crate) use pools::ledger_key;
+pub(crate) use pools::{KernelPools, RealPools};
 pub(super) use real::RealHost;
 
 /// One pool file, as the host names it.
@@ -149,7 +155,7 @@ pub(super) struct Background {
 }
 
 /// Every effect the pool's driver performs on its host.
-pub(super) trait Host: Send + Sync + std::fmt::Debug {
+pub(super) trait Host: KernelPools {
     /// The host's clock.
     fn now(&self) -> Instant;
 
