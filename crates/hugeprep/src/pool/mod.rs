@@ -68,7 +68,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::clear::ClearPlan;
-use crate::hugetlb::{BackingFile, Owner};
+use crate::hugetlb::Owner;
 use crate::journal::Journal;
 use crate::page_size::PageSize;
 use crate::scrub::{ScrubReport, Scrubber};

@@ -146,6 +146,14 @@ impl Rig {
         if let Err(e) = self.host.check_ledger() {
             panic!("reservations: {e}");
         }
+        for id in self.host.pins() {
+            let st = self.pool.lock();
+            let leased = st
+                .core
+                .get(id)
+                .is_some_and(|e| matches!(e.rec().state, FileState::Leased(_)));
+            assert!(leased, "file {id} is pinned but not leased");
+        }
         let leaks = self.host.leaks();
         assert!(
             leaks.is_empty(),

@@ -61,6 +61,7 @@ const CRASH_POINTS: &[&str] = &[
     "resize the kernel's pool",
     "ledger write",
     "compact",
+    "pin a lease",
 ];
 
 /// The faults other than crashes the suite must have injected: each is found safe, or the
@@ -97,21 +98,18 @@ impl Rng {
     }
 }
 
-/// How a seed's pool is set up.
+/// How a seed's pool is set up: sizes follow the leases (`demand`: warm files are cut to a
+/// size in demand, else the fixed mix); it raises the kernel's pools (`reserve`, no margin).
 #[derive(Debug, Clone, Copy)]
 struct How {
-    /// Sizes follow the leases (warm files are cut to a size in demand), else the fixed mix.
     demand: bool,
-    /// The pool raises the kernel's pool for its target and for leases (no margin kept).
     reserve: bool,
 }
 
 /// A target of `warm_mib` in files of 4 and 8 MiB, set up as `how` says.
 fn policy(warm_mib: u64, how: How) -> PoolPolicy {
-    let reserve = match how.reserve {
-        true => "reserve = true\nreserve_margin = \"0\"",
-        false => "reserve = false",
-    };
+    let reserve =
+        ["reserve = false", "reserve = true\nreserve_margin = \"0\""][how.reserve as usize];
     let mut text = format!(
         "{reserve}\nlessee_grace_ms = 0\nverify = \"full\"\n{}",
         target(warm_mib, &[4, 8])
@@ -287,7 +285,9 @@ fn request_step(
             // A lease that would wait for work nobody runs here reaches its deadline
             // in a few turns of a clock that jumps.
             r.host.inject(|f| f.tick = Duration::from_secs(40));
-            let res = r.pool.lease(&request(&name, size / MIB));
+            let mut req = request(&name, size / MIB);
+            req.pin = rng.chance(200);
+            let res = r.pool.lease(&req);
             r.host.inject(|f| f.tick = Duration::ZERO);
             match res {
                 Ok(info) => {

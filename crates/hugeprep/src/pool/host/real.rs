@@ -281,6 +281,20 @@ impl Host for RealHost {
         }
     }
 
+    fn pin(&self, handle: &Handle, len: usize) -> Result<super::Pin, HostError> {
+        let file = self.backing(handle)?;
+        let pin =
+            crate::sys::pin::LongTermPin::pin_file(std::os::fd::AsFd::as_fd(file.file()), len)?;
+        Ok(super::Pin::new(handle.at().id, pin.took(), Some(pin)))
+    }
+
+    fn unpin(&self, pin: super::Pin) -> std::time::Duration {
+        pin.into_real().map_or(
+            std::time::Duration::ZERO,
+            crate::sys::pin::LongTermPin::unpin,
+        )
+    }
+
     fn prove(&self, id: u64, handle: &Handle) -> Result<Proof, Unproven> {
         match (handle.backing(), self.reach.get()) {
             (Some(f), Some(reach)) => reach.prove(id, f.file()),

@@ -132,6 +132,8 @@ struct World {
     injected: BTreeMap<&'static str, u64>,
     /// The memory behind the kernel's pools, other users' pages, the reservations' ledger.
     machine: pools::Machine,
+    /// Files whose pages the daemon pinned (held by the process: a crash drops them).
+    pins: BTreeSet<u64>,
 }
 
 /// The simulated host.
@@ -264,6 +266,7 @@ impl SimHost {
         for (_, f) in w.files.values_mut() {
             f.watched = false;
         }
+        w.pins.clear();
     }
 
     /// Crashes injected so far, by the effect they came before.
@@ -351,6 +354,11 @@ impl SimHost {
     /// Free pages of a kind.
     pub(in crate::pool) fn free_pages(&self, node: u32, ps: PageSize) -> u64 {
         self.world().free.get(&(node, ps)).copied().unwrap_or(0)
+    }
+
+    /// Files whose pages are pinned.
+    pub(in crate::pool) fn pins(&self) -> BTreeSet<u64> {
+        self.world().pins.clone()
     }
 
     /// Lease paths, with the file each names.
