@@ -68,7 +68,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::clear::ClearPlan;
-use crate::hugetlb::{BackingFile, Owner};
+use crate::hugetlb::Owner;
 use crate::journal::Journal;
 use crate::page_size::PageSize;
 use crate::scrub::{ScrubReport, Scrubber};
@@ -270,7 +270,13 @@ impl Pool {
         })?;
         let mounts = Arc::new(open_mounts(&config.mounts)?);
         let journal = Journal::open_boot(&config.state_dir)?;
-        let files = parts::StateFiles::open(&config.state_dir, &mounts, &topology)?;
+        let pools = Arc::new(host::RealPools::open(&config.state_dir)?);
+        let files = parts::StateFiles::open(
+            &config.state_dir,
+            Arc::clone(&pools) as Arc<dyn host::KernelPools>,
+            &mounts,
+            &topology,
+        )?;
         let supply = kernel::Supply::open(&topology.node_ids(), mounts.keys().copied());
         let scrubber = Arc::new(Scrubber::new(config.plan).map_err(|e| PoolError::Field {
             field: "method",
@@ -280,6 +286,7 @@ impl Pool {
             Arc::clone(&mounts),
             journal,
             supply,
+            pools,
             Arc::clone(&scrubber),
         ));
         let (core, clean_start) = recover_core(host.as_ref(), now_unix() << 20)?;

@@ -2,23 +2,26 @@
 //! is returned, held in memory only (a crash drops them with the process, so recovery needs
 //! no pin state), and dropped at release before the scrub, or at shutdown.
 
+use super::host::{FileAt, Pin};
 use super::*;
-use crate::sys::pin::LongTermPin;
 
 impl Pool {
     /// Pins every page of the file of a `pin: true` request; `None` for other requests.
-    pub(super) fn pin_lease(&self, v: &ValidRequest, id: u64) -> Result<Option<LongTermPin>> {
+    pub(super) fn pin_lease(&self, v: &ValidRequest, id: u64) -> Result<Option<Pin>> {
         if !v.pin {
             return Ok(None);
         }
-        let mount = self.mount(v.page_size)?;
-        let file = BackingFile::open(&mount.file_path(id), v.page_size)?;
+        let at = FileAt {
+            page_size: v.page_size,
+            id,
+        };
+        let file = self.host.open(at)?;
         let len = usize::try_from(file.size()).map_err(|_| PoolError::Field {
             field: "size",
             message: format!("{} bytes do not fit this machine's address space", v.size),
         })?;
         let _long = super::lease::long_work(file.size());
-        let pin = LongTermPin::pin_file(std::os::fd::AsFd::as_fd(file.file()), len)?;
+        let pin = self.host.pin(&file, len)?;
         tracing::info!(
             name = %v.name,
             bytes = len,
@@ -29,10 +32,10 @@ impl Pool {
     }
 
     /// Keeps the pin of file `id` until release; says whether there was one.
-    pub(super) fn hold_pin(&self, id: u64, pin: Option<LongTermPin>) -> bool {
+    pub(super) fn hold_pin(&self, id: u64, pin: Option<Pin>) -> bool {
         match pin {
             Some(pin) => {
-                self.lock_pins().insert(id, pin);
+                self.lock_pins().insert(pin.id(), pin);
                 self.lock().pinned.insert(id);
                 true
             }
@@ -45,7 +48,7 @@ impl Pool {
         let pin = self.lock_pins().remove(&id);
         self.lock().pinned.remove(&id);
         if let Some(pin) = pin {
-            let took = pin.unpin();
+            let took = self.host.unpin(pin);
             tracing::debug!(id, unpin_ms = took.as_secs_f64() * 1e3, "unpinned");
         }
     }
@@ -53,7 +56,9 @@ impl Pool {
     /// Drops every pin (shutdown).
     pub(super) fn unpin_all(&self) {
         let pins = std::mem::take(&mut *self.lock_pins());
-        drop(pins);
+        for pin in pins.into_values() {
+            self.host.unpin(pin);
+        }
     }
 
     /// Sets `pinned` on the leases whose file is pinned.
@@ -71,7 +76,7 @@ impl Pool {
         }
     }
 
-    fn lock_pins(&self) -> MutexGuard<'_, BTreeMap<u64, LongTermPin>> {
+    fn lock_pins(&self) -> MutexGuard<'_, BTreeMap<u64, Pin>> {
         self.tenants.pins.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

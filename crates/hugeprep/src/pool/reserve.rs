@@ -13,12 +13,13 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::hugetlb::pool::{self as kpool, Scope};
-use crate::journal::{Journal, JournalError};
+use super::host::{KernelPools, RealPools};
+use crate::hugetlb::pool as kpool;
+use crate::journal::JournalError;
 use crate::page_size::PageSize;
 use crate::policy::pool::ReservePolicy;
 use crate::units::format_bytes;
@@ -35,10 +36,6 @@ pub struct Reserved {
     pub page_size: PageSize,
     /// Pages added and not given back yet.
     pub pages: u64,
-}
-
-fn key(node: u32, page_size: PageSize) -> String {
-    format!("node{node}-{}", page_size.name())
 }
 
 /// Errors of the ledger and of resizing a pool.
@@ -211,7 +208,8 @@ pub struct Released {
 /// The ledger of pages hugeprep added to the kernel's pools.
 #[derive(Debug)]
 pub struct Reservations {
-    journal: Journal,
+    /// The kernel's pools and the ledger's records: the pool's host, or the real ones.
+    pools: Arc<dyn KernelPools>,
     added: Mutex<BTreeMap<(u32, PageSize), u64>>,
     /// Nodes whose memory a raise has pulled in already: memory once initialised stays so,
     /// and a second pull-in would only push the page cache out again.
@@ -221,36 +219,32 @@ pub struct Reservations {
 }
 
 impl Reservations {
-    /// Opens the ledger in `state_dir`. A record larger than the node's pool now (the
-    /// operator lowered it by hand) is cut to the pool: hugeprep never lowers a pool by more
-    /// than it holds.
+    /// Opens the ledger in `state_dir`, on the real kernel's pools. A record larger than the
+    /// node's pool now (the operator lowered it by hand) is cut to the pool: hugeprep never
+    /// lowers a pool by more than it holds.
     pub fn open(state_dir: &Path) -> Result<Reservations, ReserveError> {
-        let journal = Journal::open_boot(&state_dir.join(LEDGER_DIR))?;
+        Reservations::on(Arc::new(RealPools::open(state_dir)?))
+    }
+
+    /// Opens the ledger `pools` keep (see [`Reservations::open`]).
+    pub(crate) fn on(pools: Arc<dyn KernelPools>) -> Result<Reservations, ReserveError> {
         let mut added = BTreeMap::new();
-        for (k, rec) in journal.load::<Reserved>()? {
-            if k != key(rec.node, rec.page_size) {
-                journal.remove(&k)?;
-                continue;
-            }
-            let total = kpool::read(Scope::Node(rec.node), rec.page_size).map_or(0, |c| c.total);
+        for rec in pools.ledger_load()? {
+            let total = pools.pool_pages(rec.node, rec.page_size).unwrap_or(0);
             let pages = rec.pages.min(total);
             if pages < rec.pages {
                 tracing::warn!(
                     node = rec.node, page_size = %rec.page_size, recorded = rec.pages, total,
                     "the pool is smaller than what hugeprep recorded adding: recording {pages}"
                 );
-                if pages == 0 {
-                    journal.remove(&k)?;
-                } else {
-                    journal.write(&k, &Reserved { pages, ..rec })?;
-                }
+                pools.ledger_store(&Reserved { pages, ..rec })?;
             }
             if pages > 0 {
                 added.insert((rec.node, rec.page_size), pages);
             }
         }
         Ok(Reservations {
-            journal,
+            pools,
             added: Mutex::new(added),
             pulled_in: Mutex::default(),
             compactions: Mutex::default(),
@@ -276,17 +270,11 @@ impl Reservations {
     }
 
     fn record(&self, node: u32, page_size: PageSize, pages: u64) -> Result<(), ReserveError> {
-        let k = key(node, page_size);
-        if pages == 0 {
-            self.journal.remove(&k)?;
-        } else {
-            let rec = Reserved {
-                node,
-                page_size,
-                pages,
-            };
-            self.journal.write(&k, &rec)?;
-        }
+        self.pools.ledger_store(&Reserved {
+            node,
+            page_size,
+            pages,
+        })?;
         let mut added = self.lock();
         if pages == 0 {
             added.remove(&(node, page_size));
@@ -319,7 +307,7 @@ impl Reservations {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(node)
         {
-            let pulled = kpool::pull_in(Scope::Node(node), pull_in)?;
+            let pulled = self.pools.pull_in(node, pull_in)?;
             added += self.raise_once(node, page_size, pages - added)?;
             tracing::info!(
                 node, page_size = %page_size, asked = pages, added,
@@ -359,7 +347,7 @@ impl Reservations {
             && idle < COMPACT_IDLE_ROUNDS
             && started.elapsed() < COMPACT_BUDGET
         {
-            let took = match compact_node(node) {
+            let took = match self.pools.compact(node) {
                 Ok(took) => took,
                 Err(err) => {
                     tracing::warn!(node, %err, "cannot compact the node's memory for a hugepage raise");
@@ -396,18 +384,23 @@ impl Reservations {
     }
 
     fn raise_once(&self, node: u32, page_size: PageSize, pages: u64) -> Result<u64, ReserveError> {
-        let scope = Scope::Node(node);
-        let before = kpool::read(scope, page_size)?.total;
-        let resize = kpool::set_pages(scope, page_size, before + pages)?;
-        let added = resize.after.saturating_sub(before);
+        let before = self.pools.pool_pages(node, page_size)?;
+        let after = self.pools.set_pool_pages(node, page_size, before + pages)?;
+        let added = after.saturating_sub(before);
         if added > 0 {
             self.record(node, page_size, self.added(node, page_size) + added)?;
         }
         Ok(added)
     }
 
-    /// Lowers `node`'s pool by what hugeprep added, as far as those pages are free (the
+    /// Lowers `node`'s pool by what hugeprep added, as far as the pool's pages are free (the
     /// kernel never frees pages in use), and records what is still held.
+    ///
+    /// The ledger gives the pages up before the kernel frees them (write-ahead): a failed
+    /// write lowers nothing, and a crash or a failed write after the lowering leaves pages
+    /// in the pool unrecorded, as a crash during a raise does. Never the other way round: a
+    /// record of pages the pool no longer has would let a later release lower it by pages
+    /// someone else added (found by the driver simulation: a full disk after the lowering).
     pub fn release(&self, node: u32, page_size: PageSize) -> Result<Released, ReserveError> {
         let held = self.added(node, page_size);
         let mut out = Released {
@@ -416,15 +409,21 @@ impl Reservations {
             released: 0,
             kept: held,
         };
-        if held == 0 {
+        let free = self.pools.pool_free_pages(node, page_size).min(held);
+        if free == 0 {
             return Ok(out);
         }
-        let scope = Scope::Node(node);
-        let before = kpool::read(scope, page_size)?.total;
-        let resize = kpool::set_pages(scope, page_size, before.saturating_sub(held))?;
-        out.released = before.saturating_sub(resize.after).min(held);
+        self.record(node, page_size, held - free)?;
+        let before = self.pools.pool_pages(node, page_size)?;
+        let after = self
+            .pools
+            .set_pool_pages(node, page_size, before.saturating_sub(free))?;
+        out.released = before.saturating_sub(after).min(free);
         out.kept = held - out.released;
-        self.record(node, page_size, out.kept)?;
+        if out.released < free {
+            // Someone took free pages meanwhile: those the kernel kept are still ours.
+            self.record(node, page_size, out.kept)?;
+        }
         Ok(out)
     }
 

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -108,7 +108,7 @@ impl Pool {
         if self.table.is_shut_down() || self.lock().drained.contains(&(node, ps)) {
             return; // decided before a drain or a stop: nothing to fill any more
         }
-        let available = crate::topology::node_available_bytes(node).unwrap_or(0);
+        let available = self.host.node_available(node);
         let added_on_node = self.kernel.reservations.added_bytes_on(node);
         let (pages, limit) =
             reserve::plan(short, ps, &self.policy().reserve, added_on_node, available);
@@ -157,7 +157,7 @@ impl Pool {
             )),
         };
         if reason.is_some() {
-            st.schedule.reserve_short((node, ps), Instant::now());
+            st.schedule.reserve_short((node, ps), self.host.now());
             self.explain(&mut st, node, ps, reason);
         }
     }
@@ -191,7 +191,7 @@ impl Pool {
         if self.table.is_shut_down() || self.lock().drained.contains(&(node, ps)) {
             return Raised::default();
         }
-        let available = crate::topology::node_available_bytes(node).unwrap_or(0);
+        let available = self.host.node_available(node);
         let added_on_node = self.kernel.reservations.added_bytes_on(node);
         let (asked, limit) = reserve::plan(pages, ps, &policy.reserve, added_on_node, available);
         if asked < pages {

@@ -240,6 +240,6 @@ impl Figures for KernelFigures<'_> {
     }
 
     fn pool_free_pages(&mut self, (node, ps): Kind) -> u64 {
-        crate::hugetlb::pool::available(Some(node), ps).unwrap_or(0)
+        self.pool.host.pool_free_pages(node, ps)
     }
 }

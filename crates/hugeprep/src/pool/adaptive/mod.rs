@@ -107,7 +107,7 @@ impl Pool {
     fn free_share(&self, k: &KindStatus) -> u64 {
         let page = k.page_size.bytes();
         let policy = self.policy();
-        let available = crate::topology::node_available_bytes(k.node).unwrap_or(0);
+        let available = self.host.node_available(k.node);
         let added = self.kernel.reservations.added_bytes_on(k.node);
         let (room, _) = super::reserve::plan(
             u64::MAX / page,

@@ -174,3 +174,41 @@ fn capacity_reports_the_warm_bytes_and_the_kernels_free_bytes() {
     assert_eq!(kind.warm_bytes, 8 * MIB);
     assert_eq!(kind.kernel_available_bytes, 12 * 2 * MIB);
 }
+
+#[test]
+fn a_pinned_lease_is_pinned_until_its_release() {
+    let r = rig("", 16);
+    let mut req = request("vm1", 4);
+    req.pin = true;
+    let info = r.pool.lease(&req).unwrap();
+    assert!(info.pinned);
+    assert_eq!(r.host.pins().len(), 1, "the lease's file is pinned");
+    let listed = r.pool.leases();
+    assert!(listed.iter().all(|l| l.pinned));
+    r.release(&info).unwrap();
+    assert!(r.host.pins().is_empty(), "unpinned at the release");
+    r.settle();
+}
+
+#[test]
+fn a_pin_that_fails_or_a_commit_after_it_leaves_no_pin_and_no_lease() {
+    let r = rig("", 16);
+    let mut req = request("vm1", 4);
+    req.pin = true;
+    // Every effect that may fail does: the pin (or the link before it) is refused.
+    r.host.inject(|f| f.io_error_per_mille = 1000);
+    assert!(r.pool.lease(&req).is_err());
+    r.check();
+    assert!(r.host.pins().is_empty());
+    assert!(r.pool.leases().is_empty());
+    // The pin holds, the lease's journal write does not.
+    r.host.inject(|f| f.io_error_per_mille = 0);
+    r.host.inject(|f| f.journal_full_after = Some(1));
+    assert!(r.pool.lease(&req).is_err());
+    r.check();
+    assert!(
+        r.host.pins().is_empty(),
+        "the commit's failure drops the pin"
+    );
+    assert!(r.pool.leases().is_empty());
+}

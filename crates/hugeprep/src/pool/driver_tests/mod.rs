@@ -7,6 +7,7 @@
 mod faults;
 mod lease;
 mod release;
+mod reserve;
 mod sim;
 mod worker;
 
@@ -141,6 +142,17 @@ impl Rig {
     fn check(&self) {
         if let Err(e) = self.host.check_pages() {
             panic!("pages: {e}");
+        }
+        if let Err(e) = self.host.check_ledger() {
+            panic!("reservations: {e}");
+        }
+        for id in self.host.pins() {
+            let st = self.pool.lock();
+            let leased = st
+                .core
+                .get(id)
+                .is_some_and(|e| matches!(e.rec().state, FileState::Leased(_)));
+            assert!(leased, "file {id} is pinned but not leased");
         }
         let leaks = self.host.leaks();
         assert!(

@@ -1,14 +1,16 @@
 //! A seeded simulation of the real driver on the simulated host: one seed drives leases,
 //! releases (with each lessee's bytes written into its lease), lease paths deleted by the
-//! VMM's manager, the worker's jobs one at a time, drains and resumes, target changes, and the host's faults: a full journal, a kernel
-//! that supplies fewer pages than it counts or takes pages back, failed creates and scrubs,
-//! proofs that fail, find the file held or answer late (the clock moves on and another VM
-//! leases and releases meanwhile), pool-file unlinks that fail (`EIO`, `EBUSY`), and time
-//! that jumps. After every step the rig's
-//! checks run (every page in exactly one file, every file the pool's or a lease's, no
-//! lessee's bytes handed to another, the core's invariants, the journal of idle files); at
-//! the end, with the faults gone, every lease released and the pool drained, every page is
-//! back with the kernel.
+//! VMM's manager, the worker's jobs one at a time, drains (giving the kernel's pools back
+//! or not) and resumes, target changes, raises of the kernel's pools in half the seeds
+//! (the kernel adds what short or fragmented memory allows), and the host's faults: a full
+//! journal, a kernel that counts pages it does not have, other users that take pages,
+//! failed creates and scrubs, proofs that fail, find the file held or answer late (the
+//! clock moves on and another VM leases and releases meanwhile), pool-file unlinks that
+//! fail (`EIO`, `EBUSY`), and time that jumps. After every step the rig's checks run
+//! (every page in exactly one file, every file the pool's or a lease's, no lessee's bytes
+//! handed to another, no ledger record of pages the kernel's pool did not get, the core's
+//! invariants, the journal of idle files); at the end, with the faults gone, every lease
+//! released and the pool drained, every page is back with the kernel.
 //!
 //! Crashes: the daemon is killed before any effect on the host (a journal write, a create,
 //! a fault, a link, a scrub, a truncate, a step of recovery itself); a new one recovers with
@@ -56,6 +58,10 @@ const CRASH_POINTS: &[&str] = &[
     "recovery: unjournal",
     "recovery: journal dirty",
     "recovery: remove a file",
+    "resize the kernel's pool",
+    "ledger write",
+    "compact",
+    "pin a lease",
 ];
 
 /// The faults other than crashes the suite must have injected: each is found safe, or the
@@ -65,6 +71,7 @@ const INJECTIONS: &[&str] = &[
     "torn journal write",
     "slow proof",
     "unlink a pool file fails",
+    "the kernel adds fewer pages than asked",
 ];
 
 /// Free 2M pages the kernel starts with.
@@ -91,14 +98,23 @@ impl Rng {
     }
 }
 
-/// A target of `warm_mib` in files of 4 and 8 MiB; `demand`: sizes follow the leases (warm
-/// files are cut to a size in demand), else the fixed mix.
-fn policy(warm_mib: u64, demand: bool) -> PoolPolicy {
+/// How a seed's pool is set up: sizes follow the leases (`demand`: warm files are cut to a
+/// size in demand, else the fixed mix); it raises the kernel's pools (`reserve`, no margin).
+#[derive(Debug, Clone, Copy)]
+struct How {
+    demand: bool,
+    reserve: bool,
+}
+
+/// A target of `warm_mib` in files of 4 and 8 MiB, set up as `how` says.
+fn policy(warm_mib: u64, how: How) -> PoolPolicy {
+    let reserve =
+        ["reserve = false", "reserve = true\nreserve_margin = \"0\""][how.reserve as usize];
     let mut text = format!(
-        "reserve = false\nlessee_grace_ms = 0\nverify = \"full\"\n{}",
+        "{reserve}\nlessee_grace_ms = 0\nverify = \"full\"\n{}",
         target(warm_mib, &[4, 8])
     );
-    if demand {
+    if how.demand {
         text = text.replace("shape = \"fixed\"", "shape = \"demand\"");
     }
     PoolPolicy::from_toml(&text).expect("simulated policy")
@@ -119,12 +135,27 @@ struct Stats {
     scrubbed_bytes: u64,
 }
 
+/// The seed's pool: how it is set up, on a host with its kernel's pool and memory.
+fn setup(rng: &mut Rng) -> (Rig, How) {
+    let how = How {
+        demand: rng.chance(500),
+        reserve: rng.chance(500),
+    };
+    // Raising pools: a small kernel pool, memory for more pages or fewer, some fragmented.
+    let pages = if how.reserve { rng.below(12) } else { PAGES };
+    let mut r = rig(&target(8, &[4, 8]), pages);
+    if how.reserve {
+        r.host.set_memory(0, rng.below(2 * PAGES) * PS.bytes());
+        r.host.fragment(0, rng.below(8) * PS.bytes());
+    }
+    r.pool.set_policy(policy(8, how));
+    r.policy = policy(8, how);
+    (r, how)
+}
+
 fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
     let mut rng = Rng(seed);
-    let demand = rng.chance(500);
-    let mut r = rig(&target(8, &[4, 8]), PAGES);
-    r.pool.set_policy(policy(8, demand));
-    r.policy = policy(8, demand);
+    let (mut r, how) = setup(&mut rng);
     let crash_rate = rng.below(80);
     // The journal of this seed loses what it had not synced at a crash (or keeps it, as a
     // journal in the page cache does when only the daemon dies).
@@ -147,7 +178,7 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
             continue;
         }
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            one_step(&r, &mut rng, &mut leases, &mut stats, demand)
+            one_step(&r, &mut rng, &mut leases, &mut stats, how)
         }));
         let what = match stepped {
             Ok(what) => what,
@@ -168,25 +199,32 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
         trace.push(format!("{step}: {what}"));
         r.check();
     }
-    finish(&r, demand, &mut stats);
+    finish(&r, how, &mut stats);
     stats
 }
 
 /// The end of a seed: faults gone, every lease back, the pool drained: every page with the
 /// kernel; what the host and the pool counted goes into `stats`.
-fn finish(r: &Rig, demand: bool, stats: &mut Stats) {
+fn finish(r: &Rig, how: How, stats: &mut Stats) {
     r.host.inject(|f| *f = Default::default());
     let leases = r.pool.leases();
     for info in leases {
         r.pool.release(info.id).expect("a release without faults");
     }
-    r.pool.set_policy(policy(0, demand));
+    r.pool.set_policy(policy(0, how));
     r.settle();
+    let drain = DrainRequest {
+        release_pools: true,
+        ..DrainRequest::default()
+    };
     r.pool
-        .drain(&DrainRequest::default(), Duration::ZERO)
+        .drain(&drain, Duration::ZERO)
         .expect("a drain without faults");
     r.settle();
     r.check();
+    // Every page the daemon recorded adding went back, as far as they were free.
+    let held = r.host.ledger(0, PS);
+    assert!(held == 0 || r.free() == 0, "{held} pages still recorded");
     // Held files wait aside until proven again; the drain gives them up.
     assert!(r.host.files().is_empty(), "left: {:?}", r.host.files());
     assert_eq!(r.free(), r.host.total_pages(0, PS), "every page back");
@@ -213,11 +251,11 @@ fn one_step(
     rng: &mut Rng,
     leases: &mut Vec<LeaseInfo>,
     stats: &mut Stats,
-    demand: bool,
+    how: How,
 ) -> String {
     match rng.below(100) {
         n @ 0..=44 if n < 25 || !leases.is_empty() => request_step(r, rng, n, leases, stats),
-        n @ 80..=84 => pool_step(r, rng, n, demand),
+        n @ 80..=84 => pool_step(r, rng, n, how),
         96 if !leases.is_empty() => {
             let info = &leases[rng.below(leases.len() as u64) as usize];
             r.host.delete_lease_path(&info.path);
@@ -247,7 +285,9 @@ fn request_step(
             // A lease that would wait for work nobody runs here reaches its deadline
             // in a few turns of a clock that jumps.
             r.host.inject(|f| f.tick = Duration::from_secs(40));
-            let res = r.pool.lease(&request(&name, size / MIB));
+            let mut req = request(&name, size / MIB);
+            req.pin = rng.chance(200);
+            let res = r.pool.lease(&req);
             r.host.inject(|f| f.tick = Duration::ZERO);
             match res {
                 Ok(info) => {
@@ -280,16 +320,21 @@ fn request_step(
 }
 
 /// A drain, a resume or a new target.
-fn pool_step(r: &Rig, rng: &mut Rng, n: u64, demand: bool) -> String {
+fn pool_step(r: &Rig, rng: &mut Rng, n: u64, how: How) -> String {
     match n {
         80..=81 => {
-            let rep = r.pool.drain(&DrainRequest::default(), Duration::ZERO);
-            format!("drain: {:?}", rep.map(|d| d.kinds))
+            let drain = DrainRequest {
+                release_pools: rng.chance(500),
+                ..DrainRequest::default()
+            };
+            let rep = r.pool.drain(&drain, Duration::ZERO);
+            let rep = rep.map(|d| (d.kinds, d.released));
+            format!("drain (release pools: {}): {rep:?}", drain.release_pools)
         }
         82..=83 => format!("resume: {:?}", r.pool.resume(None, None)),
         _ => {
             let warm = rng.below(5) * 4;
-            r.pool.set_policy(policy(warm, demand));
+            r.pool.set_policy(policy(warm, how));
             format!("target {warm}M")
         }
     }
@@ -333,10 +378,16 @@ fn fault_step(r: &Rig, rng: &mut Rng, n: u64) -> String {
             r.host.inject(|f| f.create_fails = fails);
             format!("creates fail: {fails}")
         }
-        92..=93 => {
+        92 => {
             let pages = rng.below(9) as i64 - 4;
             r.host.take_free(0, PS, pages);
             format!("another user takes {pages} free pages")
+        }
+        93 => {
+            let (memory, fragmented) = (rng.below(2 * PAGES), rng.below(8));
+            r.host.set_memory(0, memory * PS.bytes());
+            r.host.fragment(0, fragmented * PS.bytes());
+            format!("{memory} pages of memory, {fragmented} fragmented")
         }
         _ => {
             let secs = rng.below(4000);

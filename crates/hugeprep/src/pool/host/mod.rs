@@ -8,11 +8,13 @@
 //! of this kind still get". Files are named by page size and id ([`FileAt`]); the host
 //! resolves them on its mounts.
 //!
-//! Not behind it yet (see docs/architecture.md): the long-term pin of `pin: true` leases,
-//! the pin check before a released file's truncate (`kernel_path::keep_pinned`) and the
-//! files kept for a read lease (`kept`), and the raises of the kernel's pools (`reserve`,
-//! `shortfall`).
+//! The kernel's pools (`nr_hugepages`, compaction, the reservations' ledger) are the
+//! supertrait [`KernelPools`].
+//!
+//! Not behind it yet (see docs/architecture.md): the pin check before a released file's
+//! truncate (`kernel_path::keep_pinned`) and the files kept for a read lease (`kept`).
 
+mod pools;
 mod real;
 // The simulated host: the driver's unit tests, and the `sim` feature's replays in simulated
 // time (`pool::simulated`, for `hugeprep bench trace`); never in the daemon's code paths.
@@ -25,7 +27,7 @@ mod sim_pool;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::background::Yield;
 use crate::hugetlb::{BackingFile, Owner};
@@ -42,6 +44,9 @@ use super::reach::{Proof, Unproven};
 use super::record::FileRecord;
 use super::state::Promised;
 
+#[cfg(test)]
+pub(crate) use pools::ledger_key;
+pub(crate) use pools::{KernelPools, RealPools};
 pub(super) use real::RealHost;
 
 /// One pool file, as the host names it.
@@ -112,6 +117,37 @@ impl Handle {
     }
 }
 
+/// The long-term pin of a `pin: true` lease's file, held until its release.
+#[derive(Debug)]
+pub(super) struct Pin {
+    id: u64,
+    took: Duration,
+    /// The real host's pin (dropping it unpins); `None` on a simulated host.
+    real: Option<crate::sys::pin::LongTermPin>,
+}
+
+impl Pin {
+    /// The pin of file `id`, made in `took`, the real host's `real`.
+    pub(super) fn new(id: u64, took: Duration, real: Option<crate::sys::pin::LongTermPin>) -> Pin {
+        Pin { id, took, real }
+    }
+
+    /// The pinned file's id.
+    pub(super) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// How long pinning took.
+    pub(super) fn took(&self) -> Duration {
+        self.took
+    }
+
+    /// The real host's pin.
+    pub(super) fn into_real(self) -> Option<crate::sys::pin::LongTermPin> {
+        self.real
+    }
+}
+
 /// An effect on a pool file that the host could not perform.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -127,6 +163,9 @@ pub enum HostError {
     /// A lease path could not be linked, or a tenant's directory made.
     #[error(transparent)]
     Dir(#[from] crate::hugetlb::dir::DirError),
+    /// The file's pages could not be pinned.
+    #[error(transparent)]
+    Pin(#[from] crate::sys::pin::PinError),
     /// The handle is not one of this host's.
     #[error("pool file {0}: the handle is not this host's")]
     Foreign(u64),
@@ -149,7 +188,7 @@ pub(super) struct Background {
 }
 
 /// Every effect the pool's driver performs on its host.
-pub(super) trait Host: Send + Sync + std::fmt::Debug {
+pub(super) trait Host: KernelPools {
     /// The host's clock.
     fn now(&self) -> Instant;
 
@@ -236,6 +275,12 @@ pub(super) trait Host: Send + Sync + std::fmt::Debug {
     /// path). A file already gone is `Ok`: there is nothing left to hand out.
     fn take_back(&self, file: FileAt) -> Result<(), HostError>;
 
+    /// Pins the first `len` bytes of a lease's open file until [`Host::unpin`] (`pin: true`).
+    fn pin(&self, handle: &Handle, len: usize) -> Result<Pin, HostError>;
+
+    /// Drops a pin (at the lease's release, before the scrub): how long it took.
+    fn unpin(&self, pin: Pin) -> Duration;
+
     /// Proves that the released file `id` is out of everyone else's reach.
     fn prove(&self, id: u64, handle: &Handle) -> Result<Proof, Unproven>;
 
@@ -298,6 +343,7 @@ impl From<HostError> for super::PoolError {
             HostError::File(e) => PoolError::File(e),
             HostError::Fault(e) => PoolError::Fault(e),
             HostError::Dir(e) => PoolError::Dir(e),
+            HostError::Pin(e) => PoolError::Pin(e),
             HostError::Foreign(id) => PoolError::Io {
                 op: "opening",
                 path: super::file_key(id).into(),

@@ -10,7 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{Background, FileAt, Handle, Host, HostError};
+use super::{Background, FileAt, Handle, Host, HostError, KernelPools, RealPools};
+use crate::hugetlb::pool::{PoolError, PullIn};
 use crate::hugetlb::{BackingFile, Owner};
 use crate::journal::{Journal, JournalError};
 use crate::page_size::PageSize;
@@ -21,6 +22,7 @@ use crate::pool::kernel::{node_free_pages, Supply};
 use crate::pool::on_node::{OnNodeError, Stray};
 use crate::pool::reach::{Proof, Reach, Unproven};
 use crate::pool::record::{file_key, FileRecord};
+use crate::pool::reserve::Reserved;
 use crate::pool::state::Promised;
 use crate::pool::{fault, PoolMount};
 use crate::prefault::Taken;
@@ -32,6 +34,8 @@ pub(in crate::pool) struct RealHost {
     mounts: Arc<BTreeMap<PageSize, PoolMount>>,
     journal: Journal,
     supply: Supply,
+    /// The kernel's pools and the reservations' ledger (shared with the ledger's owner).
+    pools: Arc<RealPools>,
     /// Set after recovery (the open watch starts then, as it always has).
     reach: std::sync::OnceLock<Arc<Reach>>,
     scrubber: Arc<Scrubber>,
@@ -41,18 +45,20 @@ pub(in crate::pool) struct RealHost {
 
 impl RealHost {
     /// The host of `mounts`, journaling in `journal`, reading free pages from `supply`,
-    /// scrubbing with `scrubber`; it proves releases once [`RealHost::set_reach`] gave it
-    /// the open watch.
+    /// resizing the kernel's pools through `pools`, scrubbing with `scrubber`; it proves
+    /// releases once [`RealHost::set_reach`] gave it the open watch.
     pub(in crate::pool) fn new(
         mounts: Arc<BTreeMap<PageSize, PoolMount>>,
         journal: Journal,
         supply: Supply,
+        pools: Arc<RealPools>,
         scrubber: Arc<Scrubber>,
     ) -> RealHost {
         RealHost {
             mounts,
             journal,
             supply,
+            pools,
             reach: std::sync::OnceLock::new(),
             scrubber,
             daemon_owner: Owner {
@@ -89,6 +95,41 @@ impl RealHost {
             .get(&page_size)
             .map(|m| m.root.clone())
             .unwrap_or_default()
+    }
+}
+
+/// The kernel's pools: the [`RealPools`] the reservations' ledger holds too.
+impl KernelPools for RealHost {
+    fn pool_pages(&self, node: u32, ps: PageSize) -> Result<u64, PoolError> {
+        self.pools.pool_pages(node, ps)
+    }
+
+    fn set_pool_pages(&self, node: u32, ps: PageSize, pages: u64) -> Result<u64, PoolError> {
+        self.pools.set_pool_pages(node, ps, pages)
+    }
+
+    fn pull_in(&self, node: u32, bytes: u64) -> Result<PullIn, PoolError> {
+        self.pools.pull_in(node, bytes)
+    }
+
+    fn compact(&self, node: u32) -> io::Result<std::time::Duration> {
+        self.pools.compact(node)
+    }
+
+    fn pool_free_pages(&self, node: u32, ps: PageSize) -> u64 {
+        self.pools.pool_free_pages(node, ps)
+    }
+
+    fn node_available(&self, node: u32) -> u64 {
+        self.pools.node_available(node)
+    }
+
+    fn ledger_load(&self) -> Result<Vec<Reserved>, JournalError> {
+        self.pools.ledger_load()
+    }
+
+    fn ledger_store(&self, rec: &Reserved) -> Result<(), JournalError> {
+        self.pools.ledger_store(rec)
     }
 }
 
@@ -241,6 +282,20 @@ impl Host for RealHost {
             }
             _ => Ok(()),
         }
+    }
+
+    fn pin(&self, handle: &Handle, len: usize) -> Result<super::Pin, HostError> {
+        let file = self.backing(handle)?;
+        let pin =
+            crate::sys::pin::LongTermPin::pin_file(std::os::fd::AsFd::as_fd(file.file()), len)?;
+        Ok(super::Pin::new(handle.at().id, pin.took(), Some(pin)))
+    }
+
+    fn unpin(&self, pin: super::Pin) -> std::time::Duration {
+        pin.into_real().map_or(
+            std::time::Duration::ZERO,
+            crate::sys::pin::LongTermPin::unpin,
+        )
     }
 
     fn prove(&self, id: u64, handle: &Handle) -> Result<Proof, Unproven> {

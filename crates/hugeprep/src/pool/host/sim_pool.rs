@@ -16,7 +16,7 @@ use crate::topology::Topology;
 impl Pool {
     /// A pool of `policy` whose every effect goes to `host`, with plain directories below
     /// `dir` standing for the mounts of `page_sizes` and holding its small state files (the
-    /// reservations' ledger, the tenants' key, the API's targets). It recovers from what the
+    /// tenants' key, the API's targets; the reservations' ledger is the host's). It recovers from what the
     /// host keeps (nothing, the first time; a crashed daemon's journal and files after),
     /// with the daemon's own recovery; no worker or keeper runs (tests drive the worker's
     /// jobs one at a time).
@@ -34,7 +34,8 @@ impl Pool {
         let state_dir = dir.join("state");
         create_dir(&state_dir)?;
         let mounts = Arc::new(sim_mounts(&host, dir, page_sizes)?);
-        let files = parts::StateFiles::open(&state_dir, &mounts, &topology)?;
+        let pools = Arc::clone(&host) as Arc<dyn super::KernelPools>;
+        let files = parts::StateFiles::open(&state_dir, pools, &mounts, &topology)?;
         // Recovery on what the host keeps (nothing, the first time), as `Pool::open` does.
         let recovered = crate::pool::recover_core(host.as_ref(), 1 << 20)?;
         let scrubber =

@@ -161,7 +161,9 @@ impl Pool {
                 Ok(info)
             }
             Err(e) => {
-                drop(pin);
+                if let Some(pin) = pin {
+                    self.host.unpin(pin);
+                }
                 self.abort(v, id, source, Some(linked));
                 Err(e)
             }

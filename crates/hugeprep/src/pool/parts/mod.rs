@@ -42,15 +42,17 @@ pub(super) struct StateFiles {
 }
 
 impl StateFiles {
-    /// Opens the reservations' ledger, the tenants' key and the API's targets in `state_dir`.
+    /// Opens the reservations' ledger `pools` keep, and the tenants' key and the API's
+    /// targets in `state_dir`.
     pub(super) fn open(
         state_dir: &Path,
+        pools: Arc<dyn host::KernelPools>,
         mounts: &BTreeMap<PageSize, PoolMount>,
         topology: &Topology,
     ) -> Result<StateFiles> {
         let page_sizes = mounts.keys().copied().collect();
         Ok(StateFiles {
-            reservations: reserve::Reservations::open(state_dir)?,
+            reservations: reserve::Reservations::on(pools)?,
             scope_key: tenant::ScopeKey::open(state_dir)?,
             api_targets: targets::ApiTargets::open(state_dir, &page_sizes, topology)?,
         })

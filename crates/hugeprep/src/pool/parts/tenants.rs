@@ -17,7 +17,7 @@ pub(in crate::pool) struct Tenants {
     /// The key that names tenants' lease directories (see `tenant::scope_dir`).
     pub(in crate::pool) scope_key: tenant::ScopeKey,
     /// Long-term pins of pinned leases, by file id; dropped at release or shutdown.
-    pub(in crate::pool) pins: Mutex<BTreeMap<u64, crate::sys::pin::LongTermPin>>,
+    pub(in crate::pool) pins: Mutex<BTreeMap<u64, crate::pool::host::Pin>>,
 }
 
 impl Tenants {

@@ -1,6 +1,9 @@
 //! Tests of the reservations: the raise plan, compaction, the ledger, explanations.
 
 use super::*;
+use crate::hugetlb::pool::Scope;
+use crate::journal::Journal;
+use crate::pool::host::ledger_key as key;
 
 const G: u64 = 1 << 30;
 

@@ -13,7 +13,7 @@ use crate::page_size::PageSize;
 use crate::pool::core::recovery::{Facts, Step};
 use crate::pool::fault::FaultError;
 use crate::pool::holes::{HoleError, Refill};
-use crate::pool::host::{Background, FileAt, Handle, Host, HostError};
+use crate::pool::host::{Background, FileAt, Handle, Host, HostError, Pin};
 use crate::pool::on_node::{OnNodeError, Stray};
 use crate::pool::reach::{Proof, Unproven};
 use crate::pool::record::{FileRecord, FileState};
@@ -287,6 +287,28 @@ impl Host for SimHost {
             f.owner = None;
         }
         Ok(())
+    }
+
+    fn pin(&self, handle: &Handle, len: usize) -> Result<Pin, HostError> {
+        self.effect("pin a lease");
+        let id = handle.at().id;
+        if self.io_fails() {
+            let source = io::Error::from_raw_os_error(libc::ENOMEM);
+            let chunks = 1;
+            let err = crate::sys::pin::PinError::Register {
+                len,
+                chunks,
+                source,
+            };
+            return Err(HostError::Pin(err));
+        }
+        self.world().pins.insert(id);
+        Ok(Pin::new(id, Duration::ZERO, None))
+    }
+
+    fn unpin(&self, pin: Pin) -> Duration {
+        self.world().pins.remove(&pin.id());
+        Duration::ZERO
     }
 
     fn prove(&self, id: u64, _handle: &Handle) -> Result<Proof, Unproven> {

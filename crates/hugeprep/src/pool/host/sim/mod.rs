@@ -9,6 +9,7 @@
 
 mod effects;
 mod journal;
+mod pools;
 mod recovery;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -131,6 +132,10 @@ struct World {
     torn: BTreeSet<u64>,
     /// Faults other than crashes injected so far, by name (a run must hit each).
     injected: BTreeMap<&'static str, u64>,
+    /// The memory behind the kernel's pools, other users' pages, the reservations' ledger.
+    machine: pools::Machine,
+    /// Files whose pages the daemon pinned (held by the process: a crash drops them).
+    pins: BTreeSet<u64>,
 }
 
 /// The simulated host.
@@ -263,6 +268,7 @@ impl SimHost {
         for (_, f) in w.files.values_mut() {
             f.watched = false;
         }
+        w.pins.clear();
     }
 
     /// Crashes injected so far, by the effect they came before.
@@ -285,14 +291,21 @@ impl SimHost {
         self.world().elapsed += by;
     }
 
-    /// The kernel takes `pages` free pages of a kind (another user of the machine) or, with
-    /// a negative count, gives them back.
+    /// Another user of the machine takes `pages` free pages of a kind or, with a negative
+    /// count, gives back (frees) pages it took.
     pub(in crate::pool) fn take_free(&self, node: u32, ps: PageSize, pages: i64) {
         let mut w = self.world();
-        let free = w.free.entry((node, ps)).or_default();
-        // The other user takes free pages only.
-        let pages = pages.min(i64::try_from(*free).unwrap_or(i64::MAX));
-        *free = free.saturating_add_signed(-pages);
+        let free = w.free.get(&(node, ps)).copied().unwrap_or(0);
+        let others = w.machine.others.get(&(node, ps)).copied().unwrap_or(0);
+        // The other user takes free pages only, and gives back only its own.
+        let pages = pages
+            .min(i64::try_from(free).unwrap_or(i64::MAX))
+            .max(-i64::try_from(others).unwrap_or(i64::MAX));
+        w.free
+            .insert((node, ps), free.saturating_add_signed(-pages));
+        w.machine
+            .others
+            .insert((node, ps), others.saturating_add_signed(pages));
         let total = w.total.entry((node, ps)).or_default();
         *total = total.saturating_add_signed(-pages);
     }
@@ -343,6 +356,11 @@ impl SimHost {
     /// Free pages of a kind.
     pub(in crate::pool) fn free_pages(&self, node: u32, ps: PageSize) -> u64 {
         self.world().free.get(&(node, ps)).copied().unwrap_or(0)
+    }
+
+    /// Files whose pages are pinned.
+    pub(in crate::pool) fn pins(&self) -> BTreeSet<u64> {
+        self.world().pins.clone()
     }
 
     /// Lease paths, with the file each names.
