@@ -16,6 +16,7 @@
 
 mod pools;
 mod real;
+mod real_pools;
 // The simulated host: the driver's unit tests, and the `sim` feature's replays in simulated
 // time (`pool::simulated`, for `hugeprep bench trace`); never in the daemon's code paths.
 #[cfg(any(test, feature = "sim"))]

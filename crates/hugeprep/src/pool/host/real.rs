@@ -10,8 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{Background, FileAt, Handle, Host, HostError, KernelPools, RealPools};
-use crate::hugetlb::pool::{PoolError, PullIn};
+use super::{Background, FileAt, Handle, Host, HostError, RealPools};
 use crate::hugetlb::{BackingFile, Owner};
 use crate::journal::{Journal, JournalError};
 use crate::page_size::PageSize;
@@ -22,7 +21,6 @@ use crate::pool::kernel::{node_free_pages, Supply};
 use crate::pool::on_node::{OnNodeError, Stray};
 use crate::pool::reach::{Proof, Reach, Unproven};
 use crate::pool::record::{file_key, FileRecord};
-use crate::pool::reserve::Reserved;
 use crate::pool::state::Promised;
 use crate::pool::{fault, PoolMount};
 use crate::prefault::Taken;
@@ -35,7 +33,7 @@ pub(in crate::pool) struct RealHost {
     journal: Journal,
     supply: Supply,
     /// The kernel's pools and the reservations' ledger (shared with the ledger's owner).
-    pools: Arc<RealPools>,
+    pub(super) pools: Arc<RealPools>,
     /// Set after recovery (the open watch starts then, as it always has).
     reach: std::sync::OnceLock<Arc<Reach>>,
     scrubber: Arc<Scrubber>,
@@ -95,41 +93,6 @@ impl RealHost {
             .get(&page_size)
             .map(|m| m.root.clone())
             .unwrap_or_default()
-    }
-}
-
-/// The kernel's pools: the [`RealPools`] the reservations' ledger holds too.
-impl KernelPools for RealHost {
-    fn pool_pages(&self, node: u32, ps: PageSize) -> Result<u64, PoolError> {
-        self.pools.pool_pages(node, ps)
-    }
-
-    fn set_pool_pages(&self, node: u32, ps: PageSize, pages: u64) -> Result<u64, PoolError> {
-        self.pools.set_pool_pages(node, ps, pages)
-    }
-
-    fn pull_in(&self, node: u32, bytes: u64) -> Result<PullIn, PoolError> {
-        self.pools.pull_in(node, bytes)
-    }
-
-    fn compact(&self, node: u32) -> io::Result<std::time::Duration> {
-        self.pools.compact(node)
-    }
-
-    fn pool_free_pages(&self, node: u32, ps: PageSize) -> u64 {
-        self.pools.pool_free_pages(node, ps)
-    }
-
-    fn node_available(&self, node: u32) -> u64 {
-        self.pools.node_available(node)
-    }
-
-    fn ledger_load(&self) -> Result<Vec<Reserved>, JournalError> {
-        self.pools.ledger_load()
-    }
-
-    fn ledger_store(&self, rec: &Reserved) -> Result<(), JournalError> {
-        self.pools.ledger_store(rec)
     }
 }
 
