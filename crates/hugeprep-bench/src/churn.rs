@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hugeprep::client::Client;
-use hugeprep::pool::LeaseRequest;
+use hugeprep::pool::{LeaseRequest, LockSnapshot};
 use serde::Serialize;
 
 use super::hog::{cases_table, lease_batch, CaseLatency, Samples, BATCH};
@@ -61,6 +61,9 @@ pub struct ChurnLatency {
     pub warm_exact_p50_p99: [(f64, f64); 2],
     /// Churned / quiet p50 and p99 of the warm-exact leases, at the client.
     pub warm_exact_ratios: (f64, f64),
+    /// The pool lock during each case's timed batches (quiet, churned): waits and holds by
+    /// every thread (the timed leases', the churn's, the worker's), in powers of two of µs.
+    pub lock: [LockSnapshot; 2],
 }
 
 /// The other client: leases and releases in a loop until `stop`, counting in `cycles`.
@@ -157,6 +160,7 @@ pub fn churned_latency(
     let before = daemon.pool().counters();
     // Per case: 0 quiet, 1 churned.
     let mut samples: [Samples; 2] = Default::default();
+    let mut lock: [LockSnapshot; 2] = Default::default();
     let mut serial = 0usize;
     let result = (|| -> Result<(), RecycleBenchError> {
         for r in 0..=rounds {
@@ -175,7 +179,11 @@ pub fn churned_latency(
                     churn
                 });
                 let into = (r > 0).then_some(&mut samples[c]);
+                let held = daemon.pool().status().lock;
                 lease_batch(&daemon, &client, cfg, "churned", &mut serial, into)?;
+                if r > 0 {
+                    add_lock(&mut lock[c], &daemon.pool().status().lock.since(&held));
+                }
                 if let Some(churn) = churn {
                     churn.stop()?;
                 }
@@ -210,9 +218,24 @@ pub fn churned_latency(
         p99_ratio: churned.client_p50_p99.1 / quiet.client_p50_p99.1,
         quiet,
         churned,
+        lock,
     };
     log(&out.table());
     Ok(out)
+}
+
+/// Adds the counts of `delta` to `sum` and keeps the longest hold seen.
+fn add_lock(sum: &mut LockSnapshot, delta: &LockSnapshot) {
+    for (a, b) in sum.wait_us_log2.iter_mut().zip(delta.wait_us_log2) {
+        *a += b;
+    }
+    for (a, b) in sum.hold_us_log2.iter_mut().zip(delta.hold_us_log2) {
+        *a += b;
+    }
+    if delta.longest_hold_us >= sum.longest_hold_us {
+        sum.longest_hold_us = delta.longest_hold_us;
+        sum.longest_hold_at.clone_from(&delta.longest_hold_at);
+    }
 }
 
 impl ChurnLatency {
@@ -236,6 +259,24 @@ impl ChurnLatency {
             "warm-exact leases only, client p50/p99: quiet {:.3}/{:.3} ms, churned {:.3}/{:.3} ms: p50 {:.2}x, p99 {:.2}x\n",
             wq.0, wq.1, wc.0, wc.1, self.warm_exact_ratios.0, self.warm_exact_ratios.1
         );
+        for (name, l) in ["quiet", "churned"].iter().zip(&self.lock) {
+            s += &format!(
+                "pool lock, {name}: {} waits, p50/p99/max under {}/{}/{} µs; {} holds, p99/max under {}/{} µs\n",
+                l.wait_us_log2.iter().sum::<u64>(),
+                l.wait_quantile_us(0.5),
+                l.wait_quantile_us(0.99),
+                l.wait_quantile_us(1.0),
+                l.hold_us_log2.iter().sum::<u64>(),
+                l.hold_quantile_us(0.99),
+                l.hold_quantile_us(1.0),
+            );
+        }
+        if let Some(at) = &self.lock[1].longest_hold_at {
+            s += &format!(
+                "longest hold since the daemon started: {} µs, taken at {at}\n",
+                self.lock[1].longest_hold_us
+            );
+        }
         s
     }
 }

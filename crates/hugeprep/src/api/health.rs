@@ -200,6 +200,7 @@ mod tests {
             clean_start: true,
             last_scrub: None,
             counters: Default::default(),
+            lock: Default::default(),
             last_refused_lease: None,
             proof_fallback: None,
             held_aside_files: 0,

@@ -37,6 +37,7 @@ mod kept;
 mod kernel;
 mod kernel_path;
 mod lease;
+mod lock_stats;
 mod locked;
 pub mod on_node;
 mod parts;
@@ -85,6 +86,7 @@ pub use counters::{CounterSnapshot, ReleaseFailure};
 pub use drain::{DrainReport, DrainRequest};
 pub use error::{PoolError, Result};
 pub use idempotency::{Idempotency, MAX_IDEMPOTENCY_KEY};
+pub use lock_stats::LockSnapshot;
 pub use record::{file_key, FileRecord, FileState, LeaseInfo, LeaseRecord, LeaseSource};
 pub use recover::RecoveryReport;
 pub use request::{check_name, LeaseRequest, ValidRequest, MAX_NAME};
@@ -309,6 +311,7 @@ impl Pool {
         Ok(pool)
     }
 
+    #[track_caller]
     fn lock(&self) -> locked::Locked<'_> {
         self.table.lock()
     }

@@ -66,6 +66,9 @@ pub struct PoolStatus {
     /// back).
     #[serde(default)]
     pub counters: super::CounterSnapshot,
+    /// How long the pool's state lock was waited for and held since start.
+    #[serde(default)]
+    pub lock: super::LockSnapshot,
     /// The last lease refused for want of memory, if any since start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_refused_lease: Option<super::RefusedLease>,
@@ -92,9 +95,10 @@ pub struct PoolStatus {
 
 impl Pool {
     /// Counts per node and page size.
+    ///
+    /// The kernel's figures are read before the lock: a status (every /health, every
+    /// metrics scrape) need not hold up a lease for sysfs reads and a statfs per kind.
     pub fn status(&self) -> PoolStatus {
-        // The kernel's figures are read before the lock: a status (every /health, every
-        // metrics scrape) need not hold up a lease for sysfs reads and a statfs per kind.
         let figures = self.kernel_figures();
         let st = self.lock();
         let mut kinds = Vec::new();
@@ -144,6 +148,7 @@ impl Pool {
             clean_start: self.table.clean_start,
             last_scrub: st.last_scrub.clone(),
             counters: self.table.counters.snapshot(),
+            lock: self.table.lock_stats.snapshot(),
             last_refused_lease: self.kernel.refusals.last(),
             proof_fallback: self.proof_fallback(),
             held_aside_files: st.aside.totals().0,

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use crate::pool::state::State;
-use crate::pool::{core::Core, counters, locked};
+use crate::pool::{core::Core, counters, lock_stats, locked};
 
 /// The pool's file table (see the module).
 #[derive(Debug)]
@@ -19,6 +19,8 @@ pub(in crate::pool) struct Table {
     pub(in crate::pool) clean_start: bool,
     /// Bytes faulted since start.
     pub(in crate::pool) counters: counters::Counters,
+    /// How long the state lock was waited for and held.
+    pub(in crate::pool) lock_stats: lock_stats::LockStats,
 }
 
 impl Table {
@@ -32,12 +34,14 @@ impl Table {
             shutdown: AtomicBool::new(false),
             clean_start,
             counters: counters::Counters::default(),
+            lock_stats: lock_stats::LockStats::default(),
         }
     }
 
     /// Takes the state lock (with the priority ceiling, see [`locked`]).
+    #[track_caller]
     pub(in crate::pool) fn lock(&self) -> locked::Locked<'_> {
-        locked::Locked::take(&self.state)
+        locked::Locked::take(&self.state, &self.lock_stats)
     }
 
     /// Wakes every waiter on the state.
