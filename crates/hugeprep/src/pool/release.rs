@@ -52,8 +52,9 @@ impl Pool {
             tracing::error!(%err, "pool core refused a release's end");
         }
         st.schedule
-            .grace_from(std::time::Instant::now(), self.clearing.gate.grace());
+            .grace_from(self.host.now(), self.clearing.gate.grace());
         self.table.changed.notify_all();
+        drop(st);
         tracing::info!(lease = lease_id, name = %info.name, file = id, "released");
         Ok(info)
     }

@@ -218,9 +218,11 @@ impl Pool {
         }
         // Counted by its journaled record from here.
         st.taking.remove(&id);
-        let now = Instant::now();
-        st.schedule.grace_from(now, self.clearing.gate.grace());
-        self.clearing.gate.leased(id, now);
+        // The worker's schedule runs on the host's clock (simulated in the driver's tests),
+        // the start gate on the real one.
+        st.schedule
+            .grace_from(self.host.now(), self.clearing.gate.grace());
+        self.clearing.gate.leased(id, Instant::now());
         self.table.changed.notify_all();
         drop(st);
         self.adaptive_started(info.node, info.page_size, info.size);
