@@ -182,6 +182,29 @@ impl PoolCounts {
     pub fn total_bytes(&self) -> u64 {
         self.total * self.page_size.bytes()
     }
+
+    /// Pages given back to the kernel between `before` and these counts (of the same
+    /// pool): a freed page returns to the free list, or, when the pool was lowered below
+    /// what was in use meanwhile, it was surplus and goes back to the buddy allocator, so
+    /// the total drops instead of the free count rising.
+    ///
+    /// ```
+    /// use hugeprep::hugetlb::pool::{PoolCounts, Scope};
+    /// use hugeprep::page_size::PageSize;
+    /// let at = |total, free, surplus| PoolCounts {
+    ///     scope: Scope::Node(0), page_size: PageSize::Size2M,
+    ///     total, free, surplus, reserved: None, overcommit: None,
+    /// };
+    /// // 8 pages in use, 2 free; the pool lowered by 4 makes 4 in-use pages surplus.
+    /// let before = at(10, 2, 0);
+    /// let lowered = at(8, 0, 2);
+    /// // The 8 pages freed: 2 surplus left the pool, 6 joined the free list.
+    /// assert_eq!(at(6, 6, 0).returned_since(&lowered), 8);
+    /// assert_eq!(at(10, 10, 0).returned_since(&before), 8);
+    /// ```
+    pub fn returned_since(&self, before: &PoolCounts) -> u64 {
+        self.free.saturating_sub(before.free) + before.total.saturating_sub(self.total)
+    }
 }
 
 /// The outcome of setting a pool's size: what was asked, what the kernel gave.

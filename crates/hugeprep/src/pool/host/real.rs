@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{Background, FileAt, Handle, Host, HostError, RealPools};
-use crate::hugetlb::{BackingFile, Owner};
+use crate::hugetlb::{pool, BackingFile, Owner};
 use crate::journal::{Journal, JournalError};
 use crate::page_size::PageSize;
 use crate::pool::core::recovery::{Facts, Step};
 use crate::pool::fault::FaultError;
 use crate::pool::holes::{HoleError, Refill};
-use crate::pool::kernel::{node_free_pages, Supply};
+use crate::pool::kernel::Supply;
 use crate::pool::on_node::{OnNodeError, Stray};
 use crate::pool::reach::{Proof, Reach, Unproven};
 use crate::pool::record::{file_key, FileRecord};
@@ -316,11 +316,14 @@ impl Host for RealHost {
         // The pages the file holds (hugetlbfs counts them in `st_blocks`), not its length:
         // pages a VMM punched out (`discard-data`, a balloon) went back to the kernel already.
         let pages = f.metadata()?.blocks() * 512 / file.page_size.bytes();
-        let before = node_free_pages(node, file.page_size);
+        let counts = || pool::read(pool::Scope::Node(node), file.page_size).ok();
+        let before = counts();
         f.set_len(0)?;
-        let after = node_free_pages(node, file.page_size);
+        let after = counts();
+        // Surplus pages (the reserve lowered the pool below what is in use meanwhile) leave
+        // the pool rather than join its free list: both count as returned.
         Ok(match (before, after) {
-            (Some(b), Some(a)) => pages.saturating_sub(a.saturating_sub(b)),
+            (Some(b), Some(a)) => pages.saturating_sub(a.returned_since(&b)),
             _ => 0,
         })
     }
