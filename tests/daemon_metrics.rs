@@ -197,6 +197,14 @@ fn metrics_parse_and_count_bytes_leases_scrubs_faults_and_errors() {
         assert_eq!(value(&s, name, &[]), Some(0.0), "{name}");
     }
     assert!(value(&s, "hugeprep_proof_seconds_total", &[]).unwrap() > 0.0);
+    for name in ["pool_lock_wait_seconds", "pool_lock_hold_seconds"] {
+        let count = value(&s, &format!("hugeprep_{name}_count"), &[]).unwrap();
+        assert!(
+            count > 0.0,
+            "{name}: the lease and the worker took the lock"
+        );
+        assert!(value(&s, &format!("hugeprep_{name}_sum"), &[]).unwrap() >= 0.0);
+    }
     assert!(value(&s, "hugeprep_scrub_seconds_total", &[]).unwrap() > 0.0);
     assert_eq!(
         value(&s, "hugeprep_fault_bytes_total", &[("path", "lease")]),
@@ -264,6 +272,8 @@ fn metrics_parse_and_count_bytes_leases_scrubs_faults_and_errors() {
             ("hugeprep_kernel_hugepages_free_bytes", "gauge"),
             ("hugeprep_lease_errors", "counter"),
             ("hugeprep_lease_duration_seconds", "histogram"),
+            ("hugeprep_pool_lock_wait_seconds", "histogram"),
+            ("hugeprep_pool_lock_hold_seconds", "histogram"),
             ("hugeprep_leases", "counter"),
             ("hugeprep_scrub_bytes", "counter"),
             ("hugeprep_scrub_seconds", "counter"),

@@ -17,17 +17,26 @@ use serde::{Deserialize, Serialize};
 /// Histogram buckets: bucket `i` counts durations under `2^i` µs (the last: the rest).
 pub const BUCKETS: usize = 24;
 
-/// Counts of durations by power of two of microseconds.
+/// Counts of durations by power of two of microseconds, and their sum.
 #[derive(Debug, Default)]
-struct Log2Hist([AtomicU64; BUCKETS]);
+struct Log2Hist {
+    counts: [AtomicU64; BUCKETS],
+    sum_ns: AtomicU64,
+}
 
 impl Log2Hist {
     fn record(&self, d: Duration) {
-        self.0[bucket(d)].fetch_add(1, Ordering::Relaxed);
+        self.counts[bucket(d)].fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     fn snapshot(&self) -> [u64; BUCKETS] {
-        std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed))
+        std::array::from_fn(|i| self.counts[i].load(Ordering::Relaxed))
+    }
+
+    fn seconds(&self) -> f64 {
+        self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
     }
 }
 
@@ -70,6 +79,8 @@ impl LockStats {
         LockSnapshot {
             wait_us_log2: self.wait.snapshot(),
             hold_us_log2: self.hold.snapshot(),
+            wait_seconds: self.wait.seconds(),
+            hold_seconds: self.hold.seconds(),
             longest_hold_us: self.longest_ns.load(Ordering::Relaxed) / 1000,
             longest_hold_at: at.map(|l| format!("{}:{}", l.file(), l.line())),
         }
@@ -77,13 +88,19 @@ impl LockStats {
 }
 
 /// The pool lock's figures since start (`GET /v1/pool/status`, `lock`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LockSnapshot {
     /// Waits for the lock: entry `i` counts those under `2^i` µs and at least `2^(i-1)`
     /// (the last entry: every longer one).
     pub wait_us_log2: [u64; BUCKETS],
     /// Holds of the lock, in the same buckets.
     pub hold_us_log2: [u64; BUCKETS],
+    /// Seconds waited in all.
+    #[serde(default)]
+    pub wait_seconds: f64,
+    /// Seconds held in all.
+    #[serde(default)]
+    pub hold_seconds: f64,
     /// The longest hold, µs.
     pub longest_hold_us: u64,
     /// The source line that took the lock for the longest hold.
@@ -99,6 +116,8 @@ impl LockSnapshot {
         LockSnapshot {
             wait_us_log2: sub(&self.wait_us_log2, &before.wait_us_log2),
             hold_us_log2: sub(&self.hold_us_log2, &before.hold_us_log2),
+            wait_seconds: (self.wait_seconds - before.wait_seconds).max(0.0),
+            hold_seconds: (self.hold_seconds - before.hold_seconds).max(0.0),
             ..self.clone()
         }
     }
@@ -112,6 +131,32 @@ impl LockSnapshot {
     pub fn hold_quantile_us(&self, q: f64) -> u64 {
         quantile_us(&self.hold_us_log2, q)
     }
+
+    /// Waits as Prometheus histogram buckets: (upper bound in seconds, count), not
+    /// cumulative, the last bound `f64::MAX` (`+Inf`).
+    pub fn wait_buckets(&self) -> Vec<(f64, u64)> {
+        seconds_buckets(&self.wait_us_log2)
+    }
+
+    /// Holds, likewise.
+    pub fn hold_buckets(&self) -> Vec<(f64, u64)> {
+        seconds_buckets(&self.hold_us_log2)
+    }
+}
+
+fn seconds_buckets(counts: &[u64; BUCKETS]) -> Vec<(f64, u64)> {
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let bound = if i + 1 == BUCKETS {
+                f64::MAX
+            } else {
+                (1u64 << i) as f64 / 1e6
+            };
+            (bound, *n)
+        })
+        .collect()
 }
 
 /// The upper bound (µs) of the bucket in which quantile `q` of `counts` falls.
@@ -161,6 +206,11 @@ mod tests {
         assert_eq!(delta.wait_us_log2.iter().sum::<u64>(), 1);
         assert_eq!(delta.hold_quantile_us(0.99), 2048);
         assert_eq!(after.longest_hold_us, 2000);
+        assert!((after.hold_seconds - 0.002).abs() < 1e-9);
+        let b = after.wait_buckets();
+        assert_eq!((b[2].0, b[2].1), (4e-6, 0));
+        assert_eq!((b[3].0, b[3].1), (8e-6, 99));
+        assert_eq!(b[BUCKETS - 1].0, f64::MAX);
         assert!(after
             .longest_hold_at
             .is_some_and(|l| l.contains("lock_stats.rs")));

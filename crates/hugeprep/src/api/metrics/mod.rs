@@ -12,6 +12,7 @@
 //! the metrics never reach back into the routes.
 
 mod events;
+mod lock;
 mod pool;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -120,6 +121,7 @@ pub fn render(sources: Sources<'_>) -> String {
     );
     pool::register_status(&mut reg, sources.status);
     pool::register_counters(&mut reg, sources.pool, sources.status);
+    lock::register(&mut reg, &sources.status.lock);
     pool::register_adaptive(&mut reg, &sources.pool.adaptive());
     register_clearing(&mut reg, sources.clearing);
     register_health(&mut reg, sources.health);
