@@ -251,6 +251,11 @@ impl ApiTargets {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The configuration's targets (in force unless the API's replace them).
+    pub(in crate::pool) fn config_targets(&self) -> Vec<Target> {
+        self.lock().config.clone()
+    }
+
     /// Records `policy`'s targets as the configuration's and puts the API targets in their
     /// place when there are any.
     pub(super) fn apply(&self, policy: &mut PoolPolicy) {
@@ -318,11 +323,10 @@ impl Pool {
         Ok(self.targets())
     }
 
-    /// Re-applies the policy in force with the configuration's targets, through
-    /// [`Pool::set_policy`] (which puts the API targets in their place).
+    /// Re-applies the policy in force with the configuration's targets and the API's in
+    /// their place, in one hold of the policy's lock (a reload racing it is kept).
     fn reapply_targets(&self) {
-        let mut policy = (*self.policy()).clone();
-        policy.targets = self.settings.api_targets.lock().config.clone();
-        self.set_policy(policy);
+        self.settings.reapply_targets();
+        self.table.notify();
     }
 }

@@ -48,9 +48,25 @@ impl Settings {
     /// Replaces the policy, the API's targets applied over it, then the adaptive targets'
     /// current sizes.
     pub(in crate::pool) fn set_policy(&self, mut policy: PoolPolicy) {
+        // Under the policy's lock, as every change of it: a change that reads the policy
+        // in force and writes it back ([`Settings::reapply_targets`]) cannot then undo a
+        // reload that lands in between.
+        let mut guard = self.policy.write().unwrap_or_else(|e| e.into_inner());
         self.api_targets.apply(&mut policy);
         self.adaptive.apply(&mut policy.targets);
-        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
+        *guard = Arc::new(policy);
+    }
+
+    /// Puts the configuration's targets back into the policy in force, with the API's
+    /// targets and the adaptive sizes over them (after the API's targets changed), under
+    /// the policy's lock, so a reload meanwhile is never undone.
+    pub(in crate::pool) fn reapply_targets(&self) {
+        let mut guard = self.policy.write().unwrap_or_else(|e| e.into_inner());
+        let mut policy = (**guard).clone();
+        policy.targets = self.api_targets.config_targets();
+        self.api_targets.apply(&mut policy);
+        self.adaptive.apply(&mut policy.targets);
+        *guard = Arc::new(policy);
     }
 
     /// Puts the adaptive targets' current sizes into the policy in force, under its lock (a
