@@ -1,5 +1,7 @@
 //! The driver of the adaptive warm targets (`goal` and `ceiling` in place of `warm`): it
-//! counts each lease as a VM start of its target's forecast, looks at each target once a
+//! counts each lease as a VM start of its target's forecast (a lease-role principal's at
+//! most once a clock hour, see `weigh`; an admin's and the daemon's own callers' each
+//! time), looks at each target once a
 //! minute (and soon after a start), and installs the target's warm bytes through the same
 //! path as a reload or `PUT /v1/pool/targets` ([`Pool::set_policy`]), so the API's targets
 //! stay in force and the worker fills or trims as for any target. See docs/pool.md,
@@ -19,11 +21,13 @@
 //! What the forecast has seen is not kept across restarts: it learns again from nothing.
 
 mod registry;
+mod weigh;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use registry::{AdaptiveStatus, Key, Registry, REPLAN_S};
+pub use weigh::{Starter, PRINCIPALS_PER_HOUR, STARTS_PER_HOUR};
 
 use super::{KindStatus, Pool};
 use crate::page_size::PageSize;
@@ -78,14 +82,21 @@ impl Pool {
         &self.settings.adaptive
     }
 
-    /// A lease of `bytes` on `node` of `ps` pages was committed: a VM start for the adaptive
-    /// target it counts for, if any. Cheap; the look it calls for runs on the looks' task.
-    pub(in crate::pool) fn adaptive_started(&self, node: u32, ps: PageSize, bytes: u64) {
+    /// A lease of `bytes` on `node` of `ps` pages was committed by `who`: a VM start for the
+    /// adaptive target it counts for, if any, within `who`'s share. Cheap; the look it calls
+    /// for runs on the looks' task.
+    pub(in crate::pool) fn adaptive_started(
+        &self,
+        node: u32,
+        ps: PageSize,
+        who: Starter<'_>,
+        bytes: u64,
+    ) {
         let rate = self.refill_rate();
-        let counted = self
-            .adaptive_state()
-            .lock()
-            .started(node, ps, local_now_s(), bytes, rate);
+        let counted =
+            self.adaptive_state()
+                .lock()
+                .started(node, ps, who, local_now_s(), bytes, rate);
         if counted {
             self.adaptive_state().wake.notify_one();
         }

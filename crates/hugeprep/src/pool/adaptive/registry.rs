@@ -10,6 +10,8 @@ use crate::page_size::PageSize;
 use crate::policy::pool::{AdaptiveGoal, Target};
 use crate::pool::core::forecast::{self, Forecast, Goal, Inputs, Why};
 
+use super::weigh::{Starter, Weigh};
+
 /// How often the plan is made again from the starts kept, s (at the first look after).
 pub const REPLAN_S: f64 = 3600.0;
 
@@ -22,6 +24,8 @@ struct Entry {
     goal: AdaptiveGoal,
     forecast: Forecast,
     starts: u64,
+    /// The starts counted per principal (see `weigh`).
+    weigh: Weigh,
     planned_at: Option<f64>,
     /// The last look's target and why, and the bytes installed from it.
     looked: Option<(forecast::Target, u64)>,
@@ -40,8 +44,10 @@ pub struct AdaptiveStatus {
     pub ceiling: u64,
     /// Warm bytes in force (the last look's target in whole pages; 0 before the first look).
     pub target_bytes: u64,
-    /// VM starts seen since the daemon started.
+    /// VM starts counted since the daemon started.
     pub starts: u64,
+    /// Starts not counted: past their principal's share of the hour (see `weigh`).
+    pub starts_not_counted: u64,
     /// Why the target has its value (`null` before the first look).
     pub why: Option<Why>,
 }
@@ -74,6 +80,7 @@ impl Registry {
                 goal,
                 forecast: Forecast::new(goal_of(goal)),
                 starts: 0,
+                weigh: Weigh::default(),
                 planned_at: None,
                 looked: None,
             });
@@ -93,12 +100,14 @@ impl Registry {
             .find(|k| self.entries.contains_key(k))
     }
 
-    /// A VM started at local time `at_s` with `bytes` on `node`; `refill_rate` in bytes/s.
-    /// Returns whether an adaptive target counted it.
+    /// A VM started by `who` at local time `at_s` with `bytes` on `node`; `refill_rate` in
+    /// bytes/s. Returns whether an adaptive target counted it (a tenant past its share of
+    /// the hour is not counted: see `weigh`).
     pub fn started(
         &mut self,
         node: u32,
         ps: PageSize,
+        who: Starter<'_>,
         at_s: f64,
         bytes: u64,
         refill_rate: f64,
@@ -109,6 +118,9 @@ impl Registry {
         else {
             return false;
         };
+        if !e.weigh.counts(who, at_s) {
+            return false;
+        }
         e.forecast.started(at_s, bytes, refill_rate);
         e.starts += 1;
         true
@@ -178,6 +190,7 @@ impl Registry {
                 ceiling: e.goal.ceiling,
                 target_bytes: e.looked.as_ref().map_or(0, |&(_, b)| b),
                 starts: e.starts,
+                starts_not_counted: e.weigh.dropped,
                 why: e.looked.as_ref().map(|(t, _)| t.why.clone()),
             })
             .collect()

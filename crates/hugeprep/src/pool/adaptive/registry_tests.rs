@@ -1,5 +1,7 @@
 use super::*;
 
+const OP: Starter<'static> = Starter::Operator;
+
 const G: u64 = 1 << 30;
 /// Monday 2024-01-01 00:00 UTC.
 const MONDAY: f64 = 1_704_067_200.0;
@@ -60,9 +62,9 @@ fn starts_raise_the_target_to_the_days_peak_need_then_the_plan() {
     assert_eq!(r.look(key, &inputs(MONDAY + 9.0 * 3600.0)), Some(0));
     // Starts on node 0 count for the target of every node; 1G starts for none.
     let at = MONDAY + 9.0 * 3600.0 + 60.0;
-    assert!(r.started(0, PageSize::Size2M, at, 4 * G, 1e9));
-    assert!(r.started(0, PageSize::Size2M, at + 600.0, 3 * G + (1 << 20), 1e9));
-    assert!(!r.started(0, PageSize::Size1G, at, 4 * G, 1e9));
+    assert!(r.started(0, PageSize::Size2M, OP, at, 4 * G, 1e9));
+    assert!(r.started(0, PageSize::Size2M, OP, at + 600.0, 3 * G + (1 << 20), 1e9));
+    assert!(!r.started(0, PageSize::Size1G, OP, at, 4 * G, 1e9));
     // Within the hour the plan (made with nothing seen) stands aside: the day's peak need.
     let bytes = r.look(key, &inputs(at + 700.0)).unwrap();
     assert_eq!(bytes, 4 * G);
@@ -89,7 +91,7 @@ fn the_ceiling_and_the_free_share_cut_it() {
     let targets = vec![adaptive(Some(0), PageSize::Size2M, 10_000, 2 * G)];
     r.sync(&targets);
     let key = (Some(0), PageSize::Size2M);
-    r.started(0, PageSize::Size2M, MONDAY, 8 * G, 1e9);
+    r.started(0, PageSize::Size2M, OP, MONDAY, 8 * G, 1e9);
     assert_eq!(r.look(key, &inputs(MONDAY + 1.0)), Some(2 * G));
     assert_eq!(
         r.report()[0].why.as_ref().unwrap().capped_by,
@@ -123,7 +125,7 @@ fn a_node_target_wins_and_goals_follow_a_reload() {
         r.key_for(0, PageSize::Size2M),
         Some((None, PageSize::Size2M))
     );
-    r.started(1, PageSize::Size2M, MONDAY, G, 1e9);
+    r.started(1, PageSize::Size2M, OP, MONDAY, G, 1e9);
     assert_eq!(r.report()[1].starts, 1);
     // A new goal keeps what was seen; a target dropped is forgotten.
     targets[1].adaptive = Some(AdaptiveGoal {
@@ -136,4 +138,51 @@ fn a_node_target_wins_and_goals_follow_a_reload() {
     assert_eq!(r.report()[0].starts, 1);
     assert_eq!(r.report()[0].goal_percent, 95.0);
     assert_eq!(r.key_for(0, PageSize::Size2M), None);
+}
+
+/// Feeds a week of honest starts (2 GiB every 10 minutes of the working hours) from the
+/// operator, and a lessee's bursts of `burst` starts of `bytes` one second apart, every
+/// `every_s` seconds of every hour, made as `who`; then plans and looks at Monday 10h of
+/// the next week.
+fn week_with(lessee: Option<(Starter<'_>, u64, u32, f64)>) -> (u64, AdaptiveStatus) {
+    let mut r = Registry::default();
+    r.sync(&[adaptive(Some(0), PageSize::Size2M, 9900, 64 * G)]);
+    let key = (Some(0), PageSize::Size2M);
+    let mut t = MONDAY;
+    while t < MONDAY + 7.0 * 86_400.0 {
+        let hour = ((t - MONDAY) / 3600.0) as u64 % 24;
+        if (8..18).contains(&hour) && (t as u64) % 600 == 0 {
+            r.started(0, PageSize::Size2M, OP, t, 2 * G, 1e9);
+        }
+        if let Some((who, bytes, burst, every_s)) = lessee {
+            if (t - MONDAY) % every_s == 0.0 {
+                for k in 0..burst {
+                    r.started(0, PageSize::Size2M, who, t + f64::from(k), bytes, 1e9);
+                }
+            }
+        }
+        t += 60.0;
+    }
+    let next_monday_10h = MONDAY + 7.0 * 86_400.0 + 10.0 * 3600.0;
+    let bytes = r.look(key, &inputs(next_monday_10h)).unwrap();
+    (bytes, r.report().remove(0))
+}
+
+#[test]
+fn one_tenants_churn_moves_the_target_by_one_lease_an_hour_only() {
+    let tenant = Starter::Tenant("uid:1000");
+    let (honest, _) = week_with(None);
+    assert_eq!(honest, 2 * G);
+    // Churn: five 16 GiB leases a second apart, every minute; counted whole, their needs
+    // stack up to the ceiling in every hour of the week.
+    let (whole, _) = week_with(Some((OP, 16 * G, 5, 60.0)));
+    assert_eq!(whole, 64 * G, "the operator's own churn counts whole");
+    let (churned, st) = week_with(Some((tenant, 16 * G, 5, 60.0)));
+    assert_eq!(st.starts_not_counted, 7 * 24 * 299, "{st:?}");
+    // One lease of its own an hour, on top of an honest start at the same moment at most.
+    assert!(churned <= 18 * G, "churn stacked past one lease: {st:?}");
+    // Many small spaced leases: counted whole they would be most of every hour's samples.
+    let (small, st) = week_with(Some((tenant, 2 << 20, 1, 120.0)));
+    assert_eq!(st.starts_not_counted, 7 * 24 * 29, "{st:?}");
+    assert!(small >= honest, "small leases lowered the target: {st:?}");
 }

@@ -221,7 +221,12 @@ impl Pool {
         self.clearing.gate.leased(id, now);
         self.table.changed.notify_all();
         drop(st);
-        self.adaptive_started(info.node, info.page_size, info.size);
+        // A tenant's starts count up to its share (see `adaptive::weigh`).
+        let who = match &v.tenant {
+            Some(t) if !t.admin => adaptive::Starter::Tenant(&t.principal),
+            _ => adaptive::Starter::Operator,
+        };
+        self.adaptive_started(info.node, info.page_size, who, info.size);
         Ok(info)
     }
 
