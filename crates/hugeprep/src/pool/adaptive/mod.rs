@@ -4,8 +4,9 @@
 //! time), looks at each target once a
 //! minute (and soon after a start), and installs the target's warm bytes through the same
 //! path as a reload or `PUT /v1/pool/targets` ([`Pool::set_policy`]), so the API's targets
-//! stay in force and the worker fills or trims as for any target. See docs/pool.md,
-//! "Sizing the pool itself".
+//! stay in force and the worker fills or trims as for any target. Plans are made on copies
+//! of the forecasts, outside the registry's lock (see `registry`), so a lease's commit
+//! never waits on one. See docs/pool.md, "Sizing the pool itself".
 //!
 //! The inputs of a look ([`Inputs`]):
 //! - the time: the host's clock plus the local offset from UTC (the C library's, from `TZ`
@@ -26,7 +27,7 @@ mod weigh;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use registry::{AdaptiveStatus, Key, Registry, REPLAN_S};
+pub use registry::{AdaptiveStatus, Key, Registry, Replan, REPLAN_S, STARTS_WHILE_PLANNING};
 pub use weigh::{Starter, PRINCIPALS_PER_HOUR, STARTS_PER_HOUR};
 
 use super::{KindStatus, Pool};
@@ -159,6 +160,12 @@ impl Pool {
                 free_share,
             };
             looks.push((key, inputs));
+        }
+        // Plans are made on copies: lease commits never wait on one (see `registry`).
+        let replans = self.adaptive_state().lock().take_due(now_s);
+        for mut replan in replans {
+            replan.make();
+            self.adaptive_state().lock().install(replan);
         }
         let changed = {
             let mut r = self.adaptive_state().lock();

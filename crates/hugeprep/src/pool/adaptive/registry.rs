@@ -1,6 +1,13 @@
 //! The adaptive targets' forecasts: one [`Forecast`] per adaptive target (its node, or every
 //! node, and its page size), fed with the VM starts of that kind and looked at by the driver.
 //! Pure: times and rates come in as arguments.
+//!
+//! A plan is made on a copy, outside the lock the driver keeps the registry under (each
+//! lease's commit takes it): [`Registry::take_due`] hands out a copy of each forecast whose
+//! plan is due and notes the starts counted from then on; [`Replan::make`] plans the copy;
+//! [`Registry::install`] feeds the copy those starts, in order, and puts it in place. A
+//! start changes what a forecast has seen and never reads its plan, so the result is the
+//! forecast that planned at the copy and then saw the starts.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +25,28 @@ pub const REPLAN_S: f64 = 3600.0;
 /// An adaptive target's place: its node (`None`: every node) and page size.
 pub type Key = (Option<u32>, PageSize);
 
+/// Starts counted while a plan is being made, at most: past it (a plan that never came
+/// back) the plan is dropped and made again at the next look.
+pub const STARTS_WHILE_PLANNING: usize = 65_536;
+
+/// A start as the forecast is fed it: local time, bytes, refill rate.
+type Start = (f64, u64, f64);
+
+/// A plan being made outside the registry: a copy of one target's forecast.
+#[derive(Debug)]
+pub struct Replan {
+    key: Key,
+    ticket: u64,
+    forecast: Forecast,
+}
+
+impl Replan {
+    /// Plans the copy (the costly part: a sort of every bucket's samples).
+    pub fn make(&mut self) {
+        self.forecast.replan();
+    }
+}
+
 /// One adaptive target's forecast and its last look.
 #[derive(Debug, Clone)]
 struct Entry {
@@ -27,6 +56,8 @@ struct Entry {
     /// The starts counted per principal (see `weigh`).
     weigh: Weigh,
     planned_at: Option<f64>,
+    /// A plan handed out (its ticket) and the starts counted since.
+    planning: Option<(u64, Vec<Start>)>,
     /// The last look's target and why, and the bytes installed from it.
     looked: Option<(forecast::Target, u64)>,
 }
@@ -56,6 +87,8 @@ pub struct AdaptiveStatus {
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     entries: BTreeMap<Key, Entry>,
+    /// The ticket of the next plan handed out.
+    tickets: u64,
 }
 
 fn goal_of(g: AdaptiveGoal) -> Goal {
@@ -82,12 +115,15 @@ impl Registry {
                 starts: 0,
                 weigh: Weigh::default(),
                 planned_at: None,
+                planning: None,
                 looked: None,
             });
             if e.goal != goal {
                 e.goal = goal;
                 e.forecast.set_goal(goal_of(goal));
                 e.planned_at = None;
+                // A plan under way is for the old goal.
+                e.planning = None;
             }
         }
     }
@@ -123,7 +159,71 @@ impl Registry {
         }
         e.forecast.started(at_s, bytes, refill_rate);
         e.starts += 1;
+        if let Some((_, since)) = &mut e.planning {
+            if since.len() < STARTS_WHILE_PLANNING {
+                since.push((at_s, bytes, refill_rate));
+            } else {
+                e.planning = None;
+                e.planned_at = None;
+            }
+        }
         true
+    }
+
+    /// Copies of the forecasts whose plan is due at local time `now_s` ([`REPLAN_S`] old,
+    /// or none made, or the clock stepped back) and not under way: plan each
+    /// ([`Replan::make`]) without the registry, then [`Registry::install`] it.
+    pub fn take_due(&mut self, now_s: f64) -> Vec<Replan> {
+        let mut out = Vec::new();
+        for (&key, e) in &mut self.entries {
+            let due = e
+                .planned_at
+                .map_or(true, |t| now_s < t || now_s - t >= REPLAN_S);
+            if !due || e.planning.is_some() {
+                continue;
+            }
+            self.tickets += 1;
+            e.planning = Some((self.tickets, Vec::new()));
+            e.planned_at = Some(now_s);
+            out.push(Replan {
+                key,
+                ticket: self.tickets,
+                forecast: e.forecast.clone(),
+            });
+        }
+        out
+    }
+
+    /// Puts a plan made on a copy in place, after feeding the copy the starts counted
+    /// since it was taken. Returns false (and drops it) when its target was changed or
+    /// forgotten meanwhile: the next look plans again.
+    pub fn install(&mut self, replan: Replan) -> bool {
+        let Some(e) = self.entries.get_mut(&replan.key) else {
+            return false;
+        };
+        match e.planning.take() {
+            Some((ticket, since)) if ticket == replan.ticket => {
+                let mut f = replan.forecast;
+                for (at_s, bytes, rate) in since {
+                    f.started(at_s, bytes, rate);
+                }
+                e.forecast = f;
+                true
+            }
+            other => {
+                e.planning = other;
+                false
+            }
+        }
+    }
+
+    /// Makes the due plans in place ([`Registry::take_due`], [`Replan::make`],
+    /// [`Registry::install`] in one go): for callers that hold no lock.
+    pub fn replan_due(&mut self, now_s: f64) {
+        for mut r in self.take_due(now_s) {
+            r.make();
+            self.install(r);
+        }
     }
 
     /// The adaptive targets' places.
@@ -131,19 +231,11 @@ impl Registry {
         self.entries.keys().copied().collect()
     }
 
-    /// Looks at `key`'s target with `inputs` (planning again first when the plan is
-    /// [`REPLAN_S`] old, or none was made, or the clock stepped back) and keeps it. Returns
-    /// the warm bytes to install: the target in whole pages, at most the ceiling.
+    /// Looks at `key`'s target with `inputs` with the plan in place (see
+    /// [`Registry::take_due`]) and keeps it. Returns the warm bytes to install: the target
+    /// in whole pages, at most the ceiling.
     pub fn look(&mut self, key: Key, inputs: &Inputs) -> Option<u64> {
         let e = self.entries.get_mut(&key)?;
-        let now = inputs.now_s;
-        let due = e
-            .planned_at
-            .map_or(true, |t| now < t || now - t >= REPLAN_S);
-        if due {
-            e.forecast.replan();
-            e.planned_at = Some(now);
-        }
         let target = e.forecast.target(inputs);
         let page = key.1.bytes();
         let bytes = target
