@@ -11,8 +11,11 @@
 //! The inputs of a look ([`Inputs`]):
 //! - the time: the host's clock plus the local offset from UTC (the C library's, from `TZ`
 //!   or `/etc/localtime`), so the day's hours are the operator's;
-//! - known demand: 0 (the daemon reads no Placement allocations yet; its Placement client
-//!   only publishes inventory);
+//! - known demand: with Placement configured, what its allocations of the page size's warm
+//!   class hold beyond what is leased, `max(0, used - leased)` (VMs Nova scheduled here
+//!   that have not leased yet: they start within seconds), as the publisher last read it
+//!   (at most [`KNOWN_DEMAND_FOR`] ago; else 0). Placement counts the host, not a node, so
+//!   every adaptive target of that page size adds it; without Placement it is 0;
 //! - the refill rate: the worker's measured fault rate (bytes over seconds faulted), else
 //!   the scrub rate, else [`DEFAULT_REFILL_RATE`], for every page size alike;
 //! - the free share: what the pool holds of the kind (warm, dirty, filling), the kernel's
@@ -24,13 +27,14 @@
 mod registry;
 mod weigh;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use registry::{AdaptiveStatus, Key, Registry, Replan, REPLAN_S, STARTS_WHILE_PLANNING};
 pub use weigh::{Starter, PRINCIPALS_PER_HOUR, STARTS_PER_HOUR};
 
-use super::{KindStatus, Pool};
+use super::{KindStatus, Pool, PoolStatus};
 use crate::page_size::PageSize;
 use crate::policy::pool::Target;
 use crate::pool::core::forecast::Inputs;
@@ -45,6 +49,10 @@ pub const AFTER_START: Duration = super::LESSEE_GRACE;
 /// bytes/s (1 GiB/s, below what one CPU faults 2M pages at on the hosts measured).
 pub const DEFAULT_REFILL_RATE: f64 = (1u64 << 30) as f64;
 
+/// How long Placement's allocations, as the publisher last read them, count as known
+/// demand: past it (Placement unreachable, the publisher stopped) they count for nothing.
+pub const KNOWN_DEMAND_FOR: Duration = Duration::from_secs(300);
+
 /// Seconds of faulting (or scrubbing) before its rate is trusted.
 const MEASURED_AFTER_S: f64 = 0.5;
 
@@ -54,6 +62,9 @@ pub(in crate::pool) struct Adaptive {
     registry: Mutex<Registry>,
     /// Wakes the looks after a start.
     wake: tokio::sync::Notify,
+    /// Placement's allocations of each page size's warm class, bytes, and when they were
+    /// read (see [`Pool::set_placement_allocated`]).
+    allocated: Mutex<Option<(Instant, BTreeMap<PageSize, u64>)>>,
 }
 
 impl Adaptive {
@@ -133,6 +144,45 @@ impl Pool {
             .saturating_add(room.saturating_mul(page))
     }
 
+    /// Placement's allocations of each page size's warm class, in bytes, as the publisher
+    /// just read them (`placement::publisher`): the known demand of the looks (see the
+    /// module's doc). A rise wakes the looks.
+    pub fn set_placement_allocated(&self, allocated: BTreeMap<PageSize, u64>) {
+        let a = self.adaptive_state();
+        let mut held = a.allocated.lock().unwrap_or_else(|e| e.into_inner());
+        let rose = allocated.iter().any(|(ps, &b)| {
+            let before = held.as_ref().and_then(|(_, m)| m.get(ps).copied());
+            b > before.unwrap_or(0)
+        });
+        *held = Some((Instant::now(), allocated));
+        drop(held);
+        if rose {
+            a.wake.notify_one();
+        }
+    }
+
+    /// The known demand of `ps` pages: Placement's allocations not yet leased, bytes.
+    fn known_demand(&self, ps: PageSize, status: &PoolStatus) -> u64 {
+        let held = self
+            .adaptive_state()
+            .allocated
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some((at, allocated)) = held.as_ref() else {
+            return 0;
+        };
+        if at.elapsed() > KNOWN_DEMAND_FOR {
+            return 0;
+        }
+        let leased: u64 = status
+            .kinds
+            .iter()
+            .filter(|k| k.page_size == ps)
+            .map(|k| k.leased_bytes)
+            .sum();
+        allocated.get(&ps).map_or(0, |&a| a.saturating_sub(leased))
+    }
+
     /// Looks at every adaptive target now and installs the warm bytes that changed (through
     /// `set_policy`, as a reload). Returns whether any changed.
     pub fn adaptive_look(&self) -> bool {
@@ -140,27 +190,8 @@ impl Pool {
         if keys.is_empty() {
             return false;
         }
-        let status = self.status();
-        let refill_rate = self.refill_rate();
         let now_s = local_now_s();
-        let mut looks = Vec::new();
-        for key @ (node, ps) in keys {
-            // A target for every node is held on each: the least free of them bounds it.
-            let free_share = status
-                .kinds
-                .iter()
-                .filter(|k| k.page_size == ps && node.map_or(true, |n| n == k.node))
-                .map(|k| self.free_share(k))
-                .min()
-                .unwrap_or(0);
-            let inputs = Inputs {
-                now_s,
-                pending: 0,
-                refill_rate,
-                free_share,
-            };
-            looks.push((key, inputs));
-        }
+        let looks = self.look_inputs(keys, now_s);
         // Plans are made on copies: lease commits never wait on one (see `registry`).
         let replans = self.adaptive_state().lock().take_due(now_s);
         for mut replan in replans {
@@ -182,6 +213,31 @@ impl Pool {
             tracing::info!(policy = %self.policy().describe(), "adaptive warm targets sized");
         }
         changed
+    }
+
+    /// The inputs of a look at each of `keys` at local time `now_s`.
+    fn look_inputs(&self, keys: Vec<Key>, now_s: f64) -> Vec<(Key, Inputs)> {
+        let status = self.status();
+        let refill_rate = self.refill_rate();
+        let mut looks = Vec::new();
+        for key @ (node, ps) in keys {
+            // A target for every node is held on each: the least free of them bounds it.
+            let free_share = status
+                .kinds
+                .iter()
+                .filter(|k| k.page_size == ps && node.map_or(true, |n| n == k.node))
+                .map(|k| self.free_share(k))
+                .min()
+                .unwrap_or(0);
+            let inputs = Inputs {
+                now_s,
+                pending: self.known_demand(ps, &status),
+                refill_rate,
+                free_share,
+            };
+            looks.push((key, inputs));
+        }
+        looks
     }
 
     /// The adaptive targets, their goals and current targets with why.
