@@ -1,7 +1,7 @@
 //! The driver of the adaptive warm targets (`goal` and `ceiling` in place of `warm`): it
-//! counts each lease as a VM start of its target's forecast (a lease-role principal's at
-//! most once a clock hour, see `weigh`; an admin's and the daemon's own callers' each
-//! time), looks at each target once a
+//! counts each lease as a VM start of its target's forecast (a lease-role principal's up
+//! to its `starts_per_hour`, by default one a clock hour, see `weigh`; an admin's and the
+//! daemon's own callers' each time), looks at each target once a
 //! minute (and soon after a start), and installs the target's warm bytes through the same
 //! path as a reload or `PUT /v1/pool/targets` ([`Pool::set_policy`]), so the API's targets
 //! stay in force and the worker fills or trims as for any target. Plans are made on copies
@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use registry::{AdaptiveStatus, Key, Registry, Replan, REPLAN_S, STARTS_WHILE_PLANNING};
-pub use weigh::{Starter, PRINCIPALS_PER_HOUR, STARTS_PER_HOUR};
+pub use weigh::{Starter, PRINCIPALS_PER_HOUR};
 
 use super::{KindStatus, Pool, PoolStatus};
 use crate::page_size::PageSize;

@@ -176,7 +176,7 @@ fn week_with(lessee: Option<(Starter<'_>, u64, u32, f64)>) -> (u64, AdaptiveStat
 
 #[test]
 fn one_tenants_churn_moves_the_target_by_one_lease_an_hour_only() {
-    let tenant = Starter::Tenant("uid:1000");
+    let tenant = Starter::Tenant("uid:1000", 1);
     let (honest, _) = week_with(None);
     assert_eq!(honest, 2 * G);
     // Churn: five 16 GiB leases a second apart, every minute; counted whole, their needs

@@ -222,10 +222,7 @@ impl Pool {
         self.table.changed.notify_all();
         drop(st);
         // A tenant's starts count up to its share (see `adaptive::weigh`).
-        let who = match &v.tenant {
-            Some(t) if !t.admin => adaptive::Starter::Tenant(&t.principal),
-            _ => adaptive::Starter::Operator,
-        };
+        let who = adaptive::Starter::of(v.tenant.as_ref());
         self.adaptive_started(info.node, info.page_size, who, info.size);
         Ok(info)
     }
