@@ -133,3 +133,62 @@ fn a_goal_and_ceiling_are_sized_from_the_leases_seen_and_shown_with_why() {
         d.release(l.id).unwrap();
     }
 }
+
+#[test]
+fn what_the_forecast_learnt_is_kept_across_a_restart_and_a_damaged_file_is_refused() {
+    let env = Env::new("adaptive-kept", 64 * MIB);
+    let config = env.dir.join("config.toml");
+    std::fs::write(
+        &config,
+        "[pool]\n[[pool.target]]\npage_size = \"2M\"\ngoal = 99.0\nceiling = \"32M\"\n",
+    )
+    .unwrap();
+    let args = ["--config", config.to_str().unwrap()];
+    let mut d = env.spawn(&args);
+    let vm = d.lease("vm0", 10 * MIB).unwrap();
+    let bytes = sized(&d)["targets"][0]["target_bytes"].as_u64().unwrap();
+    assert!(bytes >= 10 * MIB, "{bytes}");
+    d.release(vm.id).unwrap();
+    // A clean stop writes the file; the next start reads it back: the same target before
+    // any lease.
+    d.stop();
+    let file = env.state.join("adaptive-forecasts.json");
+    assert!(file.exists(), "no {}", file.display());
+    let from = env.log().len();
+    let d = env.spawn(&args);
+    let a = sized(&d);
+    assert_eq!(a["targets"][0]["target_bytes"], bytes, "{a}");
+    assert_eq!(a["targets"][0]["starts"], 0, "{a}");
+    assert!(env.log()[from..].contains("adaptive forecast restored"));
+    drop(d);
+
+    // Damaged: refused with the path and why, and the daemon learns from nothing.
+    std::fs::write(
+        &file,
+        b"{\"format\": \"hugeprep-adaptive-forecasts\", \"version\": 1, \"targ",
+    )
+    .unwrap();
+    let from = env.log().len();
+    let mut d = env.spawn(&args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !env.log()[from..].contains("adaptive forecasts not restored") {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal logged:\n{}",
+            &env.log()[from..]
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let line = env.log()[from..]
+        .lines()
+        .find(|l| l.contains("adaptive forecasts not restored"))
+        .unwrap()
+        .to_string();
+    assert!(line.contains(file.to_str().unwrap()), "{line}");
+    assert!(line.contains("EOF"), "{line}");
+    let a = adaptive(&d);
+    assert_eq!(a["targets"][0]["target_bytes"], 0, "{a}");
+    let vm = d.lease("vm1", 4 * MIB).unwrap();
+    d.release(vm.id).unwrap();
+    d.stop();
+}

@@ -22,12 +22,17 @@
 //!   free pages of it, and what the reserve may still add (the node's available memory
 //!   less `reserve_margin`, within `reserve_limit`; nothing with `reserve = false`).
 //!
-//! What the forecast has seen is not kept across restarts: it learns again from nothing.
+//! What the forecasts have seen is kept across restarts (`store`): written to the state
+//! directory hourly and at a clean stop, read back at start into the adaptive targets then
+//! in force; a file that is damaged or foreign is refused (one log line with the path and
+//! the field) and the daemon learns from nothing.
 
 mod registry;
+pub mod store;
 mod weigh;
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -48,6 +53,9 @@ pub const AFTER_START: Duration = super::LESSEE_GRACE;
 /// The refill rate assumed until the worker has faulted or scrubbed enough to measure one,
 /// bytes/s (1 GiB/s, below what one CPU faults 2M pages at on the hosts measured).
 pub const DEFAULT_REFILL_RATE: f64 = (1u64 << 30) as f64;
+
+/// How often what the forecasts have seen is written to the state directory.
+pub const SAVE_EVERY: Duration = Duration::from_secs(3600);
 
 /// How long Placement's allocations, as the publisher last read them, count as known
 /// demand: past it (Placement unreachable, the publisher stopped) they count for nothing.
@@ -240,6 +248,49 @@ impl Pool {
         looks
     }
 
+    /// Reads what the forecasts had seen before a restart from `state_dir` (see `store`)
+    /// into the adaptive targets in force. Never fails: what cannot be used is logged, with
+    /// the path and the field, and left out.
+    pub fn adaptive_load(&self, state_dir: &Path) {
+        let path = store::path(state_dir);
+        let saved = match store::read(&path) {
+            Ok(s) => s,
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "adaptive forecasts not restored: learning from nothing");
+                return;
+            }
+        };
+        let outcomes = self.adaptive_state().lock().restore(saved, local_now_s());
+        for ((node, ps), outcome) in outcomes {
+            let node = node.map_or("all".to_string(), |n| n.to_string());
+            match outcome {
+                Some(Ok(())) => {
+                    tracing::info!(path = %path.display(), %node, page_size = %ps, "adaptive forecast restored")
+                }
+                Some(Err(refused)) => {
+                    tracing::warn!(path = %path.display(), %node, page_size = %ps, field = %refused.field, error = %refused.message, "adaptive forecast refused: learning from nothing")
+                }
+                None => {
+                    tracing::info!(path = %path.display(), %node, page_size = %ps, "adaptive forecast saved for a target no longer adaptive: left out")
+                }
+            }
+        }
+    }
+
+    /// Writes what the forecasts have seen to `state_dir` (see `store`); a failure is
+    /// logged.
+    pub fn adaptive_save(&self, state_dir: &Path) {
+        let targets = self.adaptive_state().lock().saved();
+        if targets.is_empty() {
+            // No adaptive target now: a file kept from before stays for when one returns.
+            return;
+        }
+        let path = store::path(state_dir);
+        if let Err(error) = store::write(&path, targets) {
+            tracing::warn!(path = %path.display(), %error, "adaptive forecasts not saved");
+        }
+    }
+
     /// The adaptive targets, their goals and current targets with why.
     pub fn adaptive(&self) -> Vec<AdaptiveStatus> {
         self.adaptive_state().lock().report()
@@ -258,16 +309,25 @@ impl Pool {
     }
 }
 
-/// Looks at the adaptive targets once a minute and after each start, on the runtime's
-/// blocking threads, until the pool shuts down.
-pub fn spawn_looks(pool: Arc<Pool>) {
+/// Restores the forecasts from `state_dir`, then looks at the adaptive targets once a
+/// minute and after each start, and saves the forecasts every [`SAVE_EVERY`], on the
+/// runtime's blocking threads, until the pool shuts down.
+pub fn spawn_looks(pool: Arc<Pool>, state_dir: PathBuf) {
     tokio::spawn(async move {
+        let (p, dir) = (Arc::clone(&pool), state_dir.clone());
+        let _ = tokio::task::spawn_blocking(move || p.adaptive_load(&dir)).await;
+        let mut saved_at = Instant::now();
         loop {
             if pool.table.is_shut_down() {
                 return;
             }
             let p = Arc::clone(&pool);
             let _ = tokio::task::spawn_blocking(move || p.adaptive_look()).await;
+            if saved_at.elapsed() >= SAVE_EVERY {
+                saved_at = Instant::now();
+                let (p, dir) = (Arc::clone(&pool), state_dir.clone());
+                let _ = tokio::task::spawn_blocking(move || p.adaptive_save(&dir)).await;
+            }
             pool.adaptive_wait().await;
         }
     });

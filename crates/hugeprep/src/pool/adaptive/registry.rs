@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::page_size::PageSize;
 use crate::policy::pool::{AdaptiveGoal, Target};
+use crate::pool::core::forecast::file::{self as saved_file, Refused, SavedForecast};
 use crate::pool::core::forecast::{self, Forecast, Goal, Inputs, Why};
 
 use super::weigh::{Starter, Weigh};
@@ -224,6 +225,42 @@ impl Registry {
             r.make();
             self.install(r);
         }
+    }
+
+    /// Puts back what the forecasts of the targets in force had seen (read from the file
+    /// kept across restarts, at local time `now_s`), into those that have counted no start
+    /// yet. Returns, per saved forecast, whether it was put back (`None`: no adaptive target
+    /// there now) or why not.
+    pub fn restore(
+        &mut self,
+        saved: BTreeMap<Key, SavedForecast>,
+        now_s: f64,
+    ) -> Vec<(Key, Option<Result<(), Refused>>)> {
+        saved
+            .into_iter()
+            .map(|(key, s)| {
+                let outcome = self
+                    .entries
+                    .get_mut(&key)
+                    .filter(|e| e.starts == 0)
+                    .map(|e| {
+                        let f = saved_file::restore(&s, goal_of(e.goal), now_s)?;
+                        e.forecast = f;
+                        e.planned_at = None;
+                        e.planning = None;
+                        Ok(())
+                    });
+                (key, outcome)
+            })
+            .collect()
+    }
+
+    /// What each forecast has seen, to be kept across restarts.
+    pub fn saved(&self) -> Vec<(Key, SavedForecast)> {
+        self.entries
+            .iter()
+            .map(|(&k, e)| (k, saved_file::save(&e.forecast)))
+            .collect()
     }
 
     /// The adaptive targets' places.

@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::BTreeMap;
 
 const OP: Starter<'static> = Starter::Operator;
 
@@ -243,4 +244,45 @@ fn a_plan_for_an_old_goal_is_dropped_and_made_again() {
     replan.make();
     assert!(!r.install(replan), "made for the old goal");
     assert_eq!(r.take_due(MONDAY + 2.0).len(), 1, "due again");
+}
+
+#[test]
+fn what_was_seen_is_restored_into_targets_that_have_counted_nothing() {
+    let targets = [adaptive(Some(0), PageSize::Size2M, 9900, 64 * G)];
+    let key = (Some(0), PageSize::Size2M);
+    let mut before = Registry::default();
+    before.sync(&targets);
+    before.started(0, PageSize::Size2M, OP, MONDAY, 6 * G, 1e9);
+    let saved: BTreeMap<Key, SavedForecast> = before.saved().into_iter().collect();
+    let mut after = Registry::default();
+    after.sync(&targets);
+    let outcomes = after.restore(saved.clone(), MONDAY + 60.0);
+    assert_eq!(outcomes, vec![(key, Some(Ok(())))]);
+    let now = inputs(MONDAY + 120.0);
+    assert_eq!(
+        look(&mut after, key, &now),
+        Some(6 * G),
+        "the day's peak kept"
+    );
+    // A target that counted a start keeps its own; a place with no target is left out.
+    let mut busy = Registry::default();
+    busy.sync(&targets);
+    busy.started(0, PageSize::Size2M, OP, MONDAY, G, 1e9);
+    let mut more = saved.clone();
+    more.insert((Some(3), PageSize::Size2M), saved[&key].clone());
+    let outcomes = busy.restore(more, MONDAY + 60.0);
+    assert_eq!(
+        outcomes,
+        vec![(key, None), ((Some(3), PageSize::Size2M), None)]
+    );
+    // A forecast out of bounds is refused by field.
+    let mut bad = saved;
+    bad.get_mut(&key).unwrap().weeks.clear();
+    let mut fresh = Registry::default();
+    fresh.sync(&targets);
+    let outcomes = fresh.restore(bad, MONDAY);
+    assert_eq!(
+        outcomes[0].1.as_ref().unwrap().as_ref().unwrap_err().field,
+        "weeks"
+    );
 }
