@@ -1,8 +1,11 @@
 //! The adaptive warm target against the real daemon on real hugetlbfs: a target with a goal
 //! and a ceiling in place of `warm` (in the configuration file and over the API) is sized by
 //! the daemon from the leases it sees; `GET /v1/pool/adaptive` and `/metrics` show the
-//! target and why, and the pool keeps that much warm. No timing is asserted: the waits are
-//! liveness bounds.
+//! target and why, and the pool keeps that much warm; a lease-role principal (uids 65534
+//! and 65533 in the socket's group, `setpriv` + `curl`) counts its `starts_per_hour`, root
+//! every start; what the forecast learnt is kept across a clean restart, and a damaged file
+//! is refused by path and the daemon learns from nothing. No timing is asserted: the waits
+//! are liveness bounds.
 
 mod daemon_util;
 
@@ -191,4 +194,40 @@ fn what_the_forecast_learnt_is_kept_across_a_restart_and_a_damaged_file_is_refus
     let vm = d.lease("vm1", 4 * MIB).unwrap();
     d.release(vm.id).unwrap();
     d.stop();
+}
+
+#[test]
+fn a_lease_role_principal_counts_its_starts_per_hour_and_the_operator_all() {
+    use daemon_util::users::curl_json_as;
+    const A: u32 = 65534;
+    const B: u32 = 65533;
+    let env = Env::new("adaptive-principals", 48 * MIB);
+    let config = env.dir.join("config.toml");
+    std::fs::write(
+        &config,
+        "[pool]\n[[pool.target]]\npage_size = \"2M\"\ngoal = 99.0\nceiling = \"16M\"\n\
+         [pool.limits.principal.\"65533\"]\nstarts_per_hour = \"none\"\n",
+    )
+    .unwrap();
+    let d = env.spawn(&[
+        "--socket-group",
+        "kvm",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    // A (the default, one an hour) leases three times, B (trusted: "none") twice, root once.
+    for (uid, name) in [(A, "a1"), (A, "a2"), (A, "a3"), (B, "b1"), (B, "b2")] {
+        let body = format!(r#"{{"name":"{name}","size":"2M"}}"#);
+        let (code, body) = curl_json_as(uid, &env, "POST", "/v1/leases", &body);
+        assert_eq!(code, 201, "{body}");
+    }
+    let root = d.lease("hook", 2 * MIB).unwrap();
+    let t = &adaptive(&d)["targets"][0];
+    // A clock hour may begin between A's leases: then two of them count.
+    let (counted, dropped) = (t["starts"].as_u64(), t["starts_not_counted"].as_u64());
+    assert!(
+        (counted, dropped) == (Some(4), Some(2)) || (counted, dropped) == (Some(5), Some(1)),
+        "{t}"
+    );
+    d.release(root.id).unwrap();
 }
