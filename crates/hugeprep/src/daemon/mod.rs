@@ -272,6 +272,9 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         format_bytes(pool.policy().targets.iter().map(|t| t.warm).sum())
     ));
     notify::spawn_status_and_watchdog(Arc::clone(&pool));
+    // What the adaptive targets learnt before the restart, before any lease is served.
+    let (p, dir) = (Arc::clone(&pool), config.state_dir.clone());
+    let _ = tokio::task::spawn_blocking(move || p.adaptive_load(&dir)).await;
     crate::pool::adaptive::spawn_looks(Arc::clone(&pool), config.state_dir.clone());
     spawn_reload_on_sighup(Arc::clone(&pool), config.reload.clone());
     let placement = config

@@ -73,6 +73,8 @@ pub(in crate::pool) struct Adaptive {
     /// Placement's allocations of each page size's warm class, bytes, and when they were
     /// read (see [`Pool::set_placement_allocated`]).
     allocated: Mutex<Option<(Instant, BTreeMap<PageSize, u64>)>>,
+    /// Held while the forecasts are written.
+    saving: Mutex<()>,
 }
 
 impl Adaptive {
@@ -271,15 +273,20 @@ impl Pool {
                     tracing::warn!(path = %path.display(), %node, page_size = %ps, field = %refused.field, error = %refused.message, "adaptive forecast refused: learning from nothing")
                 }
                 None => {
-                    tracing::info!(path = %path.display(), %node, page_size = %ps, "adaptive forecast saved for a target no longer adaptive: left out")
+                    tracing::info!(path = %path.display(), %node, page_size = %ps, "adaptive forecast saved for a target not adaptive now (or that counted starts already): left out")
                 }
             }
         }
     }
 
     /// Writes what the forecasts have seen to `state_dir` (see `store`); a failure is
-    /// logged.
+    /// logged. One write at a time (the hourly one and the stop's share the file).
     pub fn adaptive_save(&self, state_dir: &Path) {
+        let _one = self
+            .adaptive_state()
+            .saving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let targets = self.adaptive_state().lock().saved();
         if targets.is_empty() {
             // No adaptive target now: a file kept from before stays for when one returns.
@@ -309,13 +316,12 @@ impl Pool {
     }
 }
 
-/// Restores the forecasts from `state_dir`, then looks at the adaptive targets once a
-/// minute and after each start, and saves the forecasts every [`SAVE_EVERY`], on the
-/// runtime's blocking threads, until the pool shuts down.
+/// Looks at the adaptive targets once a minute and after each start, and saves the
+/// forecasts to `state_dir` every [`SAVE_EVERY`], on the runtime's blocking threads, until
+/// the pool shuts down. (The daemon restores them, [`Pool::adaptive_load`], before it
+/// serves a lease.)
 pub fn spawn_looks(pool: Arc<Pool>, state_dir: PathBuf) {
     tokio::spawn(async move {
-        let (p, dir) = (Arc::clone(&pool), state_dir.clone());
-        let _ = tokio::task::spawn_blocking(move || p.adaptive_load(&dir)).await;
         let mut saved_at = Instant::now();
         loop {
             if pool.table.is_shut_down() {

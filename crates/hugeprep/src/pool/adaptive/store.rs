@@ -123,6 +123,8 @@ pub fn write(path: &Path, targets: Vec<(Key, SavedForecast)>) -> std::io::Result
             .create(true)
             .truncate(true)
             .mode(0o600)
+            // Never through a link planted in its place.
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)?;
         f.write_all(&text)?;
         f.sync_all()?;
