@@ -1,8 +1,11 @@
 //! The adaptive warm target against the real daemon on real hugetlbfs: a target with a goal
 //! and a ceiling in place of `warm` (in the configuration file and over the API) is sized by
 //! the daemon from the leases it sees; `GET /v1/pool/adaptive` and `/metrics` show the
-//! target and why, and the pool keeps that much warm. No timing is asserted: the waits are
-//! liveness bounds.
+//! target and why, and the pool keeps that much warm; a lease-role principal (uids 65534
+//! and 65533 in the socket's group, `setpriv` + `curl`) counts its `starts_per_hour`, root
+//! every start; what the forecast learnt is kept across a clean restart, and a damaged file
+//! is refused by path and the daemon learns from nothing. No timing is asserted: the waits
+//! are liveness bounds.
 
 mod daemon_util;
 
@@ -132,4 +135,99 @@ fn a_goal_and_ceiling_are_sized_from_the_leases_seen_and_shown_with_why() {
     for l in leases {
         d.release(l.id).unwrap();
     }
+}
+
+#[test]
+fn what_the_forecast_learnt_is_kept_across_a_restart_and_a_damaged_file_is_refused() {
+    let env = Env::new("adaptive-kept", 64 * MIB);
+    let config = env.dir.join("config.toml");
+    std::fs::write(
+        &config,
+        "[pool]\n[[pool.target]]\npage_size = \"2M\"\ngoal = 99.0\nceiling = \"32M\"\n",
+    )
+    .unwrap();
+    let args = ["--config", config.to_str().unwrap()];
+    let mut d = env.spawn(&args);
+    let vm = d.lease("vm0", 10 * MIB).unwrap();
+    let bytes = sized(&d)["targets"][0]["target_bytes"].as_u64().unwrap();
+    assert!(bytes >= 10 * MIB, "{bytes}");
+    d.release(vm.id).unwrap();
+    // A clean stop writes the file; the next start reads it back: the same target before
+    // any lease.
+    d.stop();
+    let file = env.state.join("adaptive-forecasts.json");
+    assert!(file.exists(), "no {}", file.display());
+    let from = env.log().len();
+    let d = env.spawn(&args);
+    let a = sized(&d);
+    assert_eq!(a["targets"][0]["target_bytes"], bytes, "{a}");
+    assert_eq!(a["targets"][0]["starts"], 0, "{a}");
+    assert!(env.log()[from..].contains("adaptive forecast restored"));
+    drop(d);
+
+    // Damaged: refused with the path and why, and the daemon learns from nothing.
+    std::fs::write(
+        &file,
+        b"{\"format\": \"hugeprep-adaptive-forecasts\", \"version\": 1, \"targ",
+    )
+    .unwrap();
+    let from = env.log().len();
+    let mut d = env.spawn(&args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !env.log()[from..].contains("adaptive forecasts not restored") {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal logged:\n{}",
+            &env.log()[from..]
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let line = env.log()[from..]
+        .lines()
+        .find(|l| l.contains("adaptive forecasts not restored"))
+        .unwrap()
+        .to_string();
+    assert!(line.contains(file.to_str().unwrap()), "{line}");
+    assert!(line.contains("EOF"), "{line}");
+    let a = adaptive(&d);
+    assert_eq!(a["targets"][0]["target_bytes"], 0, "{a}");
+    let vm = d.lease("vm1", 4 * MIB).unwrap();
+    d.release(vm.id).unwrap();
+    d.stop();
+}
+
+#[test]
+fn a_lease_role_principal_counts_its_starts_per_hour_and_the_operator_all() {
+    use daemon_util::users::curl_json_as;
+    const A: u32 = 65534;
+    const B: u32 = 65533;
+    let env = Env::new("adaptive-principals", 48 * MIB);
+    let config = env.dir.join("config.toml");
+    std::fs::write(
+        &config,
+        "[pool]\n[[pool.target]]\npage_size = \"2M\"\ngoal = 99.0\nceiling = \"16M\"\n\
+         [pool.limits.principal.\"65533\"]\nstarts_per_hour = \"none\"\n",
+    )
+    .unwrap();
+    let d = env.spawn(&[
+        "--socket-group",
+        "kvm",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    // A (the default, one an hour) leases three times, B (trusted: "none") twice, root once.
+    for (uid, name) in [(A, "a1"), (A, "a2"), (A, "a3"), (B, "b1"), (B, "b2")] {
+        let body = format!(r#"{{"name":"{name}","size":"2M"}}"#);
+        let (code, body) = curl_json_as(uid, &env, "POST", "/v1/leases", &body);
+        assert_eq!(code, 201, "{body}");
+    }
+    let root = d.lease("hook", 2 * MIB).unwrap();
+    let t = &adaptive(&d)["targets"][0];
+    // A clock hour may begin between A's leases: then two of them count.
+    let (counted, dropped) = (t["starts"].as_u64(), t["starts_not_counted"].as_u64());
+    assert!(
+        (counted, dropped) == (Some(4), Some(2)) || (counted, dropped) == (Some(5), Some(1)),
+        "{t}"
+    );
+    d.release(root.id).unwrap();
 }

@@ -709,3 +709,96 @@ fn rotated_tokens_inventory_in_use_tls_and_an_old_version_document() {
         );
     }
 }
+
+/// The adaptive target's report (`GET /v1/pool/adaptive`), its first target.
+fn adaptive_target(d: &Daemon) -> Value {
+    let (status, body) = d.raw("GET", "/v1/pool/adaptive", b"");
+    assert_eq!(status, 200, "{body}");
+    body["targets"][0].clone()
+}
+
+/// Waits (a liveness bound) until the adaptive target is `bytes` with `pending` known
+/// demand in its why, and in force in the pool's policy.
+fn wait_adaptive(d: &Daemon, what: &str, bytes: u64, pending: u64) -> Value {
+    wait_for(Duration::from_secs(60), what, || {
+        let t = adaptive_target(d);
+        let ok = t["target_bytes"] == bytes
+            && t["why"]["pending"] == pending
+            && d.pool().kinds[0].target_bytes == bytes;
+        ok.then_some(t)
+    })
+}
+
+#[test]
+fn an_allocation_not_yet_leased_raises_the_adaptive_target_before_the_lease() {
+    let env = Env::new("placement-adaptive", 32 * MIB);
+    let Some(placement) = Placement::start(&env.dir.join("placement")) else {
+        return;
+    };
+    let host = placement.compute_node("host-c");
+    let path = env.dir.join("adaptive.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[placement]\nendpoint = \"{}\"\ntoken = \"admin\"\ncompute_node = \"host-c\"\n\
+             min_interval_ms = 100\n\n[pool]\n[[pool.target]]\npage_size = \"2M\"\n\
+             goal = 99.0\nceiling = \"24M\"\n",
+            placement.url
+        ),
+    )
+    .unwrap();
+    let d = env.spawn(&["--config", path.to_str().unwrap()]);
+    let child = wait_for(Duration::from_secs(30), "the warm-memory provider", || {
+        let p = placement.provider("host-c:hugeprep")?;
+        Some(p["uuid"].as_str()?.to_string())
+    });
+
+    // One VM started and stopped: the target keeps its need (the day's peak) warm, and
+    // Placement offers it.
+    let first = d.lease("vm0", 4 * MIB).unwrap();
+    d.release(first.id).unwrap();
+    let t = wait_adaptive(&d, "the target after one start", 4 * MIB, 0);
+    assert_eq!(t["starts"], 1, "{t}");
+    d.settle(4 * MIB);
+    wait_for(Duration::from_secs(30), "4 MiB warm offered", || {
+        (placement.warm(&child) == (4, 0, 0)).then_some(())
+    });
+
+    // Nova schedules a VM of 4 MiB here: before its lease, the target rises by it (known
+    // demand, shown in why) and the pool fills to it.
+    let consumer = "5b1e7c2a-4444-4d6f-9a8b-1c2d3e4f5a6b";
+    let (s, v) = placement.call(
+        "PUT",
+        &format!("/allocations/{consumer}"),
+        Some(json!({
+            "allocations": {
+                host.clone(): {"resources": {"VCPU": 1, "MEMORY_MB": 4}},
+                child.clone(): {"resources": {CLASS: 4}},
+            },
+            "project_id": "6e8f0a1c-2222-4b3d-9e5f-7a9b1c3d5e7f",
+            "user_id": "0a1b2c3d-3333-4e5f-8a9b-0c1d2e3f4a5b",
+            "consumer_generation": null,
+            "consumer_type": "INSTANCE",
+        })),
+    );
+    assert_eq!(s, 204, "{v}");
+    let t = wait_adaptive(&d, "the target with the allocation", 8 * MIB, 4 * MIB);
+    assert_eq!(t["starts"], 1, "no lease yet: {t}");
+    d.settle(8 * MIB);
+
+    // The VM leases: its allocation is no longer demand to come.
+    let vm = d.lease("vm1", 4 * MIB).unwrap();
+    assert_eq!(vm.source.name(), "warm-exact");
+    let t = wait_for(
+        Duration::from_secs(60),
+        "no known demand after the lease",
+        || {
+            let t = adaptive_target(&d);
+            (t["starts"] == 2 && t["why"]["pending"] == 0).then_some(t)
+        },
+    );
+    assert!(t["target_bytes"].as_u64().unwrap() >= 4 * MIB, "{t}");
+    let (s, v) = placement.call("DELETE", &format!("/allocations/{consumer}"), None);
+    assert_eq!(s, 204, "{v}");
+    d.release(vm.id).unwrap();
+}

@@ -272,7 +272,10 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         format_bytes(pool.policy().targets.iter().map(|t| t.warm).sum())
     ));
     notify::spawn_status_and_watchdog(Arc::clone(&pool));
-    crate::pool::adaptive::spawn_looks(Arc::clone(&pool));
+    // What the adaptive targets learnt before the restart, before any lease is served.
+    let (p, dir) = (Arc::clone(&pool), config.state_dir.clone());
+    let _ = tokio::task::spawn_blocking(move || p.adaptive_load(&dir)).await;
+    crate::pool::adaptive::spawn_looks(Arc::clone(&pool), config.state_dir.clone());
     spawn_reload_on_sighup(Arc::clone(&pool), config.reload.clone());
     let placement = config
         .placement
@@ -318,6 +321,8 @@ async fn run_async(config: DaemonConfig) -> Result<(), DaemonError> {
         // Work it had in flight stays busy: the clean-shutdown mark below refuses.
         _ => tracing::error!("the pool worker panicked"),
     }
+    // What the adaptive targets learnt, for the next start.
+    pool.adaptive_save(&config.state_dir);
     if pool.policy().reserve.release_on_stop {
         match pool.give_back_on_stop() {
             Ok(report) => tracing::info!(released = ?report.released, "gave memory back on stop"),

@@ -30,6 +30,10 @@ use crate::PageSize;
 pub const CONFLICT_RETRIES: u32 = 3;
 /// The longest wait between failed attempts.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// How often the usage is read while the pool has adaptive targets: Placement's
+/// allocations not yet leased are their known demand (`pool::adaptive`), VMs that start
+/// within seconds. One `GET .../usages` per host every 5 s.
+pub const KNOWN_DEMAND_EVERY: Duration = Duration::from_secs(5);
 
 /// Exponential backoff: 1 s, 2 s, 4 s ... up to [`MAX_BACKOFF`]; a success resets it.
 #[derive(Debug, Clone, Default)]
@@ -113,6 +117,8 @@ struct Session {
     /// What Placement holds, as last written.
     published: Option<BTreeMap<String, Inventory>>,
     last_refresh: Option<Instant>,
+    /// When the usage was last read.
+    last_usage: Option<Instant>,
 }
 
 impl Session {
@@ -154,15 +160,22 @@ impl Session {
     }
 
     /// One update; `Ok(Some(..))` when it wrote, `Ok(None)` when nothing needed writing.
+    /// With `demand` (the pool has adaptive targets) the usage is read at least every
+    /// [`KNOWN_DEMAND_EVERY`].
     async fn update(
         &mut self,
         figures: &BTreeMap<PageSize, Figures>,
         status: &Status,
+        demand: bool,
     ) -> Result<Option<Vec<Published>>, PlacementError> {
         let now = Instant::now();
         let refresh = self
             .last_refresh
             .map_or(true, |t| now.duration_since(t) >= self.config.refresh);
+        let usage_due = demand
+            && self
+                .last_usage
+                .map_or(true, |t| now.duration_since(t) >= KNOWN_DEMAND_EVERY);
         let child = match &self.child {
             Some(c) => c.clone(),
             None => {
@@ -176,6 +189,8 @@ impl Session {
         if refresh || self.usage.is_none() {
             self.read_usage(&child).await?;
             self.last_refresh = Some(now);
+        } else if usage_due {
+            self.read_usage(&child).await?;
         }
         let mut conflicts = 0;
         loop {
@@ -233,6 +248,7 @@ impl Session {
         match self.client.usage(child).await? {
             Some(u) => {
                 self.usage = Some(u);
+                self.last_usage = Some(Instant::now());
                 Ok(())
             }
             None => {
@@ -244,6 +260,20 @@ impl Session {
             }
         }
     }
+}
+
+/// Placement's allocations of each page size's class, bytes (`used` is in MiB).
+pub fn allocated(
+    figures: &BTreeMap<PageSize, Figures>,
+    used: &BTreeMap<String, u64>,
+) -> BTreeMap<PageSize, u64> {
+    figures
+        .keys()
+        .map(|&ps| {
+            let mib = used.get(&class_name(ps)).copied().unwrap_or(0);
+            (ps, mib.saturating_mul(1 << 20))
+        })
+        .collect()
 }
 
 fn published(
@@ -282,6 +312,7 @@ async fn run(
         usage: None,
         published: None,
         last_refresh: None,
+        last_usage: None,
     };
     let mut backoff = Backoff::default();
     loop {
@@ -292,14 +323,20 @@ async fn run(
             }
         }
         let reader = Arc::clone(&pool);
-        let Ok(pool_status) = tokio::task::spawn_blocking(move || reader.status()).await else {
+        let Ok((pool_status, demand)) =
+            tokio::task::spawn_blocking(move || (reader.status(), !reader.adaptive().is_empty()))
+                .await
+        else {
             return;
         };
         let figures = figures(&pool_status);
         let outcome = tokio::select! {
-            r = session.update(&figures, &status) => r,
+            r = session.update(&figures, &status, demand) => r,
             _ = stop.wait_for(|s| *s) => return,
         };
+        if let (true, Ok(_), Some(u)) = (demand, &outcome, &session.usage) {
+            pool.set_placement_allocated(allocated(&figures, &u.used));
+        }
         match outcome {
             Ok(None) => {}
             Ok(Some(shown)) => {

@@ -30,6 +30,9 @@ pub const DEFAULT_DESCRIPTORS: u64 = 64;
 pub const DEFAULT_LEASED_SHARE: u64 = 4;
 /// The share of the host's memory (1/N) a lease-role principal may leave released but held.
 pub const DEFAULT_HELD_SHARE: u64 = 32;
+/// The VM starts of one lease-role principal an adaptive target's forecast counts per clock
+/// hour by default (`pool::adaptive::weigh`).
+pub const DEFAULT_STARTS_PER_HOUR: u64 = 1;
 
 /// One `[pool.limits.*]` table as written.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,6 +50,20 @@ pub struct LimitsSpec {
     /// Bytes released but still held by someone, waiting aside (`"none"`: no limit).
     #[serde(default)]
     pub held_bytes: Option<String>,
+    /// Its VM starts an adaptive target's forecast counts per clock hour (not a limit on
+    /// leases: the further ones are served, not counted); `"none"`: all.
+    #[serde(default)]
+    pub starts_per_hour: Option<CountOrNone>,
+}
+
+/// A count, or `"none"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CountOrNone {
+    /// A count.
+    Count(u64),
+    /// `"none"` (anything else is refused at validation, naming the field).
+    Word(String),
 }
 
 /// `[pool.limits]` as written.
@@ -76,6 +93,8 @@ pub struct Limits {
     pub descriptors: Limit,
     /// Released-but-held bytes.
     pub held_bytes: Limit,
+    /// Starts counted per clock hour by the adaptive forecast (not an admission limit).
+    pub starts_per_hour: Limit,
 }
 
 /// One table's fields, parsed: `None` where the table says nothing.
@@ -85,6 +104,7 @@ struct Partial {
     leases: Option<Limit>,
     descriptors: Option<Limit>,
     held_bytes: Option<Limit>,
+    starts_per_hour: Option<Limit>,
 }
 
 impl Partial {
@@ -101,6 +121,9 @@ impl Partial {
         if let Some(l) = self.held_bytes {
             base.held_bytes = l;
         }
+        if let Some(l) = self.starts_per_hour {
+            base.starts_per_hour = l;
+        }
     }
 }
 
@@ -114,6 +137,17 @@ fn bytes_or_none(field: &str, text: &str) -> Result<Limit, PoolPolicyError> {
             field: field.to_string(),
             message: format!("{e} (a size such as \"16G\", or \"none\")"),
         })
+}
+
+fn count_or_none(field: &str, c: &CountOrNone) -> Result<Limit, PoolPolicyError> {
+    match c {
+        CountOrNone::Count(n) => Ok(Some(*n)),
+        CountOrNone::Word(w) if w.trim() == "none" => Ok(None),
+        CountOrNone::Word(w) => Err(PoolPolicyError::Field {
+            field: field.to_string(),
+            message: format!("{w:?} is no count (a count such as 4, or \"none\")"),
+        }),
+    }
 }
 
 impl LimitsSpec {
@@ -134,6 +168,10 @@ impl LimitsSpec {
             held_bytes: match &self.held_bytes {
                 None => None,
                 Some(t) => Some(bytes_or_none(&format!("{at}.held_bytes"), t)?),
+            },
+            starts_per_hour: match &self.starts_per_hour {
+                None => None,
+                Some(t) => Some(count_or_none(&format!("{at}.starts_per_hour"), t)?),
             },
         })
     }
@@ -242,8 +280,9 @@ impl Limits {
 
     /// The defaults of a role: admin (root, the daemon's user, the libvirt hook) none; a
     /// lease-role principal 1/[`DEFAULT_LEASED_SHARE`] of the host's memory leased per page
-    /// size, [`DEFAULT_LEASES`] leases, [`DEFAULT_DESCRIPTORS`] descriptors and
-    /// 1/[`DEFAULT_HELD_SHARE`] of the host's memory released but held.
+    /// size, [`DEFAULT_LEASES`] leases, [`DEFAULT_DESCRIPTORS`] descriptors,
+    /// 1/[`DEFAULT_HELD_SHARE`] of the host's memory released but held, and
+    /// [`DEFAULT_STARTS_PER_HOUR`] starts an hour counted by the adaptive forecast.
     pub fn role_default(role: &str, host_bytes: u64) -> Limits {
         if role == "admin" {
             return Limits::default();
@@ -262,6 +301,7 @@ impl Limits {
             leases: Some(DEFAULT_LEASES),
             descriptors: Some(DEFAULT_DESCRIPTORS),
             held_bytes: share(DEFAULT_HELD_SHARE),
+            starts_per_hour: Some(DEFAULT_STARTS_PER_HOUR),
         }
     }
 }
@@ -305,7 +345,8 @@ mod tests {
         let spec: TenantsSpec = toml::from_str(
             "[role.lease]\nleases = 8\nleased_bytes = { \"2M\" = \"4G\" }\n\
              [principal.\"0\"]\nleases = 2\nheld_bytes = \"none\"\n\
-             [principal.\"token:cp\"]\ndescriptors = 1\n",
+             [principal.\"token:cp\"]\ndescriptors = 1\nstarts_per_hour = \"none\"\n\
+             [principal.\"token:few\"]\nstarts_per_hour = 3\n",
         )
         .unwrap();
         let mut t = spec.validate().unwrap();
@@ -319,6 +360,9 @@ mod tests {
         let root = t.limits_for("lease", "uid:0");
         assert_eq!((root.leases, root.held_bytes), (Some(2), None));
         assert_eq!(t.limits_for("lease", "token:cp").descriptors, Some(1));
+        assert_eq!(lease.starts_per_hour, Some(DEFAULT_STARTS_PER_HOUR));
+        assert_eq!(t.limits_for("lease", "token:cp").starts_per_hour, None);
+        assert_eq!(t.limits_for("lease", "token:few").starts_per_hour, Some(3));
         assert_eq!(t.limits_for("admin", "uid:1000"), Limits::default());
         assert!(t.limits_for("admin", "uid:1000").admits_anything());
         assert!(!lease.admits_anything());
@@ -385,6 +429,10 @@ mod tests {
             (
                 "[role.lease]\nheld_bytes = \"lots\"\n",
                 &["limits.role.\"lease\".held_bytes"][..],
+            ),
+            (
+                "[role.lease]\nstarts_per_hour = \"many\"\n",
+                &["limits.role.\"lease\".starts_per_hour", "no count"][..],
             ),
             (
                 "[principal.\"libvirt-qmeu\"]\nleases = 1\n",

@@ -391,6 +391,7 @@ mod tests {
             leases: Some(3),
             descriptors: Some(1),
             held_bytes: Some(4 * M),
+            starts_per_hour: Some(1),
         }
     }
 

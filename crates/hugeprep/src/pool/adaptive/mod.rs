@@ -1,31 +1,45 @@
 //! The driver of the adaptive warm targets (`goal` and `ceiling` in place of `warm`): it
-//! counts each lease as a VM start of its target's forecast, looks at each target once a
+//! counts each lease as a VM start of its target's forecast (a lease-role principal's up
+//! to its `starts_per_hour`, by default one a clock hour, see `weigh`; an admin's and the
+//! daemon's own callers' each time), looks at each target once a
 //! minute (and soon after a start), and installs the target's warm bytes through the same
 //! path as a reload or `PUT /v1/pool/targets` ([`Pool::set_policy`]), so the API's targets
-//! stay in force and the worker fills or trims as for any target. See docs/pool.md,
-//! "Sizing the pool itself".
+//! stay in force and the worker fills or trims as for any target. Plans are made on copies
+//! of the forecasts, outside the registry's lock (see `registry`), so a lease's commit
+//! never waits on one. See docs/pool.md, "Sizing the pool itself".
 //!
 //! The inputs of a look ([`Inputs`]):
 //! - the time: the host's clock plus the local offset from UTC (the C library's, from `TZ`
 //!   or `/etc/localtime`), so the day's hours are the operator's;
-//! - known demand: 0 (the daemon reads no Placement allocations yet; its Placement client
-//!   only publishes inventory);
+//! - known demand: with Placement configured, what its allocations of the page size's warm
+//!   class hold beyond what is leased, `max(0, used - leased)` (VMs Nova scheduled here
+//!   that have not leased yet: they start within seconds), as the publisher last read it
+//!   (at most [`KNOWN_DEMAND_FOR`] ago; else 0). Placement counts the host, not a node, so
+//!   every adaptive target of that page size adds it; without Placement it is 0;
 //! - the refill rate: the worker's measured fault rate (bytes over seconds faulted), else
 //!   the scrub rate, else [`DEFAULT_REFILL_RATE`], for every page size alike;
 //! - the free share: what the pool holds of the kind (warm, dirty, filling), the kernel's
 //!   free pages of it, and what the reserve may still add (the node's available memory
 //!   less `reserve_margin`, within `reserve_limit`; nothing with `reserve = false`).
 //!
-//! What the forecast has seen is not kept across restarts: it learns again from nothing.
+//! What the forecasts have seen is kept across restarts (`store`): written to the state
+//! directory hourly and at a clean stop, read back at start into the adaptive targets then
+//! in force; a file that is damaged or foreign is refused (one log line with the path and
+//! the field) and the daemon learns from nothing.
 
 mod registry;
+pub mod store;
+mod weigh;
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use registry::{AdaptiveStatus, Key, Registry, REPLAN_S};
+pub use registry::{AdaptiveStatus, Key, Registry, Replan, REPLAN_S, STARTS_WHILE_PLANNING};
+pub use weigh::{Starter, PRINCIPALS_PER_HOUR};
 
-use super::{KindStatus, Pool};
+use super::{KindStatus, Pool, PoolStatus};
 use crate::page_size::PageSize;
 use crate::policy::pool::Target;
 use crate::pool::core::forecast::Inputs;
@@ -40,6 +54,13 @@ pub const AFTER_START: Duration = super::LESSEE_GRACE;
 /// bytes/s (1 GiB/s, below what one CPU faults 2M pages at on the hosts measured).
 pub const DEFAULT_REFILL_RATE: f64 = (1u64 << 30) as f64;
 
+/// How often what the forecasts have seen is written to the state directory.
+pub const SAVE_EVERY: Duration = Duration::from_secs(3600);
+
+/// How long Placement's allocations, as the publisher last read them, count as known
+/// demand: past it (Placement unreachable, the publisher stopped) they count for nothing.
+pub const KNOWN_DEMAND_FOR: Duration = Duration::from_secs(300);
+
 /// Seconds of faulting (or scrubbing) before its rate is trusted.
 const MEASURED_AFTER_S: f64 = 0.5;
 
@@ -49,6 +70,11 @@ pub(in crate::pool) struct Adaptive {
     registry: Mutex<Registry>,
     /// Wakes the looks after a start.
     wake: tokio::sync::Notify,
+    /// Placement's allocations of each page size's warm class, bytes, and when they were
+    /// read (see [`Pool::set_placement_allocated`]).
+    allocated: Mutex<Option<(Instant, BTreeMap<PageSize, u64>)>>,
+    /// Held while the forecasts are written.
+    saving: Mutex<()>,
 }
 
 impl Adaptive {
@@ -78,14 +104,21 @@ impl Pool {
         &self.settings.adaptive
     }
 
-    /// A lease of `bytes` on `node` of `ps` pages was committed: a VM start for the adaptive
-    /// target it counts for, if any. Cheap; the look it calls for runs on the looks' task.
-    pub(in crate::pool) fn adaptive_started(&self, node: u32, ps: PageSize, bytes: u64) {
+    /// A lease of `bytes` on `node` of `ps` pages was committed by `who`: a VM start for the
+    /// adaptive target it counts for, if any, within `who`'s share. Cheap; the look it calls
+    /// for runs on the looks' task.
+    pub(in crate::pool) fn adaptive_started(
+        &self,
+        node: u32,
+        ps: PageSize,
+        who: Starter<'_>,
+        bytes: u64,
+    ) {
         let rate = self.refill_rate();
-        let counted = self
-            .adaptive_state()
-            .lock()
-            .started(node, ps, local_now_s(), bytes, rate);
+        let counted =
+            self.adaptive_state()
+                .lock()
+                .started(node, ps, who, local_now_s(), bytes, rate);
         if counted {
             self.adaptive_state().wake.notify_one();
         }
@@ -121,6 +154,45 @@ impl Pool {
             .saturating_add(room.saturating_mul(page))
     }
 
+    /// Placement's allocations of each page size's warm class, in bytes, as the publisher
+    /// just read them (`placement::publisher`): the known demand of the looks (see the
+    /// module's doc). A rise wakes the looks.
+    pub fn set_placement_allocated(&self, allocated: BTreeMap<PageSize, u64>) {
+        let a = self.adaptive_state();
+        let mut held = a.allocated.lock().unwrap_or_else(|e| e.into_inner());
+        let rose = allocated.iter().any(|(ps, &b)| {
+            let before = held.as_ref().and_then(|(_, m)| m.get(ps).copied());
+            b > before.unwrap_or(0)
+        });
+        *held = Some((Instant::now(), allocated));
+        drop(held);
+        if rose {
+            a.wake.notify_one();
+        }
+    }
+
+    /// The known demand of `ps` pages: Placement's allocations not yet leased, bytes.
+    fn known_demand(&self, ps: PageSize, status: &PoolStatus) -> u64 {
+        let held = self
+            .adaptive_state()
+            .allocated
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some((at, allocated)) = held.as_ref() else {
+            return 0;
+        };
+        if at.elapsed() > KNOWN_DEMAND_FOR {
+            return 0;
+        }
+        let leased: u64 = status
+            .kinds
+            .iter()
+            .filter(|k| k.page_size == ps)
+            .map(|k| k.leased_bytes)
+            .sum();
+        allocated.get(&ps).map_or(0, |&a| a.saturating_sub(leased))
+    }
+
     /// Looks at every adaptive target now and installs the warm bytes that changed (through
     /// `set_policy`, as a reload). Returns whether any changed.
     pub fn adaptive_look(&self) -> bool {
@@ -128,26 +200,13 @@ impl Pool {
         if keys.is_empty() {
             return false;
         }
-        let status = self.status();
-        let refill_rate = self.refill_rate();
         let now_s = local_now_s();
-        let mut looks = Vec::new();
-        for key @ (node, ps) in keys {
-            // A target for every node is held on each: the least free of them bounds it.
-            let free_share = status
-                .kinds
-                .iter()
-                .filter(|k| k.page_size == ps && node.map_or(true, |n| n == k.node))
-                .map(|k| self.free_share(k))
-                .min()
-                .unwrap_or(0);
-            let inputs = Inputs {
-                now_s,
-                pending: 0,
-                refill_rate,
-                free_share,
-            };
-            looks.push((key, inputs));
+        let looks = self.look_inputs(keys, now_s);
+        // Plans are made on copies: lease commits never wait on one (see `registry`).
+        let replans = self.adaptive_state().lock().take_due(now_s);
+        for mut replan in replans {
+            replan.make();
+            self.adaptive_state().lock().install(replan);
         }
         let changed = {
             let mut r = self.adaptive_state().lock();
@@ -164,6 +223,79 @@ impl Pool {
             tracing::info!(policy = %self.policy().describe(), "adaptive warm targets sized");
         }
         changed
+    }
+
+    /// The inputs of a look at each of `keys` at local time `now_s`.
+    fn look_inputs(&self, keys: Vec<Key>, now_s: f64) -> Vec<(Key, Inputs)> {
+        let status = self.status();
+        let refill_rate = self.refill_rate();
+        let mut looks = Vec::new();
+        for key @ (node, ps) in keys {
+            // A target for every node is held on each: the least free of them bounds it.
+            let free_share = status
+                .kinds
+                .iter()
+                .filter(|k| k.page_size == ps && node.map_or(true, |n| n == k.node))
+                .map(|k| self.free_share(k))
+                .min()
+                .unwrap_or(0);
+            let inputs = Inputs {
+                now_s,
+                pending: self.known_demand(ps, &status),
+                refill_rate,
+                free_share,
+            };
+            looks.push((key, inputs));
+        }
+        looks
+    }
+
+    /// Reads what the forecasts had seen before a restart from `state_dir` (see `store`)
+    /// into the adaptive targets in force. Never fails: what cannot be used is logged, with
+    /// the path and the field, and left out.
+    pub fn adaptive_load(&self, state_dir: &Path) {
+        let path = store::path(state_dir);
+        let saved = match store::read(&path) {
+            Ok(s) => s,
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "adaptive forecasts not restored: learning from nothing");
+                return;
+            }
+        };
+        let outcomes = self.adaptive_state().lock().restore(saved, local_now_s());
+        for ((node, ps), outcome) in outcomes {
+            let node = node.map_or("all".to_string(), |n| n.to_string());
+            match outcome {
+                Some(Ok(())) => {
+                    tracing::info!(path = %path.display(), %node, page_size = %ps, "adaptive forecast restored")
+                }
+                Some(Err(refused)) => {
+                    tracing::warn!(path = %path.display(), %node, page_size = %ps, field = %refused.field, error = %refused.message, "adaptive forecast refused: learning from nothing")
+                }
+                None => {
+                    tracing::info!(path = %path.display(), %node, page_size = %ps, "adaptive forecast saved for a target not adaptive now (or that counted starts already): left out")
+                }
+            }
+        }
+    }
+
+    /// Writes what the forecasts have seen to `state_dir` (see `store`); a failure is
+    /// logged. One write at a time (the hourly one and the stop's share the file).
+    pub fn adaptive_save(&self, state_dir: &Path) {
+        let _one = self
+            .adaptive_state()
+            .saving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let targets = self.adaptive_state().lock().saved();
+        if targets.is_empty() {
+            // No adaptive target now: a file kept from before stays for when one returns.
+            return;
+        }
+        let path = store::path(state_dir);
+        if let Err(error) = store::write(&path, targets) {
+            tracing::warn!(path = %path.display(), %error, "adaptive forecasts not saved");
+        }
     }
 
     /// The adaptive targets, their goals and current targets with why.
@@ -184,16 +316,24 @@ impl Pool {
     }
 }
 
-/// Looks at the adaptive targets once a minute and after each start, on the runtime's
-/// blocking threads, until the pool shuts down.
-pub fn spawn_looks(pool: Arc<Pool>) {
+/// Looks at the adaptive targets once a minute and after each start, and saves the
+/// forecasts to `state_dir` every [`SAVE_EVERY`], on the runtime's blocking threads, until
+/// the pool shuts down. (The daemon restores them, [`Pool::adaptive_load`], before it
+/// serves a lease.)
+pub fn spawn_looks(pool: Arc<Pool>, state_dir: PathBuf) {
     tokio::spawn(async move {
+        let mut saved_at = Instant::now();
         loop {
             if pool.table.is_shut_down() {
                 return;
             }
             let p = Arc::clone(&pool);
             let _ = tokio::task::spawn_blocking(move || p.adaptive_look()).await;
+            if saved_at.elapsed() >= SAVE_EVERY {
+                saved_at = Instant::now();
+                let (p, dir) = (Arc::clone(&pool), state_dir.clone());
+                let _ = tokio::task::spawn_blocking(move || p.adaptive_save(&dir)).await;
+            }
             pool.adaptive_wait().await;
         }
     });

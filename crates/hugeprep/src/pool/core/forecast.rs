@@ -475,6 +475,10 @@ impl Forecast {
     }
 }
 
+/// What a forecast has seen, kept across restarts (one submodule: it reads the fields).
+#[path = "forecast_file.rs"]
+pub mod file;
+
 #[cfg(test)]
 #[path = "tests/forecast.rs"]
 mod tests;

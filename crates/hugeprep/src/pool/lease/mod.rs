@@ -225,7 +225,9 @@ impl Pool {
         self.clearing.gate.leased(id, Instant::now());
         self.table.changed.notify_all();
         drop(st);
-        self.adaptive_started(info.node, info.page_size, info.size);
+        // A tenant's starts count up to its share (see `adaptive::weigh`).
+        let who = adaptive::Starter::of(v.tenant.as_ref());
+        self.adaptive_started(info.node, info.page_size, who, info.size);
         Ok(info)
     }
 
