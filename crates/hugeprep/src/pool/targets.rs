@@ -168,18 +168,23 @@ fn check_memory(
         .nodes
         .iter()
         .filter(|n| spec.node.map_or(true, |id| id == n.id) && n.mem_bytes > 0);
-    if let Some(n) = nodes.min_by_key(|n| n.mem_bytes) {
-        if target.warm > n.mem_bytes {
-            return Err(field(
-                format!("{prefix}.warm"),
-                format!(
-                    "{} is more than node {}'s memory of {}",
-                    crate::units::format_bytes(target.warm),
-                    n.id,
-                    crate::units::format_bytes(n.mem_bytes)
-                ),
-            ));
-        }
+    let Some(n) = nodes.min_by_key(|n| n.mem_bytes) else {
+        return Ok(());
+    };
+    let (name, bytes) = match &target.adaptive {
+        Some(goal) => ("ceiling", goal.ceiling),
+        None => ("warm", target.warm),
+    };
+    if bytes > n.mem_bytes {
+        return Err(field(
+            format!("{prefix}.{name}"),
+            format!(
+                "{} is more than node {}'s memory of {}",
+                crate::units::format_bytes(bytes),
+                n.id,
+                crate::units::format_bytes(n.mem_bytes)
+            ),
+        ));
     }
     Ok(())
 }
@@ -328,5 +333,52 @@ impl Pool {
     fn reapply_targets(&self) {
         self.settings.reapply_targets();
         self.table.notify();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::pool::Percent;
+    use crate::topology::Node;
+
+    fn spec(warm: &str, ceiling: Option<&str>) -> TargetSpec {
+        TargetSpec {
+            page_size: PageSize::Size2M,
+            node: None,
+            warm: warm.into(),
+            sizes: Vec::new(),
+            flavors: Vec::new(),
+            goal: ceiling.map(|_| Percent(99.0)),
+            ceiling: ceiling.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn warm_and_ceiling_are_refused_above_the_smallest_nodes_memory() {
+        let node = |id, gib: u64| Node {
+            id,
+            cpus: vec![0],
+            mem_bytes: gib << 30,
+        };
+        let topology = Topology {
+            nodes: vec![node(0, 8), node(1, 4)],
+        };
+        let sizes = BTreeSet::from([PageSize::Size2M]);
+        let check = |s: TargetSpec| validate_targets(&[s], &sizes, &topology);
+        assert!(check(spec("4G", None)).is_ok());
+        assert!(check(spec("", Some("4G"))).is_ok());
+        for (s, name) in [
+            (spec("6G", None), "warm"),
+            (spec("", Some("6G")), "ceiling"),
+        ] {
+            match check(s) {
+                Err(PoolPolicyError::Field { field, message }) => {
+                    assert_eq!(field, format!("targets[0].{name}"));
+                    assert!(message.contains("node 1's memory of 4 GiB"), "{message}");
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
     }
 }
