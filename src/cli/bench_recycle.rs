@@ -45,6 +45,11 @@ pub struct BenchRecycleArgs {
     /// deletes meanwhile), against a quiet pool, side by side.
     #[arg(long)]
     pub churn: bool,
+    /// With --churn: bytes per lease of the churning client instead of twice the lease size
+    /// (e.g. one page: the worker's journal writes and deletions per second at the least
+    /// faulting, so the timed leases compete with the worker rather than with page faults).
+    #[arg(long, value_parser = parse_bytes, requires = "churn")]
+    pub churn_size: Option<u64>,
     /// Also time the release proof beside this many extra processes, started by the bench
     /// (one in 50 QEMU-like: 64 threads, 200 descriptors), side by side with the quiet host.
     #[arg(long, default_value_t = 0)]
@@ -115,6 +120,7 @@ pub fn run(args: BenchRecycleArgs) -> anyhow::Result<()> {
                 state_dir: args.state_dir.clone(),
                 hog: args.hog,
                 churn: args.churn,
+                churn_size: args.churn_size,
                 client_nice: args.client_nice,
                 host_processes: if i == 0 { args.host_processes } else { 0 },
                 flood: if i == 0 {
@@ -181,6 +187,7 @@ fn run_held(
             state_dir: args.state_dir.clone(),
             hog: false,
             churn: false,
+            churn_size: None,
             client_nice: None,
             host_processes: 0,
             flood: Vec::new(),

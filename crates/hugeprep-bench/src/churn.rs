@@ -149,7 +149,7 @@ pub fn churned_latency(
     let client = Client::new(daemon.socket());
     let churn_req = LeaseRequest {
         name: "churn".into(),
-        size: 2 * cfg.lease_size,
+        size: cfg.churn_size.unwrap_or(2 * cfg.lease_size),
         page_size: Some(cfg.page_size),
         node: Some(0),
         recycle: Some(hugeprep::policy::pool::Recycle::Kernel),

@@ -41,6 +41,8 @@ pub struct RecycleBenchConfig {
     /// worker journals, truncates and deletes meanwhile, against quiet (`--churn`, see
     /// [`crate::churn`]).
     pub churn: bool,
+    /// Bytes per lease of the churning client (default: twice `lease_size`).
+    pub churn_size: Option<u64>,
     /// Nice value of the benchmark's client thread during `--hog` (default: unchanged, i.e.
     /// an ordinary caller); `-10` times a caller that runs at the API's priority.
     pub client_nice: Option<i32>,
