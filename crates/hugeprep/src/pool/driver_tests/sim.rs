@@ -71,6 +71,7 @@ const INJECTIONS: &[&str] = &[
     "torn journal write",
     "slow proof",
     "unlink a pool file fails",
+    "recovery: unlink a pool file fails",
     "the kernel adds fewer pages than asked",
 ];
 

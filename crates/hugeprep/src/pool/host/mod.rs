@@ -325,8 +325,9 @@ pub(super) trait Host: KernelPools {
     /// directories of every mount (`clean`: the last run ended cleanly).
     fn recovery_facts(&self, clean: bool) -> super::Result<Facts>;
 
-    /// Performs one step of the recovery plan.
-    fn recovery_step(&self, step: &Step) -> super::Result<()>;
+    /// Performs one step of the recovery plan. `Ok(false)`: the removal of a pool file
+    /// ([`Step::RemoveFile`]) failed and the file is still there (recovery keeps its record).
+    fn recovery_step(&self, step: &Step) -> super::Result<bool>;
 
     /// After the recovery plan: removes the tenants' directories that hold no lease path
     /// (recovery's own, emptied by its steps, and those of an earlier naming scheme).

@@ -341,7 +341,7 @@ impl Host for RealHost {
         crate::pool::recover::facts(&self.journal, &self.mounts, clean)
     }
 
-    fn recovery_step(&self, step: &Step) -> crate::pool::Result<()> {
+    fn recovery_step(&self, step: &Step) -> crate::pool::Result<bool> {
         crate::pool::recover::perform(&self.journal, &self.mounts, step)
     }
 

@@ -418,7 +418,7 @@ impl Host for SimHost {
         if !pooled(&self.world()) {
             return Err(io::Error::from(io::ErrorKind::NotFound));
         }
-        if let Some(err) = self.unlink_fails() {
+        if let Some(err) = self.unlink_fails("unlink a pool file fails") {
             return Err(err);
         }
         let mut w = self.world();
@@ -445,7 +445,7 @@ impl Host for SimHost {
         Ok(super::recovery::facts(&self.world(), clean))
     }
 
-    fn recovery_step(&self, step: &Step) -> crate::pool::Result<()> {
+    fn recovery_step(&self, step: &Step) -> crate::pool::Result<bool> {
         self.effect(match step {
             Step::Unjournal(_) => "recovery: unjournal",
             Step::Journal(_) => "recovery: journal dirty",
@@ -453,8 +453,19 @@ impl Host for SimHost {
             Step::Relink(..) => "recovery: relink a lease path",
             Step::RemoveLeasePath(..) => "recovery: remove a lease path",
         });
+        // Recovery's removal of a recorded file fails as the worker's do.
+        if let Step::RemoveFile(_, id) = step {
+            let there = self.world().files.get(id).is_some_and(|(_, f)| f.pooled);
+            if there
+                && self
+                    .unlink_fails("recovery: unlink a pool file fails")
+                    .is_some()
+            {
+                return Ok(false);
+            }
+        }
         super::recovery::step(&mut self.world(), step);
-        Ok(())
+        Ok(true)
     }
 
     fn recovery_finish(&self) {

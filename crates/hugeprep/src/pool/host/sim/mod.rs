@@ -96,7 +96,8 @@ pub(in crate::pool) struct Faults {
     pub(in crate::pool) io_error_per_mille: u64,
     /// The stream the failures are drawn from (splitmix64).
     pub(in crate::pool) io_seed: u64,
-    /// Per mille of pool-file unlinks that fail (`EIO` or `EBUSY`), drawn from `io_seed`.
+    /// Per mille of pool-file unlinks (the worker's and recovery's) that fail (`EIO` or
+    /// `EBUSY`), drawn from `io_seed`.
     pub(in crate::pool) unlink_error_per_mille: u64,
     /// At a crash the journal loses what it had not synced: the last of its unsynced
     /// writes and removals (a suffix drawn from `io_seed`; a clean-shutdown marker syncs),
@@ -213,14 +214,14 @@ impl SimHost {
     }
 
     /// Whether the unlink of a pool file under way fails, and with which error (see
-    /// [`Faults::unlink_error_per_mille`]).
-    fn unlink_fails(&self) -> Option<io::Error> {
+    /// [`Faults::unlink_error_per_mille`]); `name` counts it in [`SimHost::injected`].
+    fn unlink_fails(&self, name: &'static str) -> Option<io::Error> {
         let mut w = self.world();
         let rate = w.faults.unlink_error_per_mille;
         if rate == 0 || w.draw() % 1000 >= rate {
             return None;
         }
-        w.inject("unlink a pool file fails");
+        w.inject(name);
         let errno = if w.draw() % 2 == 0 {
             libc::EIO
         } else {
