@@ -9,6 +9,10 @@
 
 mod effects;
 mod journal;
+mod kept;
+
+#[cfg(test)]
+pub(in crate::pool) use kept::Hold;
 mod pools;
 mod recovery;
 
@@ -46,6 +50,10 @@ pub(in crate::pool) struct SimFile {
     pub(in crate::pool) watched: bool,
     /// The node its pages are on.
     pub(in crate::pool) node: u32,
+    /// Its name in the pool directory while kept past its release (see `pool::kept`).
+    pub(in crate::pool) kept: Option<String>,
+    /// A lessee's read lease on it, and the pages of it a holder pins (see [`SimHost::hold`]).
+    pub(in crate::pool) held: kept::Hold,
 }
 
 /// How the simulated release proof answers.
@@ -394,7 +402,7 @@ impl SimHost {
             }
         }
         for (id, (_, f)) in &w.files {
-            if !f.pooled && f.links.is_empty() {
+            if !f.named() {
                 return Err(format!("file {id} is named by nothing"));
             }
             if f.pages > 0 && f.size == 0 {
@@ -455,10 +463,7 @@ fn unpool(w: &mut World, id: u64) {
 
 /// A file nothing names any more is freed, its pages back to the kernel.
 fn drop_unnamed(w: &mut World, id: u64) {
-    let unnamed = w
-        .files
-        .get(&id)
-        .is_some_and(|(_, f)| !f.pooled && f.links.is_empty());
+    let unnamed = w.files.get(&id).is_some_and(|(_, f)| !f.named());
     if unnamed {
         let node = node_of(w, id);
         if let Some((ps, f)) = w.files.remove(&id) {
