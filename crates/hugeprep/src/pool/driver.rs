@@ -44,7 +44,7 @@ impl Pool {
                 let path = self.mount(rec.page_size)?.file_path(rec.id);
                 // Freeing hugepages takes the hugetlb fault mutexes (see `OutOfIdle`).
                 let _lock_holder = crate::sys::priority::OutOfIdle::enter();
-                self.remove_file(&path, rec, released.as_ref())
+                self.remove_file(rec, released.as_ref())
                     .map_err(|source| ActionError::File { path, source })
             }
         }

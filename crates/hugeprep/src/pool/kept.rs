@@ -32,14 +32,11 @@
 //! restart).
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::kernel::node_free_pages;
+use super::host::{FileAt, Keeper, KeptAt, Opened};
 use super::{FileRecord, PageSize, Pool};
 
 /// How often the keeper opens the kept files again.
@@ -58,8 +55,8 @@ pub const KEPT_PREFIX: &str = "kept-";
 /// One released file kept for its holder.
 #[derive(Debug)]
 struct KeptFile {
-    /// Its name in the pool directory.
-    path: PathBuf,
+    /// Its name in the pool directory of its page size.
+    at: KeptAt,
     /// The principal of its last lease (`None`: a lease no tenant made).
     principal: Option<String>,
     page_size: PageSize,
@@ -86,23 +83,14 @@ impl KeptFile {
     /// pins is reached by nothing else (the rule it was kept by) and had its unpinned pages
     /// punched out: it counts by its pages. The figure taken when it was kept when the name
     /// cannot be read.
-    fn charge(&self) -> u64 {
-        let Ok(st) = rustix::fs::statat(
-            rustix::fs::CWD,
-            &self.path,
-            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-        ) else {
+    fn charge<K: Keeper + ?Sized>(&self, host: &K) -> u64 {
+        let Some((len, bytes)) = host.kept_size(&self.at) else {
             return self.bytes;
         };
-        let pages = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
         if self.pinned {
-            return pages;
+            return bytes;
         }
-        crate::hugetlb::extent_of(
-            u64::try_from(st.st_size).unwrap_or(0),
-            u64::try_from(st.st_blocks).unwrap_or(0),
-            self.page_size,
-        )
+        crate::hugetlb::extent_of(len, bytes / 512, self.page_size)
     }
 }
 
@@ -118,7 +106,11 @@ impl Kept {
     }
 
     /// Files kept for `principal`, and their bytes per page size.
-    pub(super) fn of(&self, principal: &str) -> (u64, BTreeMap<PageSize, u64>) {
+    pub(super) fn of<K: Keeper + ?Sized>(
+        &self,
+        principal: &str,
+        host: &K,
+    ) -> (u64, BTreeMap<PageSize, u64>) {
         let mut bytes = BTreeMap::new();
         let mut files = 0;
         for f in self
@@ -128,26 +120,26 @@ impl Kept {
         {
             files += 1;
             let sum: &mut u64 = bytes.entry(f.page_size).or_default();
-            *sum = sum.saturating_add(f.charge());
+            *sum = sum.saturating_add(f.charge(host));
         }
         (files, bytes)
     }
 
     /// Files and bytes kept in all.
-    pub(super) fn totals(&self) -> (usize, u64) {
+    pub(super) fn totals<K: Keeper + ?Sized>(&self, host: &K) -> (usize, u64) {
         let files = self.lock();
         (
             files.len(),
             files
                 .iter()
-                .fold(0u64, |sum, f| sum.saturating_add(f.charge())),
+                .fold(0u64, |sum, f| sum.saturating_add(f.charge(host))),
         )
     }
 
-    /// Takes kept file `path` out of the list (`None`: another turn took it).
-    fn take(&self, path: &Path) -> Option<KeptFile> {
+    /// Takes kept file `at` out of the list (`None`: another turn took it).
+    fn take(&self, at: &KeptAt) -> Option<KeptFile> {
         let mut files = self.lock();
-        let i = files.iter().position(|f| f.path == path)?;
+        let i = files.iter().position(|f| f.at == *at)?;
         Some(files.swap_remove(i))
     }
 
@@ -216,16 +208,8 @@ fn proof_turns(files: &[KeptFile], n: usize) -> Vec<usize> {
     ranked.into_iter().take(n).map(|(_, _, i)| i).collect()
 }
 
-/// Opens a kept file for writing without waiting for a lease to be given up.
-fn open_for_truncate(path: &Path) -> io::Result<fs::File> {
-    fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-}
-
 impl Pool {
-    /// The kernel's path could not truncate the released file `rec` at `path` (a read lease
+    /// The kernel's path could not truncate the released file `rec` (a read lease
     /// on it), or must not (`pinned`: pages of it still referenced): renames it to
     /// `kept-<id>` and keeps it, charged to `principal`, until it can be truncated with
     /// every page coming back. `bytes`: its pages. Returns false when it could not be
@@ -233,36 +217,33 @@ impl Pool {
     /// holder, charged to nobody).
     pub(super) fn keep(
         &self,
-        path: &Path,
         rec: &FileRecord,
         (principal, lease): (Option<String>, u64),
         bytes: u64,
         pinned: bool,
     ) -> bool {
-        let kept = path.with_file_name(kept_name(rec.id, rec.node, principal.as_deref()));
+        let name = kept_name(rec.id, rec.node, principal.as_deref());
         // Never over another kept file: a name that clashed (ids come from the clock, which
         // may step back across a restart) would lose that file's charge.
-        if let Err(err) = rustix::fs::renameat_with(
-            rustix::fs::CWD,
-            path,
-            rustix::fs::CWD,
-            &kept,
-            rustix::fs::RenameFlags::NOREPLACE,
-        ) {
+        if let Err(err) = self.host.keep_as(FileAt::of(rec), &name) {
             tracing::warn!(id = rec.id, %err, "cannot keep a released file that another process holds a lease on");
             return false;
         }
+        let now = self.host.now();
         self.tenants.kept.lock().push(KeptFile {
-            path: kept,
+            at: KeptAt {
+                page_size: rec.page_size,
+                name,
+            },
             principal,
             page_size: rec.page_size,
             node: rec.node,
             bytes,
             id: rec.id,
             lease,
-            since: Instant::now(),
+            since: now,
             pinned,
-            proven: Instant::now(),
+            proven: now,
         });
         true
     }
@@ -279,43 +260,43 @@ impl Pool {
         if !self.tenants.kept.any(principal) {
             return;
         }
-        let now = Instant::now();
-        let tries: Vec<PathBuf> = {
+        let now = self.host.now();
+        let tries: Vec<KeptAt> = {
             let mut files = self.tenants.kept.lock();
-            let mut tries: Vec<PathBuf> = files
+            let mut tries: Vec<KeptAt> = files
                 .iter()
                 .filter(|f| !f.pinned)
                 .filter(|f| principal.is_none() || f.principal.as_deref() == principal)
-                .map(|f| f.path.clone())
+                .map(|f| f.at.clone())
                 .collect();
             if principal.is_none() {
                 for i in proof_turns(&files, PROOFS_PER_TURN) {
                     files[i].proven = now;
-                    tries.push(files[i].path.clone());
+                    tries.push(files[i].at.clone());
                 }
             }
             tries
         };
-        for path in tries {
-            let file = match open_for_truncate(&path) {
+        for at in tries {
+            let file = match self.host.open_kept(&at) {
                 Ok(file) => Some(file),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => None,
                 // A lease still held (`EWOULDBLOCK`), or anything else: tried again at the
                 // next turn.
                 Err(_) => continue,
             };
-            if let Some(still) = file.as_ref().and_then(|f| self.still_held(&path, f)) {
-                self.still_pinned(&path, still);
+            if let Some(still) = file.as_ref().and_then(|f| self.still_held(&at, f)) {
+                self.still_pinned(&at, still);
                 continue;
             }
-            let Some(f) = self.tenants.kept.take(&path) else {
+            let Some(f) = self.tenants.kept.take(&at) else {
                 continue;
             };
             self.truncate_kept(f, file);
         }
     }
 
-    /// Whether kept file `path` (open for writing: `file`) must stay untruncated: pages of
+    /// Whether kept file `at` (open for writing: `file`) must stay untruncated: pages of
     /// it are pinned and nothing but the keeper reaches it (`Ok`: so many pages;
     /// [`keep_file`](super::reach::kernel::Pins::keep_file), the rule the release applied), or its counts cannot be read
     /// (`Err`). `None`: truncate it, also when something else still reaches it (a read
@@ -323,16 +304,16 @@ impl Pool {
     /// without kernel counts, where pins cannot be seen. A file that turns out pinned here
     /// for the first time (it was kept for a read lease) has its unpinned pages punched out,
     /// as the release does.
-    fn still_held(&self, path: &Path, file: &fs::File) -> Option<Result<u64, String>> {
+    fn still_held(&self, at: &KeptAt, file: &Opened) -> Option<Result<u64, String>> {
         let (was_pinned, page_size, id) = {
             let files = self.tenants.kept.lock();
-            let f = files.iter().find(|f| f.path == path)?;
+            let f = files.iter().find(|f| f.at == *at)?;
             (f.pinned, f.page_size, f.id)
         };
-        match self.clearing.reach.pinned_pages(file) {
+        match self.host.pinned_pages(file) {
             Ok(Some(p)) if p.keep_file() => {
                 if !was_pinned {
-                    super::kernel_path::punch_unpinned(file, &p, page_size, id);
+                    self.host.punch_unpinned(file, &p, page_size);
                 }
                 Some(Ok(p.pages))
             }
@@ -351,11 +332,11 @@ impl Pool {
         }
     }
 
-    /// Kept file `path`'s pages are still referenced (`Ok`: so many), or its counts could
+    /// Kept file `at`'s pages are still referenced (`Ok`: so many), or its counts could
     /// not be read (`Err`): kept, and read again at a later turn of the keeper.
-    fn still_pinned(&self, path: &Path, still: Result<u64, String>) {
+    fn still_pinned(&self, at: &KeptAt, still: Result<u64, String>) {
         let mut files = self.tenants.kept.lock();
-        let Some(f) = files.iter_mut().find(|f| f.path == path) else {
+        let Some(f) = files.iter_mut().find(|f| f.at == *at) else {
             return;
         };
         if !f.pinned {
@@ -378,20 +359,20 @@ impl Pool {
     }
 
     /// Truncates and unlinks kept file `f` (`file`: open for writing; `None`: gone).
-    fn truncate_kept(&self, f: KeptFile, file: Option<fs::File>) {
+    fn truncate_kept(&self, f: KeptFile, file: Option<Opened>) {
         let _lock_holder = crate::sys::priority::OutOfIdle::enter();
-        let before = node_free_pages(f.node, f.page_size);
-        let truncated = file.map(|file| file.set_len(0));
-        let after = node_free_pages(f.node, f.page_size);
-        if let Err(err) = fs::remove_file(&f.path) {
+        let (truncated, returned) = match file {
+            Some(file) => {
+                let (truncated, pages) = self.host.truncate_kept(file, f.node, f.page_size);
+                (Some(truncated), pages * f.page_size.bytes())
+            }
+            None => (None, 0),
+        };
+        if let Err(err) = self.host.remove_kept(&f.at) {
             if err.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(file = %f.path.display(), %err, "cannot remove a kept file");
+                tracing::warn!(file = f.at.name, %err, "cannot remove a kept file");
             }
         }
-        let returned = match (before, after) {
-            (Some(b), Some(a)) => a.saturating_sub(b) * f.page_size.bytes(),
-            _ => 0,
-        };
         tracing::info!(
             id = f.id,
             lease = f.lease,
@@ -399,7 +380,8 @@ impl Pool {
             kept_bytes = f.bytes,
             returned_bytes = returned,
             pinned = f.pinned,
-            kept_ms = u64::try_from(f.since.elapsed().as_millis()).unwrap_or(u64::MAX),
+            kept_ms = u64::try_from(self.host.now().saturating_duration_since(f.since).as_millis())
+                .unwrap_or(u64::MAX),
             truncated = ?truncated.map(|r| r.map_err(|e| e.to_string())),
             "a kept released file is no longer held by a lease or a pin: truncated, no longer charged"
         );
@@ -408,44 +390,49 @@ impl Pool {
     /// Keeps again the files a previous run kept (found by their names in the pool
     /// directories), charged to the principal each name holds.
     pub(super) fn adopt_kept(&self) {
-        for (&page_size, mount) in self.settings.mounts.iter() {
-            let dir = mount.pool_dir_handle().fd_path();
-            let Ok(entries) = fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
+        for &page_size in self.settings.mounts.keys() {
+            for (name, bytes) in self.host.kept_names(page_size) {
                 let Some((id, node, principal)) = parse_kept_name(&name) else {
                     continue;
                 };
-                let bytes = fs::symlink_metadata(entry.path())
-                    .map_or(0, |m| m.blocks().saturating_mul(512));
                 tracing::warn!(
                     id,
                     principal = principal.as_deref().unwrap_or(""),
                     kept_bytes = bytes,
                     "a released file kept for a read lease before the restart is kept again, charged to its lessee"
                 );
+                let now = self.host.now();
                 self.tenants.kept.lock().push(KeptFile {
-                    path: dir.join(&name),
+                    at: KeptAt { page_size, name },
                     principal,
                     page_size,
                     node,
                     bytes,
                     id,
                     lease: 0,
-                    since: Instant::now(),
+                    since: now,
                     // Whether a pin holds pages of it is read at its next try.
                     pinned: false,
-                    proven: Instant::now(),
+                    proven: now,
                 });
             }
         }
     }
 
+    /// The kept files, by name (the driver tests' accounting).
+    #[cfg(test)]
+    pub(super) fn kept_names(&self) -> Vec<KeptAt> {
+        self.tenants
+            .kept
+            .lock()
+            .iter()
+            .map(|f| f.at.clone())
+            .collect()
+    }
+
     /// Files and bytes kept past the kernel's path, waiting for their holders.
     pub fn kept_totals(&self) -> (usize, u64) {
-        self.tenants.kept.totals()
+        self.tenants.kept.totals(&*self.host)
     }
 
     /// Starts the keeper: a thread that tries the kept files again every [`KEEP_TURN`]

@@ -7,31 +7,27 @@
 //! also frees the pages of an inode that another name still links to, which a plain unlink
 //! would leave behind. The refill then faults new pages, which the kernel zeroes.
 
-use std::fs;
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::Path;
 
-use super::{FileRecord, FileState, PageSize, Pool, Released};
+use super::host::FileAt;
+use super::{FileRecord, FileState, Pool, Released};
 
 impl Pool {
-    /// Deletes the pool file `rec` at `path` (a missing file is fine). A released file
-    /// (dirty, or scrubbing when the scrub gave up) is truncated first and the pages that did
-    /// not return to the node's free list are counted and logged with its lease.
+    /// Deletes the pool file `rec` (a missing file is fine). A released file (dirty, or
+    /// scrubbing when the scrub gave up) is truncated first and the pages that did not return
+    /// to the node's free list are counted and logged with its lease.
     pub(super) fn remove_file(
         &self,
-        path: &Path,
         rec: &FileRecord,
         released: Option<&Released>,
     ) -> io::Result<()> {
         if matches!(rec.state, FileState::Dirty | FileState::Scrubbing)
-            && (self.keep_pinned(path, rec, released)
-                || self.truncate_released(path, rec, released)?)
+            && (self.keep_pinned(rec, released) || self.truncate_released(rec, released)?)
         {
             self.host.forget(rec.id);
             return Ok(());
         }
-        match self.host.unlink(super::host::FileAt::of(rec)) {
+        match self.host.unlink(FileAt::of(rec)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
@@ -43,13 +39,8 @@ impl Pool {
     /// Truncates a released file before its unlink, counting and logging the pages that did
     /// not return to the node's free list. `Ok(true)`: kept instead (a lessee's file lease
     /// holds it, see [`Pool::kept_for_file_lease`]).
-    fn truncate_released(
-        &self,
-        path: &Path,
-        rec: &FileRecord,
-        released: Option<&Released>,
-    ) -> io::Result<bool> {
-        match self.host.truncate(super::host::FileAt::of(rec), rec.node) {
+    fn truncate_released(&self, rec: &FileRecord, released: Option<&Released>) -> io::Result<bool> {
+        match self.host.truncate(FileAt::of(rec), rec.node) {
             Ok(0) => Ok(false),
             Ok(unreturned) => {
                 self.table
@@ -68,7 +59,7 @@ impl Pool {
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                Ok(self.kept_for_file_lease(path, rec, released))
+                Ok(self.kept_for_file_lease(rec, released))
             }
             Err(e) => Err(e),
         }
@@ -79,21 +70,10 @@ impl Pool {
     /// until it lets go: all are counted. Kept, not unlinked, when it can be charged to its
     /// lessee (truncated once the lease is gone; the kernel takes it away within
     /// `lease-break-time`): `true`.
-    fn kept_for_file_lease(
-        &self,
-        path: &Path,
-        rec: &FileRecord,
-        released: Option<&Released>,
-    ) -> bool {
-        let held = held_pages(path, rec);
+    fn kept_for_file_lease(&self, rec: &FileRecord, released: Option<&Released>) -> bool {
+        let held = self.host.held_bytes_at(FileAt::of(rec)) / rec.page_size.bytes();
         self.table.counters.unreturned(held, rec.page_size.bytes());
-        let kept = self.keep(
-            path,
-            rec,
-            lessee(released),
-            held * rec.page_size.bytes(),
-            false,
-        );
+        let kept = self.keep(rec, lessee(released), held * rec.page_size.bytes(), false);
         if kept {
             tracing::warn!(
                 id = rec.id,
@@ -125,17 +105,13 @@ impl Pool {
     /// `kept`): truncated, those pages would leave the file and stay with their holder,
     /// charged to nobody. Whether it was kept. Without the counts (the walk), or when they
     /// cannot be read, it is not: the truncate follows as before.
-    fn keep_pinned(&self, path: &Path, rec: &FileRecord, released: Option<&Released>) -> bool {
+    fn keep_pinned(&self, rec: &FileRecord, released: Option<&Released>) -> bool {
         // For writing (the punch below): a read lease fails it at once (`O_NONBLOCK`), and
         // the truncate below keeps such a file for its lease first.
-        let Ok(file) = fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(path)
-        else {
+        let Ok(file) = self.host.open_released(FileAt::of(rec)) else {
             return false;
         };
-        let pins = match self.clearing.reach.pinned_pages(&file) {
+        let pins = match self.host.pinned_pages(&file) {
             Ok(Some(pins)) if pins.keep_file() => pins,
             Ok(Some(pins)) if pins.pages > 0 => {
                 tracing::warn!(
@@ -154,10 +130,10 @@ impl Pool {
         let held = pins.pages;
         // Nothing else reaches the file (nothing can pin another page of it meanwhile) and
         // every pinned page is known: the others go back now.
-        punch_unpinned(&file, &pins, rec.page_size, rec.id);
-        let bytes = file.metadata().map_or(0, |m| m.blocks() * 512);
+        self.host.punch_unpinned(&file, &pins, rec.page_size);
+        let bytes = self.host.held_bytes(&file);
         drop(file);
-        if !self.keep(path, rec, lessee(released), bytes, true) {
+        if !self.keep(rec, lessee(released), bytes, true) {
             return false;
         }
         self.table.counters.unreturned(held, rec.page_size.bytes());
@@ -176,61 +152,10 @@ impl Pool {
     }
 }
 
-/// Punches out the pages of a file kept for `pins` that nobody pins, when every pinned
-/// page is known (the file is kept whole otherwise, its pages charged to its lessee).
-pub(super) fn punch_unpinned(
-    file: &fs::File,
-    pins: &super::reach::kernel::Pins,
-    ps: PageSize,
-    id: u64,
-) {
-    if let Some(at) = &pins.at {
-        if let Err(err) = punch_all_but(file, at, ps.bytes()) {
-            tracing::warn!(id, %err, "cannot give back the pages of a released file that nobody pins: it is kept whole");
-        }
-    }
-}
-
-/// Punches every page of `file` out but those at the byte offsets `keep` (pages of
-/// `page` bytes): their pages return to the kernel, the kept ones stay in the file.
-fn punch_all_but(file: &fs::File, keep: &[u64], page: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let len = file.metadata()?.len();
-    let mut keep: Vec<u64> = keep.iter().map(|&at| at - at % page).collect();
-    keep.sort_unstable();
-    keep.dedup();
-    let mut from = 0;
-    for end in keep
-        .into_iter()
-        .chain(std::iter::once(len.div_ceil(page) * page))
-    {
-        if end > from {
-            nix::fcntl::fallocate(
-                file.as_raw_fd(),
-                nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
-                    | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
-                i64::try_from(from).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
-                i64::try_from(end - from)
-                    .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
-            )
-            .map_err(io::Error::from)?;
-        }
-        from = end.saturating_add(page);
-    }
-    Ok(())
-}
-
 /// The principal and lease a kept file is charged to.
 fn lessee(released: Option<&Released>) -> (Option<String>, u64) {
     (
         released.and_then(|r| r.principal.clone()),
         released.map_or(0, |r| r.lease),
     )
-}
-
-/// The pages the released file at `path` holds (hugetlbfs counts them in `st_blocks`), when
-/// it cannot be truncated: every one stays with whoever holds the file. 0 when it cannot be
-/// read (gone meanwhile).
-fn held_pages(path: &Path, rec: &FileRecord) -> u64 {
-    fs::symlink_metadata(path).map_or(0, |m| m.blocks() * 512 / rec.page_size.bytes())
 }

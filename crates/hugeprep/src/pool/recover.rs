@@ -40,9 +40,24 @@ pub(super) fn reconcile(
     clean: bool,
 ) -> Result<(Vec<FileRecord>, u64, RecoveryReport)> {
     let facts = host.recovery_facts(clean)?;
-    let plan = recovery::plan(&facts);
-    for step in &plan.steps {
-        host.recovery_step(step)?;
+    let mut plan = recovery::plan(&facts);
+    let steps = std::mem::take(&mut plan.steps);
+    // The keys of records whose file could not be removed: kept, not unjournaled.
+    let mut unremoved = std::collections::BTreeSet::new();
+    for step in &steps {
+        if matches!(step, Step::Unjournal(key) if unremoved.contains(key)) {
+            continue;
+        }
+        if host.recovery_step(step)? {
+            continue;
+        }
+        if let Step::RemoveFile(ps, id) = step {
+            if let Some(rec) = recovery::unremoved(&facts, &mut plan, *ps, *id) {
+                tracing::warn!(file = %file_key(*id), "cannot delete a pool file at start: kept as dirty, removed again by the worker");
+                unremoved.insert(rec.key());
+                host.recovery_step(&Step::Journal(rec))?;
+            }
+        }
     }
     host.recovery_finish();
     Ok((plan.kept, plan.max_id, plan.report))
@@ -160,12 +175,13 @@ fn lease_paths(mount: &PoolMount) -> Result<BTreeMap<String, LeasePathFact>> {
 }
 
 /// Performs one step of the plan; a journal failure stops recovery (the daemon does not
-/// start on a journal it cannot write).
+/// start on a journal it cannot write). `Ok(false)`: a pool file's removal failed (the file
+/// is still there).
 pub(super) fn perform(
     journal: &Journal,
     mounts: &BTreeMap<PageSize, PoolMount>,
     step: &Step,
-) -> Result<()> {
+) -> Result<bool> {
     let mount = |ps: &PageSize| {
         mounts.get(ps).ok_or_else(|| PoolError::Field {
             field: "page_size",
@@ -183,9 +199,10 @@ pub(super) fn perform(
             match fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                // Its record goes next: the file, unnamed then, is deleted at the next start.
+                // Its record stays (see `recovery::unremoved`): the worker removes it again.
                 Err(err) => {
-                    tracing::warn!(file = %file_key(*id), %err, "cannot delete a pool file")
+                    tracing::warn!(file = %file_key(*id), %err, "cannot delete a pool file");
+                    return Ok(false);
                 }
             }
         }
@@ -198,5 +215,5 @@ pub(super) fn perform(
             remove_any(&mount(ps)?.lease_dir_handle().fd_path().join(name));
         }
     }
-    Ok(())
+    Ok(true)
 }

@@ -331,21 +331,23 @@ impl Reservations {
     /// host hours into its life keeps most of its free memory as page cache in blocks smaller
     /// than a hugepage: the kernel's raise stops at the first page it cannot make without
     /// moving others (measured on a Debian libvirt host: 116 of 512 pages, then 13 of 396,
-    /// with 20 GB available), while a compaction moves them.
+    /// with 20 GB available), while a compaction moves them. `now` reads the host's clock
+    /// ([`Host::now`](super::host::Host::now)), which the budget is measured on: a
+    /// simulated host moves it on with each compaction, and jumps it.
     pub fn raise_compacting(
         &self,
-        node: u32,
-        page_size: PageSize,
+        (node, page_size): (u32, PageSize),
         pages: u64,
         pull_in: u64,
+        now: &dyn Fn() -> std::time::Instant,
     ) -> Result<Raise, ReserveError> {
-        let started = std::time::Instant::now();
+        let started = now();
         let mut raise = self.raise(node, page_size, pages, pull_in)?;
         let mut idle = 0;
         while raise.added < pages
             && raise.compactions < COMPACT_ROUNDS
             && idle < COMPACT_IDLE_ROUNDS
-            && started.elapsed() < COMPACT_BUDGET
+            && now().saturating_duration_since(started) < COMPACT_BUDGET
         {
             let took = match self.pools.compact(node) {
                 Ok(took) => took,

@@ -118,7 +118,7 @@ impl Pool {
         let raised = if pages > 0 {
             self.kernel
                 .reservations
-                .raise_compacting(node, ps, pages, pull_in)
+                .raise_compacting((node, ps), pages, pull_in, &|| self.host.now())
         } else {
             Ok(reserve::Raise {
                 asked: 0,
@@ -214,7 +214,7 @@ impl Pool {
         match self
             .kernel
             .reservations
-            .raise_compacting(node, ps, asked, pull_in)
+            .raise_compacting((node, ps), asked, pull_in, &|| self.host.now())
         {
             Ok(r) => self.raised_for_lease(node, ps, pages, &r),
             Err(err) => {

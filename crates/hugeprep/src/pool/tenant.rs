@@ -238,7 +238,7 @@ impl Pool {
         // Pages kept past a release (a read lease on a file the kernel's path could not
         // truncate) are still the principal's: each file counts as a lease of its bytes
         // until its holder lets go (see `kept`).
-        let (files, kept) = self.tenants.kept.of(principal);
+        let (files, kept) = self.tenants.kept.of(principal, &*self.host);
         u.leases = u.leases.saturating_add(files);
         for (ps, bytes) in kept {
             u.add_bytes(ps, bytes);

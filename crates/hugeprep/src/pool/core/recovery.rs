@@ -216,6 +216,35 @@ fn keep_or_drop(facts: &Facts, mut rec: FileRecord, plan: &mut Plan) {
     plan.kept.push(rec);
 }
 
+/// The removal of the file of record `id` (a [`Step::RemoveFile`]) failed (`EIO`,
+/// `EBUSY`): its record is kept instead of dropped, as dirty and at the file's length when
+/// that is whole pages (its history unknown: the worker gives it the kernel's path and
+/// removes it again), so the file's pages are the pool's, not nobody's until the next
+/// start. The record to journal; the driver skips the plan's later step that unjournals
+/// it. `None`: no such record (nothing to keep).
+pub fn unremoved(facts: &Facts, plan: &mut Plan, ps: PageSize, id: u64) -> Option<FileRecord> {
+    let mut rec = facts.records.iter().find_map(|(_, r)| match r {
+        Ok(r) if r.id == id && r.page_size == ps => Some(r.clone()),
+        _ => None,
+    })?;
+    let on_mount = facts
+        .pool_files
+        .get(&ps)
+        .and_then(|d| d.get(&rec.key()))
+        .copied()
+        .flatten()
+        .map(|f| f.len);
+    if let Some(len) = on_mount.filter(|&l| l > 0 && l % ps.bytes() == 0) {
+        rec.size = len;
+    }
+    rec.state = FileState::Dirty;
+    plan.kept.retain(|r| r.id != id);
+    plan.kept.push(rec.clone());
+    plan.report.deleted_files = plan.report.deleted_files.saturating_sub(1);
+    plan.report.dirty += 1;
+    Some(rec)
+}
+
 /// Lease paths that are not the inode of a kept lease at that very path are removed.
 fn stray_lease_paths(facts: &Facts, plan: &mut Plan) {
     for (&ps, dir) in &facts.lease_paths {

@@ -213,3 +213,40 @@ fn a_failed_refill_whose_file_cannot_be_unlinked_keeps_its_record_until_removed(
         .all(|j| j.state != FileState::Dirty));
     assert_eq!(r.free(), 2);
 }
+
+/// Issue 35: recovery that could not remove a file (a refill's, found filling after a
+/// crash) dropped its record anyway, leaving the file and its pages to nobody until the
+/// next start. The record stays now, dirty, and the worker removes the file once it can.
+#[test]
+fn a_file_recovery_cannot_unlink_keeps_its_record_until_the_worker_removes_it() {
+    // The refill's filling record and its file, then the crash before its warm record.
+    let mut r = (0..10)
+        .map(|effects| {
+            let r = rig(&target(8, &[8]), 16);
+            r.host.inject(|f| f.crash_after = Some(effects));
+            let run = std::panic::AssertUnwindSafe(|| while r.pool.work_once() {});
+            let crashed = std::panic::catch_unwind(run).is_err();
+            (crashed, r)
+        })
+        .find_map(|(crashed, r)| {
+            (crashed && r.host.crashed_at().contains_key("journal warm")).then_some(r)
+        })
+        .expect("a crash before the refill's warm record");
+    let id = *r.host.files().keys().next().expect("the refill's file");
+    assert_eq!(r.host.journal()[&id].state, FileState::Filling);
+    r.host.inject(|f| f.unlink_error_per_mille = 1000);
+    // `Rig::restart` and `Rig::check`: every file on the host is the pool's.
+    r.restart();
+    r.check();
+    assert!(r
+        .host
+        .injected()
+        .contains_key("recovery: unlink a pool file fails"));
+    assert_eq!(r.states(), ["dirty"]);
+    assert_eq!(r.host.journal()[&id].state, FileState::Dirty);
+    r.host.inject(|f| *f = Default::default());
+    r.settle();
+    assert!(!r.host.files().contains_key(&id), "removed by the worker");
+    assert_eq!(r.warm_bytes(), 8 * MIB);
+    assert_eq!(r.free(), 12);
+}

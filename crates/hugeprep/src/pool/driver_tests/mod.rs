@@ -5,10 +5,12 @@
 //! lease's, no lease path ever named another lessee's bytes, and the core's invariants hold.
 
 mod faults;
+mod kept;
 mod lease;
 mod release;
 mod reserve;
 mod sim;
+mod sim_faults;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -171,14 +173,7 @@ impl Rig {
                 .is_some_and(|e| matches!(&e.rec().state, FileState::Leased(l) if l.path == path));
             assert!(ours, "lease path {} of no lease", path.display());
         }
-        for (id, (_, f)) in &files {
-            let known = st.core.get(*id).is_some();
-            let kept = !f.pooled && !f.links.is_empty();
-            assert!(
-                known || kept,
-                "file {id} on the host is no pool file's or lease's"
-            );
-        }
+        check_files(&st, &files, &self.pool.kept_names());
         let journal = self.host.journal();
         for e in st.core.files().filter(|e| e.busy().is_none()) {
             check_idle(e.rec(), &files, &journal);
@@ -211,6 +206,47 @@ impl Rig {
 
     fn path(&self, name: &str) -> PathBuf {
         self.pool.mounts()[&PS].lease_dir.join(name)
+    }
+}
+
+/// Every file on the host is exactly one pool file's, lease's or kept file's (`kept_names`:
+/// the keeper's), and every file the keeper keeps is on the host.
+fn check_files(
+    st: &State,
+    files: &BTreeMap<u64, (PageSize, host::sim::SimFile)>,
+    kept_names: &[host::KeptAt],
+) {
+    for (id, (ps, f)) in files {
+        let known = st.core.get(*id).is_some();
+        let linked = !f.pooled && !f.links.is_empty();
+        // A file kept past its release is the keeper's alone, under its kept name.
+        let kept = f.kept.as_ref().map(|name| {
+            let at = host::KeptAt {
+                page_size: *ps,
+                name: name.clone(),
+            };
+            kept_names.iter().filter(|k| **k == at).count()
+        });
+        match kept {
+            Some(n) => assert!(
+                n == 1 && !known && !f.pooled && f.links.is_empty(),
+                "kept file {id} is the keeper's {n} times, the pool's: {known}"
+            ),
+            None => assert!(
+                known || linked,
+                "file {id} on the host is no pool file's or lease's"
+            ),
+        }
+    }
+    for k in kept_names {
+        let on_host = files
+            .values()
+            .any(|(ps, f)| *ps == k.page_size && f.kept.as_ref() == Some(&k.name));
+        assert!(
+            on_host,
+            "the keeper keeps {} the host does not have",
+            k.name
+        );
     }
 }
 

@@ -118,3 +118,30 @@ fn a_crash_between_the_raise_and_the_ledger_leaves_pages_unrecorded_never_overre
     r.check();
     assert_eq!(r.pool.reservations().added(0, PS), 0);
 }
+
+/// Compactions a raise of 64 fragmented pages makes when every reading of the host's
+/// clock moves it on `tick`.
+fn compactions_with_tick(tick: Duration) -> u32 {
+    use super::host::Host;
+    let r = reserving("", 0, 64, 64);
+    r.host.inject(|f| f.tick = tick);
+    let host = Arc::clone(&r.host);
+    let raise = r
+        .pool
+        .reservations()
+        .raise_compacting((0, PS), 64, 0, &|| host.now())
+        .expect("a raise");
+    r.host.inject(|f| f.tick = Duration::ZERO);
+    r.check();
+    raise.compactions
+}
+
+#[test]
+fn the_compaction_budget_is_measured_on_the_hosts_clock() {
+    // Each compaction makes half the fragmented memory whole: on a steady clock the raise
+    // compacts until it has what it asked for.
+    let steady = compactions_with_tick(Duration::ZERO);
+    assert!(steady > 2, "{steady}");
+    // A clock that jumps 2 s at each reading spends the 5 s budget after two rounds.
+    assert_eq!(compactions_with_tick(Duration::from_secs(2)), 2);
+}

@@ -6,8 +6,10 @@
 //! journal, a kernel that counts pages it does not have, other users that take pages,
 //! failed creates and scrubs, proofs that fail, find the file held or answer late (the
 //! clock moves on and another VM leases and releases meanwhile), pool-file unlinks that
-//! fail (`EIO`, `EBUSY`), and time that jumps. After every step the rig's checks run
-//! (every page in exactly one file, every file the pool's or a lease's, no lessee's bytes
+//! fail (`EIO`, `EBUSY`; recovery's too), time that jumps, and released files their
+//! lessees hold (a read lease, pinned pages: kept until they let go, at the keeper's
+//! turns). After every step the rig's checks run (every page in exactly one file, every
+//! file the pool's, a lease's or the keeper's, no lessee's bytes
 //! handed to another, no ledger record of pages the kernel's pool did not get, the core's
 //! invariants, the journal of idle files); at the end, with the faults gone, every lease
 //! released and the pool drained, every page is back with the kernel.
@@ -26,7 +28,8 @@
 
 use std::collections::BTreeMap;
 
-use super::host::sim::ProofMode;
+use super::host::sim::Hold;
+use super::sim_faults::fault_step;
 use super::*;
 
 /// Seeds the suite runs; `HUGEPREP_DRIVER_SIM_SEEDS` runs more.
@@ -62,6 +65,9 @@ const CRASH_POINTS: &[&str] = &[
     "ledger write",
     "compact",
     "pin a lease",
+    "keep a released file",
+    "truncate a kept file",
+    "remove a kept file",
 ];
 
 /// The faults other than crashes the suite must have injected: each is found safe, or the
@@ -71,17 +77,18 @@ const INJECTIONS: &[&str] = &[
     "torn journal write",
     "slow proof",
     "unlink a pool file fails",
+    "recovery: unlink a pool file fails",
     "the kernel adds fewer pages than asked",
 ];
 
 /// Free 2M pages the kernel starts with.
-const PAGES: u64 = 24;
+pub(super) const PAGES: u64 = 24;
 
 /// splitmix64: one seed, one stream, the same on every machine.
-struct Rng(u64);
+pub(super) struct Rng(u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -89,11 +96,11 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    pub(super) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 
-    fn chance(&mut self, per_mille: u64) -> bool {
+    pub(super) fn chance(&mut self, per_mille: u64) -> bool {
         self.below(1000) < per_mille
     }
 }
@@ -207,12 +214,15 @@ fn run(seed: u64, trace: &mut Vec<String>) -> Stats {
 /// kernel; what the host and the pool counted goes into `stats`.
 fn finish(r: &Rig, how: How, stats: &mut Stats) {
     r.host.inject(|f| *f = Default::default());
+    r.host.let_go();
     let leases = r.pool.leases();
     for info in leases {
         r.pool.release(info.id).expect("a release without faults");
     }
     r.pool.set_policy(policy(0, how));
     r.settle();
+    // Their holders let go: the keeper truncates and removes every kept file.
+    r.pool.reclaim_kept(None);
     let drain = DrainRequest {
         release_pools: true,
         ..DrainRequest::default()
@@ -305,10 +315,17 @@ fn request_step(
         }
         _ => {
             let info = leases.remove(rng.below(leases.len() as u64) as usize);
+            // The lessee holds its file past the release: a read lease, or pages it pins.
+            let mut hold = Hold::default();
+            if rng.chance(150) && r.host.lease_paths().contains_key(&info.path) {
+                hold.read_lease = rng.chance(500);
+                hold.pinned = rng.below(3);
+                r.host.hold(&info.path, hold);
+            }
             match r.pool.release(info.id) {
                 Ok(_) => {
                     stats.releases += 1;
-                    format!("release {}", info.id)
+                    format!("release {} (held: {hold:?})", info.id)
                 }
                 Err(e) => {
                     leases.push(info.clone());
@@ -338,108 +355,6 @@ fn pool_step(r: &Rig, rng: &mut Rng, n: u64, how: How) -> String {
             format!("target {warm}M")
         }
     }
-}
-
-/// A fault of the host from here on.
-fn fault_step(r: &Rig, rng: &mut Rng, n: u64) -> String {
-    match n {
-        85..=86 => {
-            let full = rng.chance(500).then_some(rng.below(3));
-            r.host.inject(|f| f.journal_full_after = full);
-            format!("journal full after {full:?} more writes")
-        }
-        87 => {
-            let phantom = rng.below(3) * rng.below(6);
-            r.host.inject(|f| f.phantom_pages = phantom);
-            format!("kernel counts {phantom} pages it does not have")
-        }
-        88..=89 => proofs(r, rng),
-        98 => {
-            let rate = rng.below(3) * 250;
-            r.host.inject(|f| f.unlink_error_per_mille = rate);
-            format!("{rate}/1000 of pool-file unlinks fail (EIO, EBUSY)")
-        }
-        97 => {
-            let rate = rng.below(3) * 100;
-            let seed = rng.next();
-            r.host.inject(|f| {
-                f.io_error_per_mille = rate;
-                f.io_seed = seed;
-            });
-            format!("{rate}/1000 of links, truncates, resizes, cuts and chowns fail")
-        }
-        90 => {
-            let fails = rng.chance(300);
-            r.host.inject(|f| f.scrub_fails = fails);
-            format!("scrubs fail: {fails}")
-        }
-        91 => {
-            let fails = rng.chance(300);
-            r.host.inject(|f| f.create_fails = fails);
-            format!("creates fail: {fails}")
-        }
-        92 => {
-            let pages = rng.below(9) as i64 - 4;
-            r.host.take_free(0, PS, pages);
-            format!("another user takes {pages} free pages")
-        }
-        93 => {
-            let (memory, fragmented) = (rng.below(2 * PAGES), rng.below(8));
-            r.host.set_memory(0, memory * PS.bytes());
-            r.host.fragment(0, fragmented * PS.bytes());
-            format!("{memory} pages of memory, {fragmented} fragmented")
-        }
-        _ => {
-            let secs = rng.below(4000);
-            r.host.advance(Duration::from_secs(secs));
-            format!("time jumps {secs} s")
-        }
-    }
-}
-
-/// How the proofs answer from here on (a slow one runs [`lease_during_proof`]).
-fn proofs(r: &Rig, rng: &mut Rng) -> String {
-    let mode = match rng.below(5) {
-        0 => ProofMode::Held,
-        1 => ProofMode::Fail,
-        2 => ProofMode::Slow,
-        _ => ProofMode::Pass,
-    };
-    r.host.inject(|f| f.proof = mode);
-    if mode == ProofMode::Slow {
-        r.host
-            .during_proof(Some(lease_during_proof(r, rng.below(4))));
-    }
-    format!("proofs: {mode:?}")
-}
-
-/// What runs inside a slow proof: another VM leases, writes its bytes and (unless `keep`
-/// is 0) releases while the worker waits for the proof, as leases go on meanwhile on a
-/// real host. The pool is the one of the proof's run (a weak reference: a crash inside the
-/// hook unwinds through the proof, and the next daemon's pool is another).
-fn lease_during_proof(r: &Rig, keep: u64) -> super::host::sim::ProofHook {
-    let pool = Arc::downgrade(&r.pool);
-    let host = Arc::clone(&r.host);
-    let mut n = 0u64;
-    Box::new(move || {
-        let Some(pool) = pool.upgrade() else {
-            return;
-        };
-        n += 1;
-        // Past a lease's wait at its first turn: a lease that would wait for the file
-        // under proof is refused at once (the proof does not end while the hook runs).
-        let tick = Duration::from_secs(200);
-        host.inject(|f| f.tick = tick);
-        let leased = pool.lease(&request(&format!("during-proof{n}"), 2 + 2 * (n % 2)));
-        host.inject(|f| f.tick = Duration::ZERO);
-        if let Ok(info) = leased {
-            host.write(&info.path, &format!("lessee-{}", info.id));
-            if keep != 0 {
-                // A refused release leaves the lease, released at the end.
-                let _ = pool.release(info.id);
-            }
-        }
-    })
 }
 
 #[test]

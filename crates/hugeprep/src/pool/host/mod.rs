@@ -9,13 +9,14 @@
 //! resolves them on its mounts.
 //!
 //! The kernel's pools (`nr_hugepages`, compaction, the reservations' ledger) are the
-//! supertrait [`KernelPools`].
-//!
-//! Not behind it yet (see docs/architecture.md): the pin check before a released file's
-//! truncate (`kernel_path::keep_pinned`) and the files kept for a read lease (`kept`).
+//! supertrait [`KernelPools`]; the files kept past a release (a read lease or a pin holds
+//! them: `kept`, and the pin check before a released file's truncate in `kernel_path`) the
+//! supertrait [`Keeper`].
 
+mod keeper;
 mod pools;
 mod real;
+mod real_keeper;
 mod real_pools;
 // The simulated host: the driver's unit tests, and the `sim` feature's replays in simulated
 // time (`pool::simulated`, for `hugeprep bench trace`); never in the daemon's code paths.
@@ -45,6 +46,7 @@ use super::reach::{Proof, Unproven};
 use super::record::FileRecord;
 use super::state::Promised;
 
+pub(crate) use keeper::{Keeper, KeptAt, Opened};
 #[cfg(test)]
 pub(crate) use pools::ledger_key;
 pub(crate) use pools::{KernelPools, RealPools};
@@ -189,7 +191,7 @@ pub(super) struct Background {
 }
 
 /// Every effect the pool's driver performs on its host.
-pub(super) trait Host: KernelPools {
+pub(super) trait Host: KernelPools + Keeper {
     /// The host's clock.
     fn now(&self) -> Instant;
 
@@ -325,8 +327,9 @@ pub(super) trait Host: KernelPools {
     /// directories of every mount (`clean`: the last run ended cleanly).
     fn recovery_facts(&self, clean: bool) -> super::Result<Facts>;
 
-    /// Performs one step of the recovery plan.
-    fn recovery_step(&self, step: &Step) -> super::Result<()>;
+    /// Performs one step of the recovery plan. `Ok(false)`: the removal of a pool file
+    /// ([`Step::RemoveFile`]) failed and the file is still there (recovery keeps its record).
+    fn recovery_step(&self, step: &Step) -> super::Result<bool>;
 
     /// After the recovery plan: removes the tenants' directories that hold no lease path
     /// (recovery's own, emptied by its steps, and those of an earlier naming scheme).

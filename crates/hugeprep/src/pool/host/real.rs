@@ -29,13 +29,13 @@ use crate::scrub::{ScrubControl, ScrubError, ScrubOptions, ScrubReport, Scrubber
 /// The real host: what [`super::Host`] asks is done with syscalls.
 #[derive(Debug)]
 pub(in crate::pool) struct RealHost {
-    mounts: Arc<BTreeMap<PageSize, PoolMount>>,
+    pub(super) mounts: Arc<BTreeMap<PageSize, PoolMount>>,
     journal: Journal,
     supply: Supply,
     /// The kernel's pools and the reservations' ledger (shared with the ledger's owner).
     pub(super) pools: Arc<RealPools>,
     /// Set after recovery (the open watch starts then, as it always has).
-    reach: std::sync::OnceLock<Arc<Reach>>,
+    pub(super) reach: std::sync::OnceLock<Arc<Reach>>,
     scrubber: Arc<Scrubber>,
     /// Who released files go back to.
     daemon_owner: Owner,
@@ -73,7 +73,7 @@ impl RealHost {
         }
     }
 
-    fn path(&self, file: FileAt) -> Result<std::path::PathBuf, HostError> {
+    pub(super) fn path(&self, file: FileAt) -> Result<std::path::PathBuf, HostError> {
         Ok(self.mount(file.page_size)?.file_path(file.id))
     }
 
@@ -344,7 +344,7 @@ impl Host for RealHost {
         crate::pool::recover::facts(&self.journal, &self.mounts, clean)
     }
 
-    fn recovery_step(&self, step: &Step) -> crate::pool::Result<()> {
+    fn recovery_step(&self, step: &Step) -> crate::pool::Result<bool> {
         crate::pool::recover::perform(&self.journal, &self.mounts, step)
     }
 

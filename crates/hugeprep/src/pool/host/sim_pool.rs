@@ -43,7 +43,7 @@ impl Pool {
                 field: "method",
                 message: e.to_string(),
             })?;
-        Ok(parts::Build {
+        let pool = parts::Build {
             mounts,
             topology,
             policy,
@@ -54,7 +54,10 @@ impl Pool {
             files,
             recovered,
         }
-        .finish())
+        .finish();
+        // As `Pool::open`; the tests run the keeper's turns themselves.
+        pool.adopt_kept();
+        Ok(pool)
     }
 }
 

@@ -4,7 +4,10 @@ use super::*;
 
 fn pinned(principal: &str, proven: Instant) -> KeptFile {
     KeptFile {
-        path: PathBuf::from(format!("kept-{principal}")),
+        at: KeptAt {
+            page_size: PageSize::Size2M,
+            name: format!("kept-{principal}"),
+        },
         principal: Some(principal.into()),
         page_size: PageSize::Size2M,
         node: 0,

@@ -319,14 +319,22 @@ impl Host for SimHost {
         }
         let w = self.world();
         let watched = w.files.get(&id).is_some_and(|(_, f)| f.watched);
+        let held = w.files.get(&id).map(|(_, f)| f.held).unwrap_or_default();
         match w.faults.proof {
             _ if !watched => Err(Unproven::NotWatched),
+            ProofMode::Held => Err(Unproven::OpenElsewhere),
+            ProofMode::Fail => Err(Unproven::Trust),
+            _ if held.read_lease => Err(Unproven::OpenElsewhere),
+            _ if held.pinned > 0 => Err(Unproven::PagesHeld {
+                folios: held.pinned,
+                refs: 2,
+                pins: 1,
+                maps: 0,
+            }),
             ProofMode::Pass | ProofMode::Slow => Ok(Proof {
                 openers: 0,
                 took: Duration::ZERO,
             }),
-            ProofMode::Held => Err(Unproven::OpenElsewhere),
-            ProofMode::Fail => Err(Unproven::Trust),
         }
     }
 
@@ -400,8 +408,13 @@ impl Host for SimHost {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let mut w = self.world();
-        if !w.files.contains_key(&file.id) {
-            return Err(io::Error::from(io::ErrorKind::NotFound));
+        match w.files.get(&file.id) {
+            None => return Err(io::Error::from(io::ErrorKind::NotFound)),
+            // A lessee's read lease fails the open for writing.
+            Some((_, f)) if f.held.read_lease => {
+                return Err(io::Error::from(io::ErrorKind::WouldBlock))
+            }
+            Some(_) => {}
         }
         let node = node_of(&w, file.id);
         SimHost::resize_in(&mut w, file, 0, node);
@@ -418,7 +431,7 @@ impl Host for SimHost {
         if !pooled(&self.world()) {
             return Err(io::Error::from(io::ErrorKind::NotFound));
         }
-        if let Some(err) = self.unlink_fails() {
+        if let Some(err) = self.unlink_fails("unlink a pool file fails") {
             return Err(err);
         }
         let mut w = self.world();
@@ -445,7 +458,7 @@ impl Host for SimHost {
         Ok(super::recovery::facts(&self.world(), clean))
     }
 
-    fn recovery_step(&self, step: &Step) -> crate::pool::Result<()> {
+    fn recovery_step(&self, step: &Step) -> crate::pool::Result<bool> {
         self.effect(match step {
             Step::Unjournal(_) => "recovery: unjournal",
             Step::Journal(_) => "recovery: journal dirty",
@@ -453,8 +466,19 @@ impl Host for SimHost {
             Step::Relink(..) => "recovery: relink a lease path",
             Step::RemoveLeasePath(..) => "recovery: remove a lease path",
         });
+        // Recovery's removal of a recorded file fails as the worker's do.
+        if let Step::RemoveFile(_, id) = step {
+            let there = self.world().files.get(id).is_some_and(|(_, f)| f.pooled);
+            if there
+                && self
+                    .unlink_fails("recovery: unlink a pool file fails")
+                    .is_some()
+            {
+                return Ok(false);
+            }
+        }
         super::recovery::step(&mut self.world(), step);
-        Ok(())
+        Ok(true)
     }
 
     fn recovery_finish(&self) {

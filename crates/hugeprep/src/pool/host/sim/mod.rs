@@ -9,6 +9,10 @@
 
 mod effects;
 mod journal;
+mod kept;
+
+#[cfg(test)]
+pub(in crate::pool) use kept::Hold;
 mod pools;
 mod recovery;
 
@@ -46,6 +50,10 @@ pub(in crate::pool) struct SimFile {
     pub(in crate::pool) watched: bool,
     /// The node its pages are on.
     pub(in crate::pool) node: u32,
+    /// Its name in the pool directory while kept past its release (see `pool::kept`).
+    pub(in crate::pool) kept: Option<String>,
+    /// A lessee's read lease on it, and the pages of it a holder pins (see [`SimHost::hold`]).
+    pub(in crate::pool) held: kept::Hold,
 }
 
 /// How the simulated release proof answers.
@@ -96,7 +104,8 @@ pub(in crate::pool) struct Faults {
     pub(in crate::pool) io_error_per_mille: u64,
     /// The stream the failures are drawn from (splitmix64).
     pub(in crate::pool) io_seed: u64,
-    /// Per mille of pool-file unlinks that fail (`EIO` or `EBUSY`), drawn from `io_seed`.
+    /// Per mille of pool-file unlinks (the worker's and recovery's) that fail (`EIO` or
+    /// `EBUSY`), drawn from `io_seed`.
     pub(in crate::pool) unlink_error_per_mille: u64,
     /// At a crash the journal loses what it had not synced: the last of its unsynced
     /// writes and removals (a suffix drawn from `io_seed`; a clean-shutdown marker syncs),
@@ -213,14 +222,14 @@ impl SimHost {
     }
 
     /// Whether the unlink of a pool file under way fails, and with which error (see
-    /// [`Faults::unlink_error_per_mille`]).
-    fn unlink_fails(&self) -> Option<io::Error> {
+    /// [`Faults::unlink_error_per_mille`]); `name` counts it in [`SimHost::injected`].
+    fn unlink_fails(&self, name: &'static str) -> Option<io::Error> {
         let mut w = self.world();
         let rate = w.faults.unlink_error_per_mille;
         if rate == 0 || w.draw() % 1000 >= rate {
             return None;
         }
-        w.inject("unlink a pool file fails");
+        w.inject(name);
         let errno = if w.draw() % 2 == 0 {
             libc::EIO
         } else {
@@ -393,7 +402,7 @@ impl SimHost {
             }
         }
         for (id, (_, f)) in &w.files {
-            if !f.pooled && f.links.is_empty() {
+            if !f.named() {
                 return Err(format!("file {id} is named by nothing"));
             }
             if f.pages > 0 && f.size == 0 {
@@ -454,10 +463,7 @@ fn unpool(w: &mut World, id: u64) {
 
 /// A file nothing names any more is freed, its pages back to the kernel.
 fn drop_unnamed(w: &mut World, id: u64) {
-    let unnamed = w
-        .files
-        .get(&id)
-        .is_some_and(|(_, f)| !f.pooled && f.links.is_empty());
+    let unnamed = w.files.get(&id).is_some_and(|(_, f)| !f.named());
     if unnamed {
         let node = node_of(w, id);
         if let Some((ps, f)) = w.files.remove(&id) {
