@@ -63,15 +63,22 @@ fn starts_raise_the_target_to_the_days_peak_need_then_the_plan() {
     assert!(r.started(0, PageSize::Size2M, at, 4 * G, 1e9));
     assert!(r.started(0, PageSize::Size2M, at + 600.0, 3 * G + (1 << 20), 1e9));
     assert!(!r.started(0, PageSize::Size1G, at, 4 * G, 1e9));
-    // Within the hour the plan (made with nothing seen) stands aside: the day's peak need.
+    // Within the hour the plan (made with nothing seen) stands aside: the day's peak need,
+    // a file of each size (3 GiB + 1 MiB in whole pages, to 5 significant bits).
+    let odd = 3 * G + (128 << 20);
     let bytes = r.look(key, &inputs(at + 700.0)).unwrap();
-    assert_eq!(bytes, 4 * G);
+    assert_eq!(bytes, 4 * G + odd);
     let why = r.report()[0].why.clone().unwrap();
     assert!(why.recent_raised, "{why:?}");
     assert_eq!(why.bucket, "weekday 09h");
     r.apply(&mut targets);
-    assert_eq!(targets[0].warm, 4 * G);
-    assert_eq!(targets[0].sizes, vec![4 * G]);
+    assert_eq!(targets[0].warm, 4 * G + odd);
+    let flavors: Vec<(u64, u32)> = targets[0]
+        .flavors
+        .iter()
+        .map(|f| (f.size, f.count))
+        .collect();
+    assert_eq!(flavors, vec![(4 * G, 1), (odd, 1)]);
     assert_eq!(targets[1].warm, 4 * G, "static target untouched");
     // An hour on, the plan is made from the starts seen: a target for 09h, whole pages.
     let bytes = r.look(key, &inputs(at + 3700.0)).unwrap();
@@ -89,7 +96,10 @@ fn the_ceiling_and_the_free_share_cut_it() {
     let targets = vec![adaptive(Some(0), PageSize::Size2M, 10_000, 2 * G)];
     r.sync(&targets);
     let key = (Some(0), PageSize::Size2M);
-    r.started(0, PageSize::Size2M, MONDAY, 8 * G, 1e9);
+    // Three 1 GiB starts at once: three files wanted, two under the ceiling.
+    for i in 0..3 {
+        r.started(0, PageSize::Size2M, MONDAY + f64::from(i) * 1e-3, G, 1e9);
+    }
     assert_eq!(r.look(key, &inputs(MONDAY + 1.0)), Some(2 * G));
     assert_eq!(
         r.report()[0].why.as_ref().unwrap().capped_by,
@@ -99,8 +109,8 @@ fn the_ceiling_and_the_free_share_cut_it() {
         free_share: G + 1,
         ..inputs(MONDAY + 2.0)
     };
-    // Cut to the free share, then up to whole pages (never past the ceiling).
-    assert_eq!(r.look(key, &tight), Some(G + (2 << 20)));
+    // Cut to the free share in whole files.
+    assert_eq!(r.look(key, &tight), Some(G));
     assert_eq!(
         r.report()[0].why.as_ref().unwrap().capped_by,
         Some("free memory")
