@@ -163,7 +163,7 @@ pub struct Forecast {
     /// The mean bytes of a start (exponentially weighted).
     mean_bytes: f64,
     horizon_s: f64,
-    /// Per bucket: the planned files (`None`: no samples yet).
+    /// Per bucket: the planned threshold counts (`None`: no samples yet).
     plan: Vec<Option<Files>>,
     /// Per bucket: the planned bytes (the plan's files' sum), for reports.
     plan_bytes: [Option<u64>; BUCKETS],
@@ -398,7 +398,7 @@ impl Forecast {
             warm += starts;
         }
         for (bytes, p) in self.plan_bytes.iter_mut().zip(&plan) {
-            *bytes = p.as_ref().map(files::total);
+            *bytes = p.as_ref().map(|t| files::total(&files::nest(t)));
         }
         self.plan = plan;
         self.planned_rate = if total > 0.0 { warm / total } else { 1.0 };
@@ -428,7 +428,12 @@ impl Forecast {
     }
 
     /// The planned files of bucket `b`: bytes per size class.
-    pub fn plan_files(&self, b: usize) -> Option<&Files> {
+    pub fn plan_files(&self, b: usize) -> Option<Files> {
+        self.thresholds(b).map(files::nest)
+    }
+
+    /// The planned threshold counts of bucket `b` (see `forecast_files`).
+    fn thresholds(&self, b: usize) -> Option<&Files> {
         self.plan.get(b).and_then(Option::as_ref)
     }
 }

@@ -4,10 +4,16 @@
 //! rounded up to [`CLASS_BITS`] significant bits: a flavor's size itself, in practice), and
 //! plans, per hour bucket, how many files of each class to keep warm.
 //!
-//! A start's need is the Lindley recursion of the module `forecast` per class: the bytes of
-//! its class that the starts before it took and the refill has not made good since, plus
-//! its own file, rounded up to whole files. The refill makes the missing files good largest
-//! first (as the pool's worker fills the shape's missing files, largest first).
+//! A start takes the smallest warm file at least its size (cut to its size: warm all the
+//! same), so a file serves every class up to its own. A start of class `c` is warm when
+//! the files of class `c` or larger outnumber those that starts of class `c` or larger took
+//! and the refill has not made good yet. Its need is that number, itself included: files
+//! *at threshold* `c` (the Lindley recursion of the module `forecast`, per class, counted
+//! in whole files over the classes from `c` up). The refill makes the missing files good
+//! largest first (as the pool's worker fills the shape's missing files, largest first).
+//! A plan of threshold counts becomes files with [`nest`]: the files of class `c` are what
+//! the count at `c` asks beyond the files of larger classes; in quiet hours one file of the
+//! largest size serves every start, as the refill remakes it between them.
 
 use std::collections::BTreeMap;
 
@@ -68,8 +74,9 @@ impl Deficits {
     }
 
     /// A start of class `class` at `at_s`, at `rate` bytes/s, announced `lead_s` before:
-    /// the bytes of its class the pool must hold for it to be warm (its own file included;
-    /// 0: the announcement alone made it warm, the refill being idle then).
+    /// the files of class `class` or larger the pool must hold for it to be warm (its own
+    /// included; 0: the announcement alone made it warm, the refill being idle then), as
+    /// bytes of its class (files times `class`).
     pub fn start(&mut self, at_s: f64, class: u64, rate: f64, lead_s: f64) -> f64 {
         match self.at {
             Some(t) if t <= at_s => self.refill(rate * (at_s - t)),
@@ -87,10 +94,16 @@ impl Deficits {
         } else {
             d
         };
-        if need > 0.0 {
-            self.missing.insert(class, need);
+        if need <= 0.0 {
+            return 0.0;
         }
-        need
+        self.missing.insert(class, need);
+        let files: f64 = self
+            .missing
+            .range(class..)
+            .map(|(&c, &d)| (d / c.max(1) as f64).ceil())
+            .sum();
+        files * class as f64
     }
 
     /// Forgets the starts seen.
@@ -127,6 +140,22 @@ pub fn cut_to(files: &mut Files, cap: u64) -> bool {
     cut
 }
 
+/// Threshold counts (bytes per class: at least that many bytes' worth of files of the class
+/// *or larger*) as files: largest class first, each class adds the files its count asks
+/// beyond those of the larger classes.
+pub fn nest(thresholds: &Files) -> Files {
+    let mut out = Files::new();
+    let mut larger = 0u64;
+    for (&c, &bytes) in thresholds.iter().rev() {
+        let want = bytes / c.max(1);
+        if want > larger {
+            out.insert(c, (want - larger).saturating_mul(c));
+            larger = want;
+        }
+    }
+    out
+}
+
 /// `files` as (file size, count), largest first: what the pool keeps warm.
 pub fn as_counts(files: &Files) -> Vec<(u64, u64)> {
     files
@@ -159,15 +188,31 @@ mod tests {
         let mut d = Deficits::default();
         let rate = GIB as f64;
         assert_eq!(d.start(0.0, 16 * GIB, rate, 0.0), (16 * GIB) as f64);
-        assert_eq!(d.start(0.0, 2 * GIB, rate, 0.0), (2 * GIB) as f64);
-        // 8 s later: 8 GiB of the 16 GiB made good, none of the 2 GiB.
-        assert_eq!(d.start(8.0, 2 * GIB, rate, 0.0), (4 * GIB) as f64);
+        // Two files of 2 GiB or more out: the 16 GiB one and its own.
+        assert_eq!(d.start(0.0, 2 * GIB, rate, 0.0), (4 * GIB) as f64);
+        // 8 s later: 8 GiB of the 16 GiB made good, none of the 2 GiB: three files of
+        // 2 GiB or more are out (16, 2, 2), counted as 2 GiB ones.
+        assert_eq!(d.start(8.0, 2 * GIB, rate, 0.0), (6 * GIB) as f64);
+        // A 16 GiB start counts only the 16 GiB file still missing.
+        assert_eq!(d.start(8.0, 16 * GIB, rate, 0.0), (32 * GIB) as f64);
         assert_eq!(whole_files((4 * GIB) as f64, 2 * GIB, u64::MAX), 4 * GIB);
         assert_eq!(whole_files((3 * GIB) as f64, 2 * GIB, u64::MAX), 4 * GIB);
         assert_eq!(whole_files((9 * GIB) as f64, 2 * GIB, 5 * GIB), 4 * GIB);
         // Announced 10 s before when the refill was idle: nothing needed of the pool.
         let mut d = Deficits::default();
         assert_eq!(d.start(100.0, 8 * GIB, rate, 10.0), 0.0);
+    }
+
+    #[test]
+    fn thresholds_nest_into_files_of_the_largest_classes_first() {
+        // One file of 16 GiB or more, one of 2 GiB or more, three of 1 GiB or more: a 16 GiB
+        // file serves the 2 GiB threshold; two 1 GiB files make the third.
+        let t = Files::from([(GIB, 3 * GIB), (2 * GIB, 2 * GIB), (16 * GIB, 16 * GIB)]);
+        assert_eq!(
+            nest(&t),
+            Files::from([(GIB, 2 * GIB), (16 * GIB, 16 * GIB)])
+        );
+        assert_eq!(nest(&Files::new()), Files::new());
     }
 
     #[test]

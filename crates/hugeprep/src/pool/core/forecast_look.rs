@@ -25,7 +25,7 @@ impl Forecast {
         let now = inputs.now_s;
         let b = bucket(now);
         let next = bucket(now + self.horizon_s.max(MIN_HORIZON_S));
-        let (history, mut planned) = match (self.plan_files(b), self.plan_files(next)) {
+        let (history, mut planned) = match (self.thresholds(b), self.thresholds(next)) {
             (None, None) => (false, Files::new()),
             (p, q) => {
                 let mut f = p.cloned().unwrap_or_default();
@@ -36,9 +36,9 @@ impl Forecast {
             }
         };
         planned.retain(|_, b| *b > 0);
-        let planned_bytes = files::total(&planned);
+        let planned_bytes = files::total(&files::nest(&planned));
         let recent = self.peaks(now - RECENT_S);
-        let (mut want, recent_raised) = if history {
+        let (want, recent_raised) = if history {
             self.raised(b, planned, &recent)
         } else {
             // Without history, the day's peak stands in.
@@ -46,6 +46,7 @@ impl Forecast {
             let raised = !day.is_empty();
             (day, raised)
         };
+        let mut want = files::nest(&want);
         for &bytes in pending {
             let c = class_of(bytes, self.goal.ceiling);
             *want.entry(c).or_insert(0) += c;
