@@ -62,7 +62,7 @@ pub const WEEKS_KEPT: u64 = 4;
 pub const SAMPLES_PER_WEEK: usize = 2048;
 
 /// The share of the starts the goal leaves cold that the plan still aims to serve warm.
-pub const MARGIN: f64 = 0.0;
+pub const MARGIN: f64 = 0.5;
 
 /// The share of a bucket's samples drawn from every bucket's needs (see `mixed`).
 pub const POOLED: f64 = 0.5;
