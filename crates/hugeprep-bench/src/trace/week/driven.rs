@@ -488,6 +488,24 @@ mod tests {
         }
     }
 
+    /// Placement through the driver: a VM the forecast never saw is warm when its
+    /// allocation is seen before it starts (its size becomes a file of the target), cold
+    /// without.
+    #[test]
+    fn the_driver_replay_serves_known_demand_from_placement() {
+        let goal = hugeprep::pool::core::forecast::Goal {
+            warm_start_rate: 0.99,
+            ceiling: u64::MAX,
+        };
+        let rate = GIB as f64;
+        let mut lone = vm(100_000.0, 4, 60.0);
+        let cold = replay(&[lone], PS, Policy::Adaptive { goal }, rate, 0.0, false).unwrap();
+        assert_eq!((cold.starts, cold.warm_starts), (1, 0));
+        lone.lead_s = 60.0;
+        let warm = replay(&[lone], PS, Policy::Adaptive { goal }, rate, 0.0, false).unwrap();
+        assert_eq!((warm.starts, warm.warm_starts), (1, 1));
+    }
+
     /// With one VM size the pool's file sizes cannot matter: the driver and the model of
     /// warm bytes must count the same starts warm, and nearly the same stranded hours.
     #[test]
