@@ -106,9 +106,6 @@ fn run_week(args: &BenchTraceArgs, days: u32) -> anyhow::Result<()> {
             args.learning_weeks
         );
     }
-    if args.placement_lead > 0.0 && !args.model {
-        anyhow::bail!("--placement-lead: only the fluid model (--model) replays Placement leads");
-    }
     if !(0.0..=600.0).contains(&args.placement_lead) {
         anyhow::bail!(
             "--placement-lead: {} s is not from 0 to 600",

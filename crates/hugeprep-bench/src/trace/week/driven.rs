@@ -17,10 +17,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::generate::VmLife;
-use super::replay::{Outcome, Point, Policy, LOOK_S, REPLAN_S, SERIES_S};
+use super::replay::{announcements, Outcome, Point, Policy, LOOK_S, REPLAN_S, SERIES_S};
 use hugeprep::page_size::PageSize;
-use hugeprep::policy::pool::Shape;
-use hugeprep::pool::core::forecast::{Forecast, Inputs};
+use hugeprep::policy::pool::{Flavor, Shape};
+use hugeprep::pool::core::forecast::{Forecast, Inputs, Target};
 use hugeprep::pool::simulated::SimulatedPool;
 use hugeprep::pool::{LeaseRequest, LeaseSource, PoolError, PoolPolicy};
 
@@ -54,8 +54,15 @@ fn setup_error(source: PoolError) -> DrivenError {
 }
 
 /// The policy of the pool for `policy`: a warm target of `bytes` on `ps`, in files of the
-/// trace's own sizes under the fixed shape (an operator of a static pool names its flavors).
-fn pool_policy(ps: PageSize, policy: Policy, bytes: u64, sizes: &[u64]) -> PoolPolicy {
+/// trace's own sizes under the fixed shape (an operator of a static pool names its flavors),
+/// and of the adaptive target's `files` (size, count) as its flavors, as the daemon installs.
+fn pool_policy(
+    ps: PageSize,
+    policy: Policy,
+    bytes: u64,
+    sizes: &[u64],
+    files: &[(u64, u64)],
+) -> PoolPolicy {
     let shape = match policy {
         Policy::Static { .. } | Policy::None => "fixed",
         Policy::Demand { .. } | Policy::Adaptive { .. } | Policy::Hindsight { .. } => "demand",
@@ -75,6 +82,15 @@ fn pool_policy(ps: PageSize, policy: Policy, bytes: u64, sizes: &[u64]) -> PoolP
             _ => Vec::new(),
         };
         p.set_warm(ps, bytes, sizes);
+        if let Some(t) = p.targets.iter_mut().find(|t| t.page_size == ps) {
+            t.flavors = files
+                .iter()
+                .map(|&(size, count)| Flavor {
+                    size,
+                    count: u32::try_from(count).unwrap_or(u32::MAX),
+                })
+                .collect();
+        }
     }
     p
 }
@@ -114,6 +130,7 @@ struct Run<'a> {
     policy: Policy,
     sizes: &'a [u64],
     target: u64,
+    files: Vec<(u64, u64)>,
 }
 
 impl Run<'_> {
@@ -150,12 +167,13 @@ impl Run<'_> {
         self.clock(t);
     }
 
-    fn set_target(&mut self, bytes: u64) {
-        if bytes != self.target {
-            self.target = bytes;
-            self.sim
-                .pool()
-                .set_policy(pool_policy(self.ps, self.policy, bytes, self.sizes));
+    /// Installs the adaptive target's files (its bytes and flavors), as the daemon does.
+    fn set_target(&mut self, t: &Target) {
+        if t.bytes != self.target || t.files != self.files {
+            self.target = t.bytes;
+            self.files.clone_from(&t.files);
+            let p = pool_policy(self.ps, self.policy, t.bytes, self.sizes, &t.files);
+            self.sim.pool().set_policy(p);
         }
     }
 }
@@ -206,7 +224,7 @@ fn replay_logged(
     let sim = SimulatedPool::new(
         &dir,
         &[(ps, HOST_BYTES / ps.bytes())],
-        pool_policy(ps, policy, start_bytes, &sizes),
+        pool_policy(ps, policy, start_bytes, &sizes, &[]),
     )
     .map_err(setup_error)?;
     // An hour before the first start: a static pool is full when it comes.
@@ -227,19 +245,32 @@ fn replay_logged(
         policy,
         sizes: &sizes,
         target: start_bytes,
+        files: Vec::new(),
     };
     let mut forecast = match policy {
         Policy::Adaptive { goal } => Some(Forecast::new(goal)),
         _ => None,
     };
-    let target_at = |f: &Forecast, now_s: f64| {
-        f.target(&Inputs {
+    // Placement: the sizes of the VMs allocated and not yet started, as the daemon would
+    // see them (polled), and when each is seen: (seen, index into the trace).
+    let announced = announcements(trace);
+    let mut seen_order: Vec<(f64, usize)> = announced
+        .iter()
+        .enumerate()
+        .filter(|&(_, &a)| a > 0.0 && forecast.is_some())
+        .map(|(k, &a)| (trace[k].at_s - a, k))
+        .collect();
+    seen_order.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let mut pending: Vec<u64> = Vec::new();
+    let mut a = 0;
+    let target_at = |f: &Forecast, now_s: f64, pending: &[u64]| {
+        let inputs = Inputs {
             now_s,
-            pending: 0,
+            pending: pending.iter().sum(),
             refill_rate,
             free_share: u64::MAX,
-        })
-        .bytes
+        };
+        f.target_known(&inputs, pending)
     };
     // Stops: (ms, lease id, bytes).
     let mut ends: BinaryHeap<Reverse<(u64, u64, u64)>> = BinaryHeap::new();
@@ -251,7 +282,8 @@ fn replay_logged(
     loop {
         let next_start = trace.get(i).map(|v| v.at_s);
         let next_end = ends.peek().map(|Reverse((ms, _, _))| *ms as f64 / 1000.0);
-        let t = [Some(next_look), next_start, next_end]
+        let next_seen = seen_order.get(a).map(|&(t, _)| t);
+        let t = [Some(next_look), next_start, next_end, next_seen]
             .into_iter()
             .flatten()
             .fold(f64::INFINITY, f64::min);
@@ -271,8 +303,24 @@ fn replay_logged(
                     })?;
                 leased = leased.saturating_sub(bytes);
             }
+        } else if next_seen == Some(t) {
+            pending.push(trace[seen_order[a].1].bytes);
+            a += 1;
+            if let Some(f) = forecast.as_ref() {
+                run.set_target(&target_at(f, t, &pending));
+            }
         } else if next_start == Some(t) {
             let v = trace[i];
+            let announced_s = if forecast.is_some() {
+                announced[i]
+            } else {
+                0.0
+            };
+            if announced_s > 0.0 {
+                if let Some(k) = pending.iter().position(|&b| b == v.bytes) {
+                    pending.swap_remove(k);
+                }
+            }
             let req = LeaseRequest {
                 recycle: None,
                 name: format!("vm{i}"),
@@ -309,9 +357,8 @@ fn replay_logged(
                 v.bytes,
             )));
             if let Some(f) = forecast.as_mut() {
-                f.started(t, v.bytes, refill_rate);
-                let b = target_at(f, t);
-                run.set_target(b);
+                f.started_announced(t, v.bytes, refill_rate, announced_s);
+                run.set_target(&target_at(f, t, &pending));
             }
         } else {
             // A look.
@@ -320,8 +367,7 @@ fn replay_logged(
                     f.replan();
                     next_plan = t + REPLAN_S;
                 }
-                let b = target_at(f, t);
-                run.set_target(b);
+                run.set_target(&target_at(f, t, &pending));
             }
             if series && t >= next_point {
                 let k = run.sim.kind(ps);
@@ -440,6 +486,24 @@ mod tests {
             assert_eq!((fits.held_peak, fits.stranded_peak), (4 * GIB, 4 * GIB));
             assert!(!fits.series.is_empty());
         }
+    }
+
+    /// Placement through the driver: a VM the forecast never saw is warm when its
+    /// allocation is seen before it starts (its size becomes a file of the target), cold
+    /// without.
+    #[test]
+    fn the_driver_replay_serves_known_demand_from_placement() {
+        let goal = hugeprep::pool::core::forecast::Goal {
+            warm_start_rate: 0.99,
+            ceiling: u64::MAX,
+        };
+        let rate = GIB as f64;
+        let mut lone = vm(100_000.0, 4, 60.0);
+        let cold = replay(&[lone], PS, Policy::Adaptive { goal }, rate, 0.0, false).unwrap();
+        assert_eq!((cold.starts, cold.warm_starts), (1, 0));
+        lone.lead_s = 60.0;
+        let warm = replay(&[lone], PS, Policy::Adaptive { goal }, rate, 0.0, false).unwrap();
+        assert_eq!((warm.starts, warm.warm_starts), (1, 1));
     }
 
     /// With one VM size the pool's file sizes cannot matter: the driver and the model of

@@ -301,11 +301,35 @@ impl Registry {
             };
             // A lowered ceiling holds at once, before the next look.
             t.warm = self.installed((t.node, t.page_size)).min(goal.ceiling);
+            // The plan counts files: kept as the target's flavors, so the pool keeps a
+            // file of each size a start needs (the demand shape alone may not).
+            t.flavors = self.installed_files((t.node, t.page_size), t.warm);
             if t.sizes.is_empty() && t.warm > 0 {
                 t.sizes
                     .push(crate::policy::pool::default_file_size(t.warm, t.page_size));
             }
         }
+    }
+
+    /// The files installed for `key` as flavors, when they are whole pages and make up
+    /// `warm` exactly (else none: the demand shape fills `warm`).
+    fn installed_files(&self, key: Key, warm: u64) -> Vec<crate::policy::pool::Flavor> {
+        let page = key.1.bytes();
+        let Some((t, _)) = self.entries.get(&key).and_then(|e| e.looked.as_ref()) else {
+            return Vec::new();
+        };
+        let whole = t
+            .files
+            .iter()
+            .all(|&(size, n)| size % page == 0 && n <= 4096);
+        if !whole || t.bytes != warm {
+            return Vec::new();
+        }
+        let flavor = |&(size, count): &(u64, u64)| crate::policy::pool::Flavor {
+            size,
+            count: count as u32,
+        };
+        t.files.iter().map(flavor).collect()
     }
 
     /// Every adaptive target, for the API and the metrics.

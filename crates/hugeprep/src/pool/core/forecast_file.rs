@@ -1,25 +1,31 @@
 //! What a [`Forecast`] has seen, as it is kept across restarts (`pool::adaptive::store`
-//! writes and reads the file): each bucket's samples per week, the last start, the recent
-//! needs, the mean start and the reservoir's random state. The plan is not kept: it is
+//! writes and reads the file): each bucket's samples per week (class and need), the per-class
+//! deficits after the last start, the recent needs, the mean start and the reservoir's
+//! random state. The plan is not kept: it is
 //! made again from the samples at the first look.
 //!
 //! Pure. [`restore`] treats what it is given as untrusted: every count is bounded as the
-//! forecast bounds its own ([`BUCKETS`], [`WEEKS_KEPT`], [`SAMPLES_PER_WEEK`], needs at most
-//! the goal's ceiling in [`NEED_STEP`](super::NEED_STEP)s), every float must be finite, and the first field
-//! that is not is named in the error.
+//! forecast bounds its own ([`BUCKETS`], [`WEEKS_KEPT`], [`SAMPLES_PER_WEEK`], classes made
+//! again with `class_of` and needs counted again in whole files up to the goal's ceiling),
+//! every float must be finite, and the first field that is not is named in the error.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
 use super::{
-    counted_need, Forecast, Goal, Week, BUCKETS, LEARNING_S, MAX_HORIZON_S, MIN_HORIZON_S,
-    SAMPLES_PER_WEEK, WEEKS_KEPT, WEEK_S,
+    Forecast, Goal, Week, BUCKETS, LEARNING_S, MAX_HORIZON_S, MIN_HORIZON_S, SAMPLES_PER_WEEK,
+    WEEKS_KEPT, WEEK_S,
 };
+use crate::pool::core::forecast_files::{class_of, whole_files, Deficits};
 
-/// The most recent needs restored (a day of starts keeps only its falling needs: at most
-/// one per [`NEED_STEP`](super::NEED_STEP) up to the ceiling).
+/// The most recent needs restored (a day of starts keeps only each class's falling needs:
+/// at most one per file up to the ceiling, per class).
 pub const MAX_RECENT: usize = 65_536;
+
+/// The most classes with a deficit restored (a few thousand classes exist below any
+/// ceiling a host can have; see `class_of`).
+pub const MAX_DEFICITS: usize = 4096;
 
 /// One bucket's samples of one week.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,8 +35,8 @@ pub struct SavedWeek {
     pub week: u64,
     /// Starts seen that week in the bucket (at least the samples kept).
     pub seen: u64,
-    /// Needs kept, bytes.
-    pub samples: Vec<u64>,
+    /// Needs kept: (class, bytes of that class's files needed).
+    pub samples: Vec<(u64, u64)>,
 }
 
 /// What one forecast has seen.
@@ -39,10 +45,12 @@ pub struct SavedWeek {
 pub struct SavedForecast {
     /// Per bucket ([`BUCKETS`] of them), its weeks.
     pub weeks: Vec<Vec<SavedWeek>>,
-    /// The last start: local time and its need (the recursion's state).
-    pub last: Option<(f64, f64)>,
-    /// The recent needs: (local time, bytes), oldest first.
-    pub recent: Vec<(f64, u64)>,
+    /// The last start's local time (the recursion's state, with `deficits`).
+    pub last_start: Option<f64>,
+    /// Bytes missing per class after it: (class, bytes).
+    pub deficits: Vec<(u64, f64)>,
+    /// The recent needs: (local time, class, bytes), oldest first.
+    pub recent: Vec<(f64, u64, u64)>,
     /// The mean bytes of a start.
     pub mean_bytes: f64,
     /// The look-ahead, s.
@@ -85,7 +93,8 @@ pub fn save(f: &Forecast) -> SavedForecast {
                     .collect()
             })
             .collect(),
-        last: f.last,
+        last_start: f.deficits.parts().0,
+        deficits: f.deficits.parts().1,
         recent: f.recent.iter().copied().collect(),
         mean_bytes: f.mean_bytes,
         horizon_s: f.horizon_s,
@@ -118,10 +127,7 @@ pub fn restore(saved: &SavedForecast, goal: Goal, now_s: f64) -> Result<Forecast
         let week_now = (now_s / WEEK_S).floor().max(0.0) as u64;
         f.weeks[b].retain(|&w, _| w + WEEKS_KEPT > week_now);
     }
-    f.last = match saved.last {
-        Some((t, d)) => Some((finite("last[0]", t)?, finite("last[1]", d)?)),
-        None => None,
-    };
+    f.deficits = restore_deficits(saved, goal.ceiling)?;
     if saved.recent.len() > MAX_RECENT {
         return Err(refuse(
             "recent",
@@ -129,18 +135,19 @@ pub fn restore(saved: &SavedForecast, goal: Goal, now_s: f64) -> Result<Forecast
         ));
     }
     let mut recent = VecDeque::with_capacity(saved.recent.len());
-    for (i, &(t, d)) in saved.recent.iter().enumerate() {
+    for (i, &(t, c, d)) in saved.recent.iter().enumerate() {
         let t = finite(&format!("recent[{i}][0]"), t)?;
-        if recent.back().is_some_and(|&(u, _)| t < u) {
+        if recent.back().is_some_and(|&(u, _, _)| t < u) {
             return Err(refuse(
                 format!("recent[{i}][0]"),
                 "earlier than the need before",
             ));
         }
-        recent.push_back((t, counted_need(d as f64, goal.ceiling)));
+        let (c, d) = counted(c, d, goal.ceiling);
+        recent.push_back((t, c, d));
     }
-    if let Some(&(newest, _)) = recent.back() {
-        recent.retain(|&(t, _)| t >= newest - LEARNING_S);
+    if let Some(&(newest, _, _)) = recent.back() {
+        recent.retain(|&(t, _, _)| t >= newest - LEARNING_S);
     }
     f.recent = recent;
     f.mean_bytes = finite("mean_bytes", saved.mean_bytes)?;
@@ -154,6 +161,32 @@ pub fn restore(saved: &SavedForecast, goal: Goal, now_s: f64) -> Result<Forecast
     f.horizon_s = h;
     f.rng = saved.rng;
     Ok(f)
+}
+
+/// A saved (class, need) counted as the forecast counts its own: the class made again from
+/// the size, the need in whole files of it up to `ceiling`.
+fn counted(class: u64, need: u64, ceiling: u64) -> (u64, u64) {
+    let class = class_of(class, ceiling);
+    (class, whole_files(need as f64, class, ceiling))
+}
+
+fn restore_deficits(saved: &SavedForecast, ceiling: u64) -> Result<Deficits, Refused> {
+    let at = match saved.last_start {
+        Some(t) => Some(finite("last_start", t)?),
+        None => None,
+    };
+    if saved.deficits.len() > MAX_DEFICITS {
+        return Err(refuse(
+            "deficits",
+            format!("{} classes, more than {MAX_DEFICITS}", saved.deficits.len()),
+        ));
+    }
+    let mut missing = Vec::with_capacity(saved.deficits.len());
+    for (i, &(c, d)) in saved.deficits.iter().enumerate() {
+        let d = finite(&format!("deficits[{i}][1]"), d)?;
+        missing.push((class_of(c, ceiling), d.min(ceiling as f64)));
+    }
+    Ok(Deficits::from_parts(at, missing))
 }
 
 fn restore_bucket(
@@ -190,7 +223,7 @@ fn restore_bucket(
             samples: w
                 .samples
                 .iter()
-                .map(|&s| counted_need(s as f64, ceiling))
+                .map(|&(c, d)| counted(c, d, ceiling))
                 .collect(),
             seen: w.seen,
         };
@@ -249,7 +282,17 @@ mod tests {
     #[test]
     fn out_of_bounds_fields_are_named() {
         let good = save(&fed());
-        let cases: Vec<(Spoil, &str)> = vec![
+        for (spoil, field) in spoils() {
+            let mut s = good.clone();
+            spoil(&mut s);
+            let err = restore(&s, goal(), MONDAY).unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+        }
+    }
+
+    /// Each spoiled field, with its name in the error.
+    fn spoils() -> Vec<(Spoil, &'static str)> {
+        vec![
             (Box::new(|s| s.weeks.pop().map(drop).unwrap_or(())), "weeks"),
             (
                 Box::new(|s| {
@@ -268,7 +311,7 @@ mod tests {
                     s.weeks[9] = vec![SavedWeek {
                         week: 1,
                         seen: 1 << 20,
-                        samples: vec![G; SAMPLES_PER_WEEK + 1],
+                        samples: vec![(G, G); SAMPLES_PER_WEEK + 1],
                     }]
                 }),
                 "weeks[9][0].samples",
@@ -278,7 +321,7 @@ mod tests {
                     s.weeks[9] = vec![SavedWeek {
                         week: 1,
                         seen: 0,
-                        samples: vec![G],
+                        samples: vec![(G, G)],
                     }]
                 }),
                 "weeks[9][0].seen",
@@ -286,21 +329,26 @@ mod tests {
             (Box::new(|s| s.mean_bytes = f64::NAN), "mean_bytes"),
             (Box::new(|s| s.horizon_s = 1e9), "horizon_s"),
             (
-                Box::new(|s| s.recent = vec![(1.0, G); MAX_RECENT + 1]),
+                Box::new(|s| s.recent = vec![(1.0, G, G); MAX_RECENT + 1]),
                 "recent",
             ),
             (
-                Box::new(|s| s.recent = vec![(5.0, G), (1.0, G)]),
+                Box::new(|s| s.recent = vec![(5.0, G, G), (1.0, G, G)]),
                 "recent[1][0]",
             ),
-            (Box::new(|s| s.last = Some((f64::INFINITY, 0.0))), "last[0]"),
-        ];
-        for (spoil, field) in cases {
-            let mut s = good.clone();
-            spoil(&mut s);
-            let err = restore(&s, goal(), MONDAY).unwrap_err();
-            assert_eq!(err.field, field, "{err}");
-        }
+            (
+                Box::new(|s| s.last_start = Some(f64::INFINITY)),
+                "last_start",
+            ),
+            (
+                Box::new(|s| s.deficits = vec![(G, f64::NAN)]),
+                "deficits[0][1]",
+            ),
+            (
+                Box::new(|s| s.deficits = vec![(G, 1.0); MAX_DEFICITS + 1]),
+                "deficits",
+            ),
+        ]
     }
 
     #[test]
@@ -310,7 +358,7 @@ mod tests {
         s.weeks[9] = vec![SavedWeek {
             week,
             seen: 1,
-            samples: vec![u64::MAX],
+            samples: vec![(u64::MAX, u64::MAX)],
         }];
         let f = restore(
             &s,
@@ -321,7 +369,7 @@ mod tests {
             MONDAY,
         )
         .unwrap();
-        assert_eq!(f.weeks[9][&week].samples, vec![8 * G]);
+        assert_eq!(f.weeks[9][&week].samples, vec![(8 * G, 8 * G)]);
         // Weeks no longer kept are dropped.
         let later = MONDAY + WEEK_S * WEEKS_KEPT as f64;
         assert!(restore(&s, goal(), later).unwrap().weeks[9].is_empty());

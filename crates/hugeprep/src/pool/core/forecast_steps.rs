@@ -9,7 +9,7 @@ const KERNEL: [f64; 5] = [0.25, 0.5, 1.0, 0.5, 0.25];
 
 /// Bucket `b`'s needs smoothed over the hours around it on the same kind of day (the
 /// [`KERNEL`]), sorted, with their weights.
-fn smoothed(own: &[Vec<(u64, f64)>], b: usize) -> Vec<(u64, f64)> {
+fn smoothed<T: Copy>(own: &[Vec<(T, f64)>], b: usize) -> Vec<(T, f64)> {
     let kernel_sum: f64 = KERNEL.iter().sum();
     let mut weighted = Vec::new();
     for (i, k) in KERNEL.iter().enumerate() {
@@ -22,8 +22,8 @@ fn smoothed(own: &[Vec<(u64, f64)>], b: usize) -> Vec<(u64, f64)> {
 
 /// Every bucket's needs together, their weights summing to 1: the shape of a start's need
 /// whatever its hour.
-pub(super) fn pooled(own: &[Vec<(u64, f64)>]) -> Vec<(u64, f64)> {
-    let all: Vec<(u64, f64)> = own.iter().flatten().copied().collect();
+pub(super) fn pooled<T: Copy>(own: &[Vec<(T, f64)>]) -> Vec<(T, f64)> {
+    let all: Vec<(T, f64)> = own.iter().flatten().copied().collect();
     let sum: f64 = all.iter().map(|&(_, w)| w).sum();
     all.into_iter()
         .map(|(s, w)| (s, w / sum.max(f64::MIN_POSITIVE)))
@@ -34,10 +34,14 @@ pub(super) fn pooled(own: &[Vec<(u64, f64)>]) -> Vec<(u64, f64)> {
 /// pooled shape scaled to its starts. A start's need depends on its hour mostly through
 /// how many starts come then: a deploy seen once at 11h speaks, in proportion, for every
 /// hour as busy, which one week of an hour's own samples cannot.
-pub(super) fn mixed(own: &[Vec<(u64, f64)>], global: &[(u64, f64)], b: usize) -> Vec<(u64, f64)> {
+pub(super) fn mixed<T: Copy + Ord>(
+    own: &[Vec<(T, f64)>],
+    global: &[(T, f64)],
+    b: usize,
+) -> Vec<(T, f64)> {
     let local = smoothed(own, b);
     let starts: f64 = local.iter().map(|&(_, w)| w).sum();
-    let mut out: Vec<(u64, f64)> = local
+    let mut out: Vec<(T, f64)> = local
         .into_iter()
         .map(|(s, w)| (s, w * (1.0 - POOLED)))
         .collect();

@@ -26,6 +26,7 @@ pub(crate) mod aside;
 pub(crate) mod choice;
 pub(crate) mod decide;
 pub mod forecast;
+mod forecast_files;
 mod forecast_steps;
 mod invariants;
 mod order;
