@@ -253,25 +253,15 @@ impl Pool {
     /// What a leased file takes from the host: the size it was leased at, or more when its
     /// lessee grew it (`ftruncate` larger, `fallocate(FALLOC_FL_KEEP_SIZE)` past its end, a
     /// writable mapping past its end): its length rounded up to whole pages, or its
-    /// allocated pages (hugetlbfs counts them in `st_blocks`), whichever is larger. Read by
-    /// `fstatat` of the pool's own name for the file in the pool directory's handle (the
-    /// directory is the daemon's, 0700: no lessee can put another file there); a few
-    /// microseconds each, per live lease of the principal, at each admission check.
+    /// allocated pages, whichever is larger ([`Keeper::leased_size`](super::host::Keeper)):
+    /// a few microseconds each, per live lease of the principal, at each admission check.
     fn leased_extent(&self, rec: &super::FileRecord) -> u64 {
-        let Ok(mount) = self.mount(rec.page_size) else {
-            return rec.size;
-        };
-        match rustix::fs::statat(
-            mount.pool_dir_handle().fd(),
-            super::file_key(rec.id).as_str(),
-            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-        ) {
-            Ok(st) => rec.size.max(crate::hugetlb::extent_of(
-                u64::try_from(st.st_size).unwrap_or(0),
-                u64::try_from(st.st_blocks).unwrap_or(0),
-                rec.page_size,
-            )),
-            Err(_) => rec.size,
+        match self.host.leased_size(super::host::FileAt::of(rec)) {
+            Some((len, held)) => {
+                rec.size
+                    .max(crate::hugetlb::extent_of(len, held / 512, rec.page_size))
+            }
+            None => rec.size,
         }
     }
 

@@ -200,7 +200,10 @@ fn one_tenants_churn_moves_the_target_by_one_lease_an_hour_only() {
     // stack up to the ceiling in every hour of the week.
     let (whole, _) = week_with(Some((OP, 16 * G, 5, 60.0)));
     // (In whole files under the ceiling: three of 16 GiB and the honest 2 GiB ones.)
-    assert!(whole >= 48 * G, "the operator's own churn counts whole: {whole}");
+    assert!(
+        whole >= 48 * G,
+        "the operator's own churn counts whole: {whole}"
+    );
     let (churned, st) = week_with(Some((tenant, 16 * G, 5, 60.0)));
     assert_eq!(st.starts_not_counted, 7 * 24 * 299, "{st:?}");
     // One lease of its own an hour, on top of an honest start at the same moment at most.

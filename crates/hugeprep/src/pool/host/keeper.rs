@@ -69,6 +69,11 @@ pub(crate) trait Keeper {
     /// Bytes of pages pool file `file` holds (0 when it cannot be read: gone meanwhile).
     fn held_bytes_at(&self, file: FileAt) -> u64;
 
+    /// The length of pool file `file` and the bytes of pages it holds (`None`: it cannot be
+    /// read), by its pool name: what a leased file takes from the host when its lessee
+    /// grew it (a tenant's usage).
+    fn leased_size(&self, file: FileAt) -> Option<(u64, u64)>;
+
     /// Renames released pool file `file` to `name` within its pool directory, never over
     /// another entry (`RENAME_NOREPLACE`).
     fn keep_as(&self, file: FileAt, name: &str) -> io::Result<()>;

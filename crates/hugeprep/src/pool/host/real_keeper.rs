@@ -76,6 +76,23 @@ impl Keeper for RealHost {
             .map_or(0, |m| m.blocks().saturating_mul(512))
     }
 
+    fn leased_size(&self, file: FileAt) -> Option<(u64, u64)> {
+        // One `fstatat` of the pool's own name in the pool directory's handle (the
+        // directory is the daemon's, 0700: no lessee can put another file there).
+        let mount = self.mounts.get(&file.page_size)?;
+        let st = rustix::fs::statat(
+            mount.pool_dir_handle().fd(),
+            crate::pool::file_key(file.id).as_str(),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .ok()?;
+        let blocks = u64::try_from(st.st_blocks).unwrap_or(0);
+        Some((
+            u64::try_from(st.st_size).unwrap_or(0),
+            blocks.saturating_mul(512),
+        ))
+    }
+
     fn keep_as(&self, file: FileAt, name: &str) -> io::Result<()> {
         let path = self.path(file).map_err(io::Error::other)?;
         let kept = path.with_file_name(name);

@@ -130,6 +130,12 @@ impl Keeper for SimHost {
         self.held_bytes(&Opened::new(file.id, None))
     }
 
+    fn leased_size(&self, file: FileAt) -> Option<(u64, u64)> {
+        let w = self.world();
+        let (ps, f) = w.files.get(&file.id)?;
+        Some((f.size, f.pages * ps.bytes()))
+    }
+
     fn keep_as(&self, file: FileAt, name: &str) -> io::Result<()> {
         self.effect("keep a released file");
         if self.io_fails() {
