@@ -27,6 +27,7 @@
 //! in force; a file that is damaged or foreign is refused (one log line with the path and
 //! the field) and the daemon learns from nothing.
 
+mod due;
 mod registry;
 pub mod store;
 mod weigh;
@@ -73,6 +74,8 @@ pub(in crate::pool) struct Adaptive {
     /// Placement's allocations of each page size's warm class, bytes, and when they were
     /// read (see [`Pool::set_placement_allocated`]).
     allocated: Mutex<Option<(Instant, BTreeMap<PageSize, u64>)>>,
+    /// What of the unleased allocations appeared lately (VMs about to start).
+    due: Mutex<due::Due>,
     /// Held while the forecasts are written.
     saving: Mutex<()>,
 }
@@ -164,7 +167,12 @@ impl Pool {
             let before = held.as_ref().and_then(|(_, m)| m.get(ps).copied());
             b > before.unwrap_or(0)
         });
-        *held = Some((Instant::now(), allocated));
+        let now = Instant::now();
+        a.due
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(now, &allocated);
+        *held = Some((now, allocated));
         drop(held);
         if rose {
             a.wake.notify_one();
@@ -190,7 +198,16 @@ impl Pool {
             .filter(|k| k.page_size == ps)
             .map(|k| k.leased_bytes)
             .sum();
-        allocated.get(&ps).map_or(0, |&a| a.saturating_sub(leased))
+        let unleased = allocated.get(&ps).map_or(0, |&a| a.saturating_sub(leased));
+        drop(held);
+        // Only allocations made lately are VMs about to start (a stopped VM keeps its own).
+        let state = self.adaptive_state();
+        let rise = state
+            .due
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .rise(ps, Instant::now());
+        unleased.min(rise)
     }
 
     /// Looks at every adaptive target now and installs the warm bytes that changed (through
