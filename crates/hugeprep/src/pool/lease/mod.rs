@@ -226,7 +226,7 @@ impl Pool {
         self.table.changed.notify_all();
         drop(st);
         // A tenant's starts count up to its share (see `adaptive::weigh`).
-        let who = adaptive::Starter::of(v.tenant.as_ref());
+        let who = adaptive::Starter::of(v.tenant.as_ref(), &v.name);
         self.adaptive_started(info.node, info.page_size, who, info.size);
         Ok(info)
     }
