@@ -19,6 +19,11 @@ use rustls_pki_types::{CertificateDer, ServerName};
 /// The `User-Agent` of every request: `hugeprep/VERSION`.
 pub const USER_AGENT: &str = concat!("hugeprep/", env!("CARGO_PKG_VERSION"));
 
+/// The largest answer read from Placement or Keystone: a provider's usages or allocations
+/// are a few KiB; a larger answer (a compromised or broken service) is refused rather than
+/// held in the daemon's memory.
+pub const MAX_ANSWER_BYTES: usize = 4 << 20;
+
 /// Why a request got no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -259,11 +264,10 @@ where
             .map_err(|e| format!("request: {e}"))?;
         let status = resp.status();
         let headers = resp.headers().clone();
-        let body = resp
-            .into_body()
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
             .collect()
             .await
-            .map_err(|e| format!("reading the answer: {e}"))?
+            .map_err(|e| format!("reading the answer (at most {MAX_ANSWER_BYTES} bytes): {e}"))?
             .to_bytes();
         Ok(Answer {
             status,

@@ -180,7 +180,9 @@ impl Registry {
             let due = e
                 .planned_at
                 .map_or(true, |t| now_s < t || now_s - t >= REPLAN_S);
-            if !due || e.planning.is_some() {
+            // A plan under way for [`REPLAN_S`] was lost (its thread panicked): a new
+            // ticket replaces it, and the old one's install is refused.
+            if !due {
                 continue;
             }
             self.tickets += 1;

@@ -23,6 +23,9 @@ use crate::pool::core::forecast_files::{class_of, whole_files, Deficits};
 /// at most one per file up to the ceiling, per class).
 pub const MAX_RECENT: usize = 65_536;
 
+/// The most starts one bucket of one week may have seen (a million an hour).
+pub const MAX_SEEN: u64 = 1 << 20;
+
 /// The most classes with a deficit restored (a few thousand classes exist below any
 /// ceiling a host can have; see `class_of`).
 pub const MAX_DEFICITS: usize = 4096;
@@ -125,7 +128,13 @@ pub fn restore(saved: &SavedForecast, goal: Goal, now_s: f64) -> Result<Forecast
     for (b, weeks) in saved.weeks.iter().enumerate() {
         f.weeks[b] = restore_bucket(b, weeks, goal.ceiling)?;
         let week_now = (now_s / WEEK_S).floor().max(0.0) as u64;
-        f.weeks[b].retain(|&w, _| w + WEEKS_KEPT > week_now);
+        f.weeks[b].retain(|&w, _| w.saturating_add(WEEKS_KEPT) > week_now);
+        if let Some((&w, _)) = f.weeks[b].range(week_now.saturating_add(2)..).next() {
+            return Err(refuse(
+                format!("weeks[{b}]"),
+                format!("week {w} is after this one ({week_now})"),
+            ));
+        }
     }
     f.deficits = restore_deficits(saved, goal.ceiling)?;
     if saved.recent.len() > MAX_RECENT {
@@ -207,6 +216,15 @@ fn restore_bucket(
             return Err(refuse(
                 format!("{at}.samples"),
                 format!("{} samples, more than {SAMPLES_PER_WEEK}", w.samples.len()),
+            ));
+        }
+        if w.seen > MAX_SEEN {
+            return Err(refuse(
+                format!("{at}.seen"),
+                format!(
+                    "{} starts in one hour of one week, more than {MAX_SEEN}",
+                    w.seen
+                ),
             ));
         }
         if w.seen < w.samples.len() as u64 {
@@ -325,6 +343,26 @@ mod tests {
                     }]
                 }),
                 "weeks[9][0].seen",
+            ),
+            (
+                Box::new(|s| {
+                    s.weeks[9] = vec![SavedWeek {
+                        week: 1,
+                        seen: MAX_SEEN + 1,
+                        samples: vec![],
+                    }]
+                }),
+                "weeks[9][0].seen",
+            ),
+            (
+                Box::new(|s| {
+                    s.weeks[9] = vec![SavedWeek {
+                        week: u64::MAX,
+                        seen: 1,
+                        samples: vec![(G, G)],
+                    }]
+                }),
+                "weeks[9]",
             ),
             (Box::new(|s| s.mean_bytes = f64::NAN), "mean_bytes"),
             (Box::new(|s| s.horizon_s = 1e9), "horizon_s"),
