@@ -400,6 +400,18 @@ pub struct UnixPeer {
     pub pid: Option<i32>,
     /// Supplementary groups at connect time.
     pub groups: std::sync::Arc<[u32]>,
+    /// The user who controls the peer's user namespace when that is not the daemon's (and
+    /// not root's: see [`crate::sys::peercred::peer_userns_owner`]).
+    pub userns_owner: Option<u32>,
+}
+
+impl UnixPeer {
+    /// The uid the peer is counted as (its principal, its connection limits): the owner of
+    /// its user namespace when a user made one (each of that user's subordinate uids is that
+    /// user), else its own.
+    pub fn principal_uid(&self) -> u32 {
+        self.userns_owner.unwrap_or(self.uid)
+    }
 }
 
 /// Decides roles: [`AccessConfig`] plus what the daemon learns at start (the socket's group,
@@ -549,6 +561,7 @@ mod tests {
             gid,
             pid: None,
             groups: groups.into(),
+            userns_owner: None,
         };
         assert_eq!(access.unix_role(&peer(0, 0, &[])), Some(Role::Admin));
         assert_eq!(access.unix_role(&peer(1234, 4242, &[])), Some(Role::Lease));

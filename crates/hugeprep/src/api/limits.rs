@@ -475,7 +475,7 @@ pub async fn serve_unix(
         };
         let peer = Peer::of_unix(&stream);
         let (uid, privileged) = match &peer {
-            Peer::Unix(Some(p)) => (p.uid, p.uid == 0),
+            Peer::Unix(Some(p)) => (p.principal_uid(), p.uid == 0),
             _ => (u32::MAX, false),
         };
         let Some(ticket) = gate.enter(uid, privileged) else {

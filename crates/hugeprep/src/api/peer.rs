@@ -36,11 +36,20 @@ impl Peer {
                 return Peer::Unix(None);
             }
         };
+        let userns_owner = match crate::sys::peercred::peer_userns_owner(stream) {
+            Ok(owner) => owner,
+            Err(err) => {
+                // Before Linux 6.11: counted by its own uid, as before.
+                tracing::debug!(%err, "the peer's user namespace is unknown");
+                None
+            }
+        };
         Peer::Unix(stream.peer_cred().ok().map(|c| UnixPeer {
             uid: c.uid(),
             gid: c.gid(),
             pid: c.pid(),
             groups: groups.into(),
+            userns_owner,
         }))
     }
 }
@@ -98,7 +107,7 @@ pub async fn authorize(State(access): State<Arc<Access>>, req: Request, next: Ne
             )
         }
         Peer::Unix(Some(p)) => match access.unix_role(p) {
-            Some(role) => (format!("uid:{}", p.uid), role),
+            Some(role) => (format!("uid:{}", p.principal_uid()), role),
             None => {
                 return refuse(
                     StatusCode::FORBIDDEN,
