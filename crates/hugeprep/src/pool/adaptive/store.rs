@@ -100,18 +100,30 @@ pub fn read(path: &Path) -> Result<BTreeMap<Key, SavedForecast>, String> {
 
 /// Writes `targets` to `path` atomically (temporary file, fsync, rename, fsync of the
 /// directory).
+///
+/// Only as many targets as [`read`] takes back are written (at most [`MAX_FILE_BYTES`] in
+/// all); those left out are named in a warning and learn from nothing after a restart.
 pub fn write(path: &Path, targets: Vec<(Key, SavedForecast)>) -> std::io::Result<()> {
+    let mut room = MAX_FILE_BYTES.saturating_sub(4096);
+    let mut kept = Vec::with_capacity(targets.len());
+    for ((node, page_size), forecast) in targets.into_iter().take(MAX_TARGETS) {
+        let t = SavedTarget {
+            node,
+            page_size,
+            forecast,
+        };
+        let len = serde_json::to_vec(&t).map_or(u64::MAX, |v| v.len() as u64 + 1);
+        if len > room {
+            tracing::warn!(?node, %page_size, path = %path.display(), "adaptive forecast not saved: the file would be larger than it may be read back ({MAX_FILE_BYTES} bytes)");
+            continue;
+        }
+        room -= len;
+        kept.push(t);
+    }
     let saved = Saved {
         format: FORMAT.into(),
         version: VERSION,
-        targets: targets
-            .into_iter()
-            .map(|((node, page_size), forecast)| SavedTarget {
-                node,
-                page_size,
-                forecast,
-            })
-            .collect(),
+        targets: kept,
     };
     let text = serde_json::to_vec(&saved).map_err(std::io::Error::other)?;
     let dir = path.parent().unwrap_or(Path::new("."));
