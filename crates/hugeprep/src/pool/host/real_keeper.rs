@@ -7,8 +7,8 @@ use std::path::Path;
 
 use super::keeper::{Keeper, KeptAt, Opened};
 use super::{FileAt, RealHost};
+use crate::hugetlb::pool;
 use crate::page_size::PageSize;
-use crate::pool::kernel::node_free_pages;
 use crate::pool::reach::kernel::Pins;
 
 /// Opens `path` for writing without waiting for a lease to be given up (`O_NONBLOCK`: a read
@@ -115,11 +115,13 @@ impl Keeper for RealHost {
         let Some(file) = opened.real() else {
             return (Ok(()), 0);
         };
-        let before = node_free_pages(node, page_size);
+        // As a released file's truncate counts them: surplus pages leave the pool.
+        let counts = || pool::read(pool::Scope::Node(node), page_size).ok();
+        let before = counts();
         let truncated = file.set_len(0);
-        let after = node_free_pages(node, page_size);
+        let after = counts();
         let returned = match (before, after) {
-            (Some(b), Some(a)) => a.saturating_sub(b),
+            (Some(b), Some(a)) => a.returned_since(&b),
             _ => 0,
         };
         (truncated, returned)
