@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{Background, FileAt, Handle, Host, HostError, RealPools};
-use crate::hugetlb::{pool, BackingFile, Owner};
+use crate::hugetlb::{BackingFile, Owner};
 use crate::journal::{Journal, JournalError};
 use crate::page_size::PageSize;
 use crate::pool::core::recovery::{Facts, Step};
@@ -307,25 +307,15 @@ impl Host for RealHost {
 
     fn truncate(&self, file: FileAt, node: u32) -> io::Result<u64> {
         let path = self.path(file).map_err(io::Error::other)?;
-        let f = fs::OpenOptions::new()
-            .write(true)
-            // O_NONBLOCK: a lease someone else holds on the file fails the open at once (the
-            // file is then only unlinked) instead of stalling the worker for lease-break-time.
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(path)?;
+        // O_NONBLOCK: a lease someone else holds on the file fails the open at once (the
+        // file is then only unlinked) instead of stalling the worker for lease-break-time.
+        let f = super::real_keeper::open_for_write(&path)?;
         // The pages the file holds (hugetlbfs counts them in `st_blocks`), not its length:
         // pages a VMM punched out (`discard-data`, a balloon) went back to the kernel already.
         let pages = f.metadata()?.blocks() * 512 / file.page_size.bytes();
-        let counts = || pool::read(pool::Scope::Node(node), file.page_size).ok();
-        let before = counts();
-        f.set_len(0)?;
-        let after = counts();
-        // Surplus pages (the reserve lowered the pool below what is in use meanwhile) leave
-        // the pool rather than join its free list: both count as returned.
-        Ok(match (before, after) {
-            (Some(b), Some(a)) => pages.saturating_sub(a.returned_since(&b)),
-            _ => 0,
-        })
+        let (truncated, returned) = super::real_keeper::truncate_counted(&f, node, file.page_size);
+        truncated?;
+        Ok(returned.map_or(0, |r| pages.saturating_sub(r)))
     }
 
     fn unlink(&self, file: FileAt) -> io::Result<()> {

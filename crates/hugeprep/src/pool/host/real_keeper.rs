@@ -13,11 +13,39 @@ use crate::pool::reach::kernel::Pins;
 
 /// Opens `path` for writing without waiting for a lease to be given up (`O_NONBLOCK`: a read
 /// lease fails it at once with `EWOULDBLOCK`).
-fn open_for_write(path: &Path) -> io::Result<fs::File> {
+pub(super) fn open_for_write(path: &Path) -> io::Result<fs::File> {
     fs::OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)
+}
+
+/// Truncates `file` to nothing, with the pages of `page_size` that came back to `node`
+/// meanwhile (`None` when the node's counts cannot be read): to its free list, or, when the
+/// reserve lowered the pool below what is in use, as surplus pages that leave the pool.
+pub(super) fn truncate_counted(
+    file: &fs::File,
+    node: u32,
+    page_size: PageSize,
+) -> (io::Result<()>, Option<u64>) {
+    let counts = || pool::read(pool::Scope::Node(node), page_size).ok();
+    let before = counts();
+    let truncated = file.set_len(0);
+    let after = counts();
+    let returned = match (before, after) {
+        (Some(b), Some(a)) => Some(a.returned_since(&b)),
+        _ => None,
+    };
+    (truncated, returned)
+}
+
+/// A file's length and the bytes of pages it holds (hugetlbfs counts them in `st_blocks`).
+fn size_and_held(st: &rustix::fs::Stat) -> (u64, u64) {
+    let blocks = u64::try_from(st.st_blocks).unwrap_or(0);
+    (
+        u64::try_from(st.st_size).unwrap_or(0),
+        blocks.saturating_mul(512),
+    )
 }
 
 fn no_mount(ps: PageSize) -> io::Error {
@@ -86,11 +114,7 @@ impl Keeper for RealHost {
             rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
         )
         .ok()?;
-        let blocks = u64::try_from(st.st_blocks).unwrap_or(0);
-        Some((
-            u64::try_from(st.st_size).unwrap_or(0),
-            blocks.saturating_mul(512),
-        ))
+        Some(size_and_held(&st))
     }
 
     fn keep_as(&self, file: FileAt, name: &str) -> io::Result<()> {
@@ -115,16 +139,8 @@ impl Keeper for RealHost {
         let Some(file) = opened.real() else {
             return (Ok(()), 0);
         };
-        // As a released file's truncate counts them: surplus pages leave the pool.
-        let counts = || pool::read(pool::Scope::Node(node), page_size).ok();
-        let before = counts();
-        let truncated = file.set_len(0);
-        let after = counts();
-        let returned = match (before, after) {
-            (Some(b), Some(a)) => a.returned_since(&b),
-            _ => 0,
-        };
-        (truncated, returned)
+        let (truncated, returned) = truncate_counted(file, node, page_size);
+        (truncated, returned.unwrap_or(0))
     }
 
     fn kept_size(&self, kept: &KeptAt) -> Option<(u64, u64)> {
@@ -135,11 +151,7 @@ impl Keeper for RealHost {
             rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
         )
         .ok()?;
-        let blocks = u64::try_from(st.st_blocks).unwrap_or(0);
-        Some((
-            u64::try_from(st.st_size).unwrap_or(0),
-            blocks.saturating_mul(512),
-        ))
+        Some(size_and_held(&st))
     }
 
     fn remove_kept(&self, kept: &KeptAt) -> io::Result<()> {
