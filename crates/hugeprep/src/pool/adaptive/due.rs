@@ -20,16 +20,27 @@ pub const DUE_FOR: Duration = Duration::from_secs(120);
 /// readings come faster, and the oldest then go first).
 const MAX_READINGS: usize = 256;
 
-/// Placement's allocations per page size over the last [`DUE_FOR`].
+/// Placement's allocations per page size over the last [`DUE_FOR`], and the last reading.
 #[derive(Debug, Default)]
 pub struct Due {
     seen: BTreeMap<PageSize, VecDeque<(Instant, u64)>>,
+    last: Option<(Instant, BTreeMap<PageSize, u64>)>,
 }
 
 impl Due {
-    /// Records a reading of the allocations (bytes per page size) at `now`.
-    pub fn record(&mut self, now: Instant, allocated: &BTreeMap<PageSize, u64>) {
-        for (&ps, &bytes) in allocated {
+    /// The last reading: when it was made and the allocations of each page size, bytes.
+    pub fn last(&self) -> Option<&(Instant, BTreeMap<PageSize, u64>)> {
+        self.last.as_ref()
+    }
+
+    /// Records a reading of the allocations (bytes per page size) at `now`; whether any
+    /// page size's rose since the last reading.
+    pub fn record(&mut self, now: Instant, allocated: BTreeMap<PageSize, u64>) -> bool {
+        let rose = allocated.iter().any(|(ps, &b)| {
+            let before = self.last.as_ref().and_then(|(_, m)| m.get(ps).copied());
+            b > before.unwrap_or(0)
+        });
+        for (&ps, &bytes) in &allocated {
             let seen = self.seen.entry(ps).or_default();
             while seen
                 .front()
@@ -42,6 +53,8 @@ impl Due {
             }
             seen.push_back((now, bytes));
         }
+        self.last = Some((now, allocated));
+        rose
     }
 
     /// What the allocations of `ps` rose by within [`DUE_FOR`] before `now`: the last
@@ -74,7 +87,7 @@ mod tests {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let read = |due: &mut Due, s: u64, bytes: u64| {
-            due.record(at(s), &BTreeMap::from([(ps, bytes)]));
+            due.record(at(s), BTreeMap::from([(ps, bytes)]));
             due.rise(ps, at(s))
         };
         let mut due = Due::default();

@@ -71,10 +71,8 @@ pub(in crate::pool) struct Adaptive {
     registry: Mutex<Registry>,
     /// Wakes the looks after a start.
     wake: tokio::sync::Notify,
-    /// Placement's allocations of each page size's warm class, bytes, and when they were
-    /// read (see [`Pool::set_placement_allocated`]).
-    allocated: Mutex<Option<(Instant, BTreeMap<PageSize, u64>)>>,
-    /// What of the unleased allocations appeared lately (VMs about to start).
+    /// Placement's allocations of each page size's warm class: the last reading and those
+    /// of the last minutes (see [`Pool::set_placement_allocated`]).
     due: Mutex<due::Due>,
     /// Held while the forecasts are written.
     saving: Mutex<()>,
@@ -162,31 +160,23 @@ impl Pool {
     /// module's doc). A rise wakes the looks.
     pub fn set_placement_allocated(&self, allocated: BTreeMap<PageSize, u64>) {
         let a = self.adaptive_state();
-        let mut held = a.allocated.lock().unwrap_or_else(|e| e.into_inner());
-        let rose = allocated.iter().any(|(ps, &b)| {
-            let before = held.as_ref().and_then(|(_, m)| m.get(ps).copied());
-            b > before.unwrap_or(0)
-        });
-        let now = Instant::now();
-        a.due
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .record(now, &allocated);
-        *held = Some((now, allocated));
-        drop(held);
+        let mut due = a.due.lock().unwrap_or_else(|e| e.into_inner());
+        let rose = due.record(Instant::now(), allocated);
+        drop(due);
         if rose {
             a.wake.notify_one();
         }
     }
 
-    /// The known demand of `ps` pages: Placement's allocations not yet leased, bytes.
+    /// The known demand of `ps` pages: Placement's allocations not yet leased, bytes, at
+    /// most what they rose by lately (a stopped VM keeps its own: see `due`).
     fn known_demand(&self, ps: PageSize, status: &PoolStatus) -> u64 {
-        let held = self
+        let due = self
             .adaptive_state()
-            .allocated
+            .due
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let Some((at, allocated)) = held.as_ref() else {
+        let Some((at, allocated)) = due.last() else {
             return 0;
         };
         if at.elapsed() > KNOWN_DEMAND_FOR {
@@ -199,15 +189,7 @@ impl Pool {
             .map(|k| k.leased_bytes)
             .sum();
         let unleased = allocated.get(&ps).map_or(0, |&a| a.saturating_sub(leased));
-        drop(held);
-        // Only allocations made lately are VMs about to start (a stopped VM keeps its own).
-        let state = self.adaptive_state();
-        let rise = state
-            .due
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .rise(ps, Instant::now());
-        unleased.min(rise)
+        unleased.min(due.rise(ps, Instant::now()))
     }
 
     /// Looks at every adaptive target now and installs the warm bytes that changed (through
