@@ -78,6 +78,11 @@ stage1)
     mount -t tmpfs -o mode=755 sdovl "$O"
     mkdir -p "$O/upper" "$O/work" "$R"
     mount -t overlay sdroot -o "lowerdir=/,upperdir=$O/upper,workdir=$O/work" "$R"
+    # The container is a machine hugeprep was never installed on: state, configuration and a
+    # hook the host keeps (a daemon run there by hand, the README's quick start) would show
+    # through the overlay and pass for the package's own. Whiteouts in the upper layer hide
+    # them; the host's files are untouched.
+    rm -rf "$R/var/lib/hugeprep" "$R/etc/hugeprep" "$R/etc/libvirt/hooks/qemu.d/hugeprep"
     mount -t proc proc "$R/proc"
     mount --bind "$R/proc/sys" "$R/proc/sys"
     mount -o remount,bind,ro "$R/proc/sys"
