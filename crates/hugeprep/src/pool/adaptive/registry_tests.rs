@@ -21,7 +21,7 @@ fn adaptive(node: Option<u32>, ps: PageSize, goal_bp: u32, ceiling: u64) -> Targ
 /// A look as the driver makes it: the due plans first, then the look.
 fn look(r: &mut Registry, key: Key, inputs: &Inputs) -> Option<u64> {
     r.replan_due(inputs.now_s);
-    r.look(key, inputs)
+    r.look(key, inputs, &[])
 }
 
 fn inputs(now_s: f64) -> Inputs {
@@ -243,7 +243,7 @@ fn a_plan_made_on_a_copy_keeps_the_starts_counted_meanwhile() {
     replan.make();
     assert!(copy.install(replan));
     let now = inputs(starts[199].0 + 60.0);
-    assert_eq!(here.look(key, &now), copy.look(key, &now));
+    assert_eq!(here.look(key, &now, &[]), copy.look(key, &now, &[]));
     assert_eq!(here.report(), copy.report());
     assert!(copy.report()[0].why.as_ref().unwrap().planned > 0);
 }
