@@ -7,13 +7,14 @@
 //! refresh is due, write it. The write carries the provider's generation from the last
 //! exchange, so any change Placement saw meanwhile (a VM's allocation, another writer) makes
 //! it fail with 409 `placement.concurrent_update`: the publisher then re-reads the usage and
-//! generation and writes again, up to [`CONFLICT_RETRIES`] times. While the pool has
-//! adaptive targets, the usage is read as the allocations per consumer (`consumers`), at
-//! least every [`KNOWN_DEMAND_EVERY`], and each reading goes to the pool as the consumers'
-//! sizes ([`Pool::set_placement_consumers`]: the known demand). Any other 409 (such as
+//! generation and writes again, up to [`CONFLICT_RETRIES`] times. Any other 409 (such as
 //! `placement.inventory.inuse`, allocations on a class the write would remove) is reported,
 //! not retried. Failures back off from 1 s to [`MAX_BACKOFF`], each with
 //! one log line that says what failed and when the next attempt is.
+//!
+//! While the pool has adaptive targets, the usage is read as the allocations per consumer
+//! (`consumers`), at least every [`KNOWN_DEMAND_EVERY`], and each reading goes to the pool
+//! as the consumers' sizes ([`Pool::set_placement_consumers`]: the known demand).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
