@@ -99,6 +99,25 @@ fn starts_raise_the_target_to_the_days_peak_need_then_the_plan() {
 }
 
 #[test]
+fn known_demand_is_a_file_of_each_due_vms_size() {
+    let mut targets = vec![adaptive(Some(0), PageSize::Size2M, 9900, 64 * G)];
+    let mut r = Registry::default();
+    r.sync(&targets);
+    let key = (Some(0), PageSize::Size2M);
+    // Nothing seen yet: only the two VMs Placement says are coming, 4 GiB and 2 GiB.
+    r.replan_due(MONDAY);
+    assert_eq!(r.look(key, &inputs(MONDAY), &[4 * G, 2 * G]), Some(6 * G));
+    assert_eq!(r.report()[0].why.as_ref().unwrap().pending, 6 * G);
+    r.apply(&mut targets);
+    let files: Vec<(u64, u32)> = targets[0]
+        .flavors
+        .iter()
+        .map(|f| (f.size, f.count))
+        .collect();
+    assert_eq!(files, [(4 * G, 1), (2 * G, 1)]);
+}
+
+#[test]
 fn the_ceiling_and_the_free_share_cut_it() {
     let mut r = Registry::default();
     let targets = vec![adaptive(Some(0), PageSize::Size2M, 10_000, 2 * G)];
