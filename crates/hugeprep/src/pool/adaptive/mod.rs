@@ -192,20 +192,21 @@ impl Pool {
     /// allocation: see `due`); none when the last reading is older than
     /// [`KNOWN_DEMAND_FOR`].
     fn known_demand(&self) -> BTreeMap<PageSize, Vec<u64>> {
-        let leased = self.hook_leased();
-        let mut due = self
-            .adaptive_state()
-            .due
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let due = || {
+            let a = self.adaptive_state();
+            a.due.lock().unwrap_or_else(|e| e.into_inner())
+        };
         let now = Instant::now();
-        if due.last().map_or(true, |at| {
-            now.saturating_duration_since(at) > KNOWN_DEMAND_FOR
-        }) {
+        let last = due().last();
+        if !last.is_some_and(|at| now.saturating_duration_since(at) <= KNOWN_DEMAND_FOR) {
             return BTreeMap::new();
         }
-        due.leased(&leased);
-        due.pending(now)
+        // The leases are read (under the pool's lock) only when there is a reading to
+        // match them with: never on a host without Placement.
+        let leased = self.hook_leased();
+        let mut d = due();
+        d.leased(&leased);
+        d.pending(now)
     }
 
     /// Looks at every adaptive target now and installs the warm bytes that changed (through
