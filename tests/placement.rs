@@ -17,165 +17,24 @@
 //!   and through `cafile`, and a clear TLS error without either;
 //! - a Placement whose version document stops at 1.17 (as Queens'; `serve.py` rewrites only
 //!   that document) gets no call it cannot serve: a clear error names the call and 1.20.
+//!
+//! The adaptive targets' known demand from Placement: tests/placement_adaptive.rs.
 
 mod daemon_util;
 #[path = "monitor_util/mod.rs"]
 mod monitor_util;
+#[path = "placement/util.rs"]
+mod placement_util;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use daemon_util::{Daemon, Env, MIB};
-use monitor_util::{http, json, wait_for, Guard};
+use monitor_util::wait_for;
+use placement_util::{Placement, CLASS};
 use serde_json::{json, Value};
-
-const CLASS: &str = "CUSTOM_HUGEPREP_WARM_2M";
-
-/// A Placement service on a loopback port, stopped on drop.
-struct Placement {
-    url: String,
-    _server: Guard,
-}
-
-impl Placement {
-    fn start(dir: &Path) -> Option<Placement> {
-        Placement::start_with(dir, &[], "http")
-    }
-
-    /// Placement with `serve.py`'s `args`, its URL's `scheme` (`https` with `--tls`).
-    fn start_with(dir: &Path, args: &[&str], scheme: &str) -> Option<Placement> {
-        let venv = match std::env::var_os("HUGEPREP_PLACEMENT_VENV") {
-            Some(v) => PathBuf::from(v),
-            None => {
-                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/placement-venv");
-                let out = Command::new(script).output().unwrap();
-                if !out.status.success() {
-                    hugeprep::testing::missing_tool(&format!(
-                        "the OpenStack Placement venv (scripts/placement-venv): {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    ));
-                    return None;
-                }
-                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-            }
-        };
-        std::fs::create_dir_all(dir).unwrap();
-        let log = std::fs::File::create(dir.join("placement.log")).unwrap();
-        let server = Guard(
-            Command::new(venv.join("bin/python"))
-                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/placement/serve.py"))
-                .arg(dir)
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .spawn()
-                .unwrap(),
-        );
-        let port = wait_for(Duration::from_secs(60), "Placement's port", || {
-            std::fs::read_to_string(dir.join("port")).ok()
-        });
-        Some(Placement {
-            url: format!("{scheme}://127.0.0.1:{}", port.trim()),
-            _server: server,
-        })
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let body = body.map(|b| b.to_string());
-        let a = http(
-            method,
-            &format!("{}{path}", self.url),
-            &[
-                ("x-auth-token", "admin"),
-                ("openstack-api-version", "placement 1.39"),
-                // Not the daemon's: check_daemon_requests tells them apart by this.
-                ("user-agent", "hugeprep-tests"),
-                ("content-type", "application/json"),
-            ],
-            body.as_deref(),
-        );
-        let v = if a.body.is_empty() {
-            Value::Null
-        } else {
-            json(&a)
-        };
-        (a.status.as_u16(), v)
-    }
-
-    /// A compute node's provider as Nova makes it, with its memory and CPUs.
-    fn compute_node(&self, name: &str) -> String {
-        let (s, v) = self.call("POST", "/resource_providers", Some(json!({ "name": name })));
-        assert_eq!(s, 200, "{v}");
-        let uuid = v["uuid"].as_str().unwrap().to_string();
-        let (s, v) = self.call(
-            "PUT",
-            &format!("/resource_providers/{uuid}/inventories"),
-            Some(json!({"resource_provider_generation": 0, "inventories": {
-                "VCPU": {"total": 8}, "MEMORY_MB": {"total": 65536}}})),
-        );
-        assert_eq!(s, 200, "{v}");
-        uuid
-    }
-
-    fn provider(&self, name: &str) -> Option<Value> {
-        let (s, v) = self.call("GET", &format!("/resource_providers?name={name}"), None);
-        assert_eq!(s, 200, "{v}");
-        v["resource_providers"].as_array()?.first().cloned()
-    }
-
-    /// `(total, reserved)` of the class on provider `uuid`, and its usage.
-    fn warm(&self, uuid: &str) -> (u64, u64, u64) {
-        let (_, inv) = self.call(
-            "GET",
-            &format!("/resource_providers/{uuid}/inventories"),
-            None,
-        );
-        let (_, usage) = self.call("GET", &format!("/resource_providers/{uuid}/usages"), None);
-        let i = &inv["inventories"][CLASS];
-        (
-            i["total"].as_u64().unwrap_or(0),
-            i["reserved"].as_u64().unwrap_or(0),
-            usage["usages"][CLASS].as_u64().unwrap_or(0),
-        )
-    }
-
-    /// The class's `max_unit` on provider `uuid`.
-    fn max_unit(&self, uuid: &str) -> Option<u64> {
-        let (_, inv) = self.call(
-            "GET",
-            &format!("/resource_providers/{uuid}/inventories"),
-            None,
-        );
-        inv["inventories"][CLASS]["max_unit"].as_u64()
-    }
-
-    /// The root providers (compute nodes) Placement offers for `resources`, as Nova's
-    /// scheduler asks.
-    fn candidates(&self, resources: &str) -> BTreeSet<String> {
-        let (s, v) = self.call(
-            "GET",
-            &format!("/allocation_candidates?resources={resources}"),
-            None,
-        );
-        assert_eq!(s, 200, "{v}");
-        let summaries = &v["provider_summaries"];
-        v["allocation_requests"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|r| r["allocations"].as_object().unwrap().keys().cloned())
-            .map(|rp| {
-                summaries[&rp]["root_provider_uuid"]
-                    .as_str()
-                    .unwrap()
-                    .to_string()
-            })
-            .collect()
-    }
-}
 
 fn config(dir: &Path, name: &str, placement: &str, compute_node: &str, token: &str) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));
@@ -236,6 +95,7 @@ fn check_daemon_requests(dir: &Path) {
             ("POST", "/resource_providers") => "create provider",
             ("PUT", p) if p.starts_with("/resource_classes/") => "ensure class",
             ("GET", p) if p.ends_with("/usages") => "usages",
+            ("GET", p) if p.ends_with("/allocations") => "allocations",
             ("PUT", p) if p.ends_with("/inventories") => "inventories",
             _ => panic!("an unexpected request: {r}"),
         };
@@ -244,7 +104,7 @@ fn check_daemon_requests(dir: &Path) {
             "find provider" => Some("placement 1.14"),
             "create provider" => Some("placement 1.20"),
             "ensure class" => Some("placement 1.7"),
-            "usages" => Some("placement 1.0"),
+            "usages" | "allocations" => Some("placement 1.0"),
             _ => Some("placement 1.26"),
         };
         assert_eq!(r["version"].as_str(), want, "{call}: {r}");
@@ -708,97 +568,4 @@ fn rotated_tokens_inventory_in_use_tls_and_an_old_version_document() {
             "the daemon sent a call the server is too old for: {r}"
         );
     }
-}
-
-/// The adaptive target's report (`GET /v1/pool/adaptive`), its first target.
-fn adaptive_target(d: &Daemon) -> Value {
-    let (status, body) = d.raw("GET", "/v1/pool/adaptive", b"");
-    assert_eq!(status, 200, "{body}");
-    body["targets"][0].clone()
-}
-
-/// Waits (a liveness bound) until the adaptive target is `bytes` with `pending` known
-/// demand in its why, and in force in the pool's policy.
-fn wait_adaptive(d: &Daemon, what: &str, bytes: u64, pending: u64) -> Value {
-    wait_for(Duration::from_secs(60), what, || {
-        let t = adaptive_target(d);
-        let ok = t["target_bytes"] == bytes
-            && t["why"]["pending"] == pending
-            && d.pool().kinds[0].target_bytes == bytes;
-        ok.then_some(t)
-    })
-}
-
-#[test]
-fn an_allocation_not_yet_leased_raises_the_adaptive_target_before_the_lease() {
-    let env = Env::new("placement-adaptive", 32 * MIB);
-    let Some(placement) = Placement::start(&env.dir.join("placement")) else {
-        return;
-    };
-    let host = placement.compute_node("host-c");
-    let path = env.dir.join("adaptive.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[placement]\nendpoint = \"{}\"\ntoken = \"admin\"\ncompute_node = \"host-c\"\n\
-             min_interval_ms = 100\n\n[pool]\n[[pool.target]]\npage_size = \"2M\"\n\
-             goal = 99.0\nceiling = \"24M\"\n",
-            placement.url
-        ),
-    )
-    .unwrap();
-    let d = env.spawn(&["--config", path.to_str().unwrap()]);
-    let child = wait_for(Duration::from_secs(30), "the warm-memory provider", || {
-        let p = placement.provider("host-c:hugeprep")?;
-        Some(p["uuid"].as_str()?.to_string())
-    });
-
-    // One VM started and stopped: the target keeps its need (the day's peak) warm, and
-    // Placement offers it.
-    let first = d.lease("vm0", 4 * MIB).unwrap();
-    d.release(first.id).unwrap();
-    let t = wait_adaptive(&d, "the target after one start", 4 * MIB, 0);
-    assert_eq!(t["starts"], 1, "{t}");
-    d.settle(4 * MIB);
-    wait_for(Duration::from_secs(30), "4 MiB warm offered", || {
-        (placement.warm(&child) == (4, 0, 0)).then_some(())
-    });
-
-    // Nova schedules a VM of 4 MiB here: before its lease, the target rises by it (known
-    // demand, shown in why) and the pool fills to it.
-    let consumer = "5b1e7c2a-4444-4d6f-9a8b-1c2d3e4f5a6b";
-    let (s, v) = placement.call(
-        "PUT",
-        &format!("/allocations/{consumer}"),
-        Some(json!({
-            "allocations": {
-                host.clone(): {"resources": {"VCPU": 1, "MEMORY_MB": 4}},
-                child.clone(): {"resources": {CLASS: 4}},
-            },
-            "project_id": "6e8f0a1c-2222-4b3d-9e5f-7a9b1c3d5e7f",
-            "user_id": "0a1b2c3d-3333-4e5f-8a9b-0c1d2e3f4a5b",
-            "consumer_generation": null,
-            "consumer_type": "INSTANCE",
-        })),
-    );
-    assert_eq!(s, 204, "{v}");
-    let t = wait_adaptive(&d, "the target with the allocation", 8 * MIB, 4 * MIB);
-    assert_eq!(t["starts"], 1, "no lease yet: {t}");
-    d.settle(8 * MIB);
-
-    // The VM leases: its allocation is no longer demand to come.
-    let vm = d.lease("vm1", 4 * MIB).unwrap();
-    assert_eq!(vm.source.name(), "warm-exact");
-    let t = wait_for(
-        Duration::from_secs(60),
-        "no known demand after the lease",
-        || {
-            let t = adaptive_target(&d);
-            (t["starts"] == 2 && t["why"]["pending"] == 0).then_some(t)
-        },
-    );
-    assert!(t["target_bytes"].as_u64().unwrap() >= 4 * MIB, "{t}");
-    let (s, v) = placement.call("DELETE", &format!("/allocations/{consumer}"), None);
-    assert_eq!(s, 204, "{v}");
-    d.release(vm.id).unwrap();
 }

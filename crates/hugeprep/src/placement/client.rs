@@ -237,7 +237,7 @@ impl Client {
     /// call's name, for errors) what it needs; `Ok` for 2xx, 404 and 409 (the caller decides,
     /// the 409's `code` in the value), an error for anything else. A refused Keystone token
     /// is renewed once; a refused fixed token is re-read from `token_file` once.
-    async fn call(
+    pub(super) async fn call(
         &mut self,
         method: Method,
         path: &str,
@@ -522,7 +522,12 @@ fn provider(v: &Value) -> Provider {
     }
 }
 
-fn expect(status: StatusCode, body: &Value, url: &str, method: &str) -> Result<(), PlacementError> {
+pub(super) fn expect(
+    status: StatusCode,
+    body: &Value,
+    url: &str,
+    method: &str,
+) -> Result<(), PlacementError> {
     if status.is_success() {
         return Ok(());
     }

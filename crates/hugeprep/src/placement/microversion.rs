@@ -30,6 +30,9 @@ pub const CREATE_PROVIDER: Microversion = Microversion(1, 20);
 pub const ENSURE_CLASS: Microversion = Microversion(1, 7);
 /// `GET /resource_providers/{uuid}/usages`, with the provider's generation: 1.0.
 pub const USAGES: Microversion = Microversion(1, 0);
+/// `GET /resource_providers/{uuid}/allocations`, per consumer, with the provider's
+/// generation: 1.0.
+pub const ALLOCATIONS: Microversion = Microversion(1, 0);
 /// `PUT /resource_providers/{uuid}/inventories`: 1.26 lets `reserved` equal `total` (an empty
 /// pool), and since 1.23 a 409 says its cause in `code`.
 pub const PUT_INVENTORIES: Microversion = Microversion(1, 26);

@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod config;
+pub mod consumers;
 pub mod error;
 pub mod http;
 pub mod inventory;

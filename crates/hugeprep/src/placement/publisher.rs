@@ -11,6 +11,10 @@
 //! `placement.inventory.inuse`, allocations on a class the write would remove) is reported,
 //! not retried. Failures back off from 1 s to [`MAX_BACKOFF`], each with
 //! one log line that says what failed and when the next attempt is.
+//!
+//! While the pool has adaptive targets, the usage is read as the allocations per consumer
+//! (`consumers`), at least every [`KNOWN_DEMAND_EVERY`], and each reading goes to the pool
+//! as the consumers' sizes ([`Pool::set_placement_consumers`]: the known demand).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,6 +24,7 @@ use tokio::sync::watch;
 
 use super::client::{Client, InventoryWrite, Usage};
 use super::config::PlacementConfig;
+use super::consumers::Allocations;
 use super::error::PlacementError;
 use super::inventory::{self, class_name, Figures, Inventory};
 use super::status::{Published, State, Status};
@@ -30,9 +35,10 @@ use crate::PageSize;
 pub const CONFLICT_RETRIES: u32 = 3;
 /// The longest wait between failed attempts.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
-/// How often the usage is read while the pool has adaptive targets: Placement's
-/// allocations not yet leased are their known demand (`pool::adaptive`), VMs that start
-/// within seconds. One `GET .../usages` per host every 5 s.
+/// How often the allocations are read while the pool has adaptive targets: Placement's
+/// consumers that appeared lately and have not leased are their known demand
+/// (`pool::adaptive`), VMs that start within seconds. One `GET .../allocations` per host
+/// every 5 s.
 pub const KNOWN_DEMAND_EVERY: Duration = Duration::from_secs(5);
 
 /// Exponential backoff: 1 s, 2 s, 4 s ... up to [`MAX_BACKOFF`]; a success resets it.
@@ -119,6 +125,8 @@ struct Session {
     last_refresh: Option<Instant>,
     /// When the usage was last read.
     last_usage: Option<Instant>,
+    /// The allocations per consumer last read, until the pool has them.
+    fresh: Option<Allocations>,
 }
 
 impl Session {
@@ -160,8 +168,8 @@ impl Session {
     }
 
     /// One update; `Ok(Some(..))` when it wrote, `Ok(None)` when nothing needed writing.
-    /// With `demand` (the pool has adaptive targets) the usage is read at least every
-    /// [`KNOWN_DEMAND_EVERY`].
+    /// With `demand` (the pool has adaptive targets) the usage is read as the allocations
+    /// per consumer, at least every [`KNOWN_DEMAND_EVERY`].
     async fn update(
         &mut self,
         figures: &BTreeMap<PageSize, Figures>,
@@ -187,10 +195,10 @@ impl Session {
             }
         };
         if refresh || self.usage.is_none() {
-            self.read_usage(&child).await?;
+            self.read_usage(&child, demand).await?;
             self.last_refresh = Some(now);
         } else if usage_due {
-            self.read_usage(&child).await?;
+            self.read_usage(&child, demand).await?;
         }
         let mut conflicts = 0;
         loop {
@@ -238,14 +246,26 @@ impl Session {
                         generation = usage.generation,
                         "Placement: generation conflict (placement.concurrent_update: allocations or inventory changed since the last update): re-reading the usage"
                     );
-                    self.read_usage(&child).await?;
+                    self.read_usage(&child, demand).await?;
                 }
             }
         }
     }
 
-    async fn read_usage(&mut self, child: &str) -> Result<(), PlacementError> {
-        match self.client.usage(child).await? {
+    /// Reads the usage and generation; with `demand`, as the allocations per consumer
+    /// (kept in `fresh` for the pool).
+    async fn read_usage(&mut self, child: &str, demand: bool) -> Result<(), PlacementError> {
+        let (read, what) = if demand {
+            let read = self.client.allocations(child).await?.map(|a| {
+                let usage = a.usage();
+                self.fresh = Some(a);
+                usage
+            });
+            (read, "allocations")
+        } else {
+            (self.client.usage(child).await?, "usages")
+        };
+        match read {
             Some(u) => {
                 self.usage = Some(u);
                 self.last_usage = Some(Instant::now());
@@ -254,26 +274,12 @@ impl Session {
             None => {
                 self.child = None;
                 Err(PlacementError::Answer {
-                    url: format!("/resource_providers/{child}/usages"),
+                    url: format!("/resource_providers/{child}/{what}"),
                     message: "the warm-memory provider is gone (404); making it again".into(),
                 })
             }
         }
     }
-}
-
-/// Placement's allocations of each page size's class, bytes (`used` is in MiB).
-pub fn allocated(
-    figures: &BTreeMap<PageSize, Figures>,
-    used: &BTreeMap<String, u64>,
-) -> BTreeMap<PageSize, u64> {
-    figures
-        .keys()
-        .map(|&ps| {
-            let mib = used.get(&class_name(ps)).copied().unwrap_or(0);
-            (ps, mib.saturating_mul(1 << 20))
-        })
-        .collect()
 }
 
 fn published(
@@ -313,6 +319,7 @@ async fn run(
         published: None,
         last_refresh: None,
         last_usage: None,
+        fresh: None,
     };
     let mut backoff = Backoff::default();
     loop {
@@ -334,8 +341,9 @@ async fn run(
             r = session.update(&figures, &status, demand) => r,
             _ = stop.wait_for(|s| *s) => return,
         };
-        if let (true, Ok(_), Some(u)) = (demand, &outcome, &session.usage) {
-            pool.set_placement_allocated(allocated(&figures, &u.used));
+        // A reading is what Placement held, whether or not the write that followed went.
+        if let Some(read) = session.fresh.take().filter(|_| demand) {
+            pool.set_placement_consumers(read.warm_bytes(figures.keys().copied()));
         }
         match outcome {
             Ok(None) => {}

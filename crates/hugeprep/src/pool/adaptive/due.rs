@@ -1,14 +1,28 @@
-//! Which of Placement's unleased allocations are VMs about to start: only what appeared
-//! lately. Nova keeps a stopped (`SHUTOFF`) instance's allocation with no lease behind it,
-//! so the unleased figure alone would count every stopped VM as due, for as long as it
-//! stays stopped, and a tenant could raise the warm target just by stopping VMs. A VM that
-//! is due leases within seconds of its allocation; an allocation older than [`DUE_FOR`] is
-//! not counted as coming. So the known demand is the unleased bytes, at most what the
-//! allocations rose by over the last [`DUE_FOR`] (their readings, every few seconds).
+//! Which of Placement's allocations are VMs about to start, per consumer (a VM; Nova's
+//! instance UUID is Placement's consumer UUID and the libvirt domain's UUID).
 //!
-//! Pure: the caller gives the time of each reading.
+//! Nova keeps a stopped (`SHUTOFF`) instance's allocation with no lease behind it, so an
+//! allocation alone would count every stopped VM as due for as long as it stays stopped,
+//! and a tenant could raise the warm target just by stopping VMs. A VM that is due leases
+//! within seconds of its allocation, so a consumer counts as due only for [`DUE_FOR`]
+//! after it first appeared, and never when it was there at the first reading (allocated
+//! before the daemon looked; so is every consumer of a reading that comes more than
+//! [`DUE_FOR`] after the one before).
+//!
+//! A consumer stops being due when a lease of its own is seen: a name the libvirt hook
+//! derives for its domain, `libvirt-<uuid>-<alias>` (only an admin may lease such names,
+//! `pool::tenant`), the UUIDs compared without case. Once seen, it stays served. Other
+//! leases (a tenant's, an operator's by another name) remove nobody's demand: a tenant
+//! that leases cannot hide the VMs about to start.
+//!
+//! At most [`MAX_CONSUMERS`] consumers are kept: a consumer missing from a reading is
+//! forgotten, and past the bound the oldest go first (a hostile or broken Placement cannot
+//! grow the daemon's memory; one that lists more than that many on one host can make a
+//! forgotten consumer count again as new, for [`DUE_FOR`], within the target's ceiling).
+//!
+//! Pure: the caller gives the time of each reading and of each question.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::page_size::PageSize;
@@ -16,62 +30,141 @@ use crate::page_size::PageSize;
 /// How long a new allocation counts as a VM about to start.
 pub const DUE_FOR: Duration = Duration::from_secs(120);
 
-/// The most readings kept per page size (one every 5 s: 24 in the window; more only when
-/// readings come faster, and the oldest then go first).
-const MAX_READINGS: usize = 256;
+/// The most consumers kept (the oldest go first past it).
+pub const MAX_CONSUMERS: usize = 4096;
 
-/// Placement's allocations per page size over the last [`DUE_FOR`], and the last reading.
+/// One consumer's allocations of the warm classes: bytes per page size.
+pub type Allocated = BTreeMap<PageSize, u64>;
+
+/// The domain UUID of a lease name the hook derives (`libvirt-<uuid>-<alias>`), as given:
+/// `None` for any other name (a tenant's, journaled as `.<scope>/<name>`, never is one).
+pub fn hook_uuid(journaled: &str) -> Option<&str> {
+    let rest = journaled.strip_prefix(crate::pool::tenant::HOOK_PREFIX)?;
+    let uuid = rest.get(..36)?;
+    let is_uuid = uuid.bytes().enumerate().all(|(i, b)| match i {
+        8 | 13 | 18 | 23 => b == b'-',
+        _ => b.is_ascii_hexdigit(),
+    });
+    (is_uuid && rest.as_bytes().get(36) == Some(&b'-') && rest.len() > 37).then_some(uuid)
+}
+
+/// A consumer seen in Placement's readings.
+#[derive(Debug, Clone)]
+struct Consumer {
+    /// When it first appeared.
+    first_seen: Instant,
+    /// Whether it was there at the first reading: never due.
+    before: bool,
+    /// Whether a lease of its own has been seen: due no more.
+    leased: bool,
+    allocated: Allocated,
+}
+
+/// Placement's consumers of the warm classes, as last read, and since when each is there.
 #[derive(Debug, Default)]
 pub struct Due {
-    seen: BTreeMap<PageSize, VecDeque<(Instant, u64)>>,
-    last: Option<(Instant, BTreeMap<PageSize, u64>)>,
+    /// By UUID in lower case.
+    consumers: HashMap<String, Consumer>,
+    /// When the last reading was made.
+    last: Option<Instant>,
 }
 
 impl Due {
-    /// The last reading: when it was made and the allocations of each page size, bytes.
-    pub fn last(&self) -> Option<&(Instant, BTreeMap<PageSize, u64>)> {
-        self.last.as_ref()
+    /// When the last reading was made.
+    pub fn last(&self) -> Option<Instant> {
+        self.last
     }
 
-    /// Records a reading of the allocations (bytes per page size) at `now`; whether any
-    /// page size's rose since the last reading.
-    pub fn record(&mut self, now: Instant, allocated: BTreeMap<PageSize, u64>) -> bool {
-        let rose = allocated.iter().any(|(ps, &b)| {
-            let before = self.last.as_ref().and_then(|(_, m)| m.get(ps).copied());
-            b > before.unwrap_or(0)
-        });
-        for (&ps, &bytes) in &allocated {
-            let seen = self.seen.entry(ps).or_default();
-            while seen
-                .front()
-                .is_some_and(|&(t, _)| now.saturating_duration_since(t) > DUE_FOR)
-            {
-                seen.pop_front();
+    /// Records a reading made at `now`: every consumer with allocations of a warm class
+    /// (UUID, bytes per page size). Returns whether a consumer appeared that is due.
+    pub fn record(
+        &mut self,
+        now: Instant,
+        reading: impl IntoIterator<Item = (String, Allocated)>,
+    ) -> bool {
+        let first = self
+            .last
+            .map_or(true, |t| now.saturating_duration_since(t) > DUE_FOR);
+        let mut old = std::mem::take(&mut self.consumers);
+        let mut appeared = false;
+        for (uuid, allocated) in reading {
+            if allocated.values().all(|&b| b == 0) {
+                continue;
             }
-            if seen.len() == MAX_READINGS {
-                seen.pop_front();
-            }
-            seen.push_back((now, bytes));
+            let key = uuid.to_ascii_lowercase();
+            let consumer = match old.remove(&key) {
+                Some(c) => Consumer { allocated, ..c },
+                None => match self.consumers.remove(&key) {
+                    // The same UUID twice (in other case): one consumer, the last amounts.
+                    Some(c) => Consumer { allocated, ..c },
+                    None => {
+                        appeared |= !first;
+                        Consumer {
+                            first_seen: now,
+                            before: first,
+                            leased: false,
+                            allocated,
+                        }
+                    }
+                },
+            };
+            self.consumers.insert(key, consumer);
         }
-        self.last = Some((now, allocated));
-        rose
+        self.bound();
+        self.last = Some(now);
+        appeared
     }
 
-    /// What the allocations of `ps` rose by within [`DUE_FOR`] before `now`: the last
-    /// reading above the least of the window (0 with one reading: what was allocated before
-    /// the daemon read it is not known to be new).
-    pub fn rise(&self, ps: PageSize, now: Instant) -> u64 {
-        let Some(seen) = self.seen.get(&ps) else {
-            return 0;
-        };
-        let window = seen
+    /// Forgets the oldest consumers past [`MAX_CONSUMERS`].
+    fn bound(&mut self) {
+        let excess = self.consumers.len().saturating_sub(MAX_CONSUMERS);
+        if excess == 0 {
+            return;
+        }
+        let mut by_age: Vec<(Instant, &String)> = self
+            .consumers
             .iter()
-            .filter(|&&(t, _)| now.saturating_duration_since(t) <= DUE_FOR);
-        let least = window.map(|&(_, b)| b).min();
-        match (seen.back(), least) {
-            (Some(&(_, last)), Some(least)) => last.saturating_sub(least),
-            _ => 0,
+            .map(|(k, c)| (c.first_seen, k))
+            .collect();
+        by_age.sort_unstable();
+        let oldest: Vec<String> = by_age[..excess].iter().map(|&(_, k)| k.clone()).collect();
+        for k in oldest {
+            self.consumers.remove(&k);
         }
+    }
+
+    /// Notes the consumers (UUIDs in lower case) a lease of the hook's belongs to: they are
+    /// due no more, now or later.
+    pub fn leased(&mut self, uuids: &HashSet<String>) {
+        for uuid in uuids {
+            if let Some(c) = self.consumers.get_mut(uuid) {
+                c.leased = true;
+            }
+        }
+    }
+
+    /// The sizes of the consumers due at `now`, per page size, largest first: appeared
+    /// after the first reading, at most [`DUE_FOR`] ago, and no lease of theirs seen.
+    pub fn pending(&self, now: Instant) -> BTreeMap<PageSize, Vec<u64>> {
+        let mut out: BTreeMap<PageSize, Vec<u64>> = BTreeMap::new();
+        let due = self.consumers.values().filter(|c| {
+            !c.before && !c.leased && now.saturating_duration_since(c.first_seen) <= DUE_FOR
+        });
+        for c in due {
+            for (&ps, &bytes) in c.allocated.iter().filter(|&(_, &b)| b > 0) {
+                out.entry(ps).or_default().push(bytes);
+            }
+        }
+        for sizes in out.values_mut() {
+            sizes.sort_unstable_by(|a, b| b.cmp(a));
+        }
+        out
+    }
+
+    /// How many consumers are kept.
+    #[cfg(test)]
+    fn kept(&self) -> usize {
+        self.consumers.len()
     }
 }
 
@@ -80,28 +173,134 @@ mod tests {
     use super::*;
 
     const G: u64 = 1 << 30;
+    const PS: PageSize = PageSize::Size2M;
+
+    fn uuid(n: u32) -> String {
+        format!("5b1e7c2a-4444-4d6f-9a8b-{n:012x}")
+    }
+
+    fn reading(vms: &[(u32, u64)]) -> Vec<(String, Allocated)> {
+        vms.iter()
+            .map(|&(n, b)| (uuid(n), BTreeMap::from([(PS, b)])))
+            .collect()
+    }
+
+    fn at(t0: Instant, s: u64) -> Instant {
+        t0 + Duration::from_secs(s)
+    }
+
+    fn sizes(due: &Due, now: Instant) -> Vec<u64> {
+        due.pending(now).remove(&PS).unwrap_or_default()
+    }
 
     #[test]
-    fn an_allocation_is_due_until_it_is_older_than_the_window() {
-        let ps = PageSize::Size2M;
+    fn the_first_reading_is_not_due_and_a_new_consumer_is_until_the_window_ends() {
         let t0 = Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        let read = |due: &mut Due, s: u64, bytes: u64| {
-            due.record(at(s), BTreeMap::from([(ps, bytes)]));
-            due.rise(ps, at(s))
-        };
         let mut due = Due::default();
         // Stopped VMs' 8 GiB were allocated before the daemon read them: never due.
-        assert_eq!(read(&mut due, 0, 8 * G), 0);
-        assert_eq!(read(&mut due, 60, 8 * G), 0);
-        // Nova allocates 4 GiB: due at once, and still a minute on.
-        assert_eq!(read(&mut due, 65, 12 * G), 4 * G);
-        assert_eq!(read(&mut due, 120, 12 * G), 4 * G);
-        // Two minutes on, it is not coming any more (stopped, or never started).
-        assert_eq!(read(&mut due, 190, 12 * G), 0);
-        // Another allocation is due again; a deleted VM's allocation going away is not.
-        assert_eq!(read(&mut due, 200, 14 * G), 2 * G);
-        assert_eq!(read(&mut due, 205, 6 * G), 0);
-        assert_eq!(due.rise(PageSize::Size1G, at(205)), 0);
+        assert!(!due.record(t0, reading(&[(1, 4 * G), (2, 4 * G)])));
+        assert!(sizes(&due, t0).is_empty());
+        assert!(!due.record(at(t0, 60), reading(&[(1, 4 * G), (2, 4 * G)])));
+        assert!(sizes(&due, at(t0, 60)).is_empty());
+        // Nova allocates 4 GiB and 2 GiB: each due at once, with its size.
+        assert!(due.record(at(t0, 65), reading(&[(1, 4 * G), (2, 4 * G), (3, 4 * G)])));
+        assert!(due.record(
+            at(t0, 70),
+            reading(&[(1, 4 * G), (2, 4 * G), (3, 4 * G), (4, 2 * G)])
+        ));
+        assert_eq!(sizes(&due, at(t0, 70)), [4 * G, 2 * G]);
+        assert_eq!(sizes(&due, at(t0, 185)), [4 * G, 2 * G]);
+        // Two minutes on, each is not coming any more (stopped, or never started).
+        assert_eq!(sizes(&due, at(t0, 186)), [2 * G]);
+        assert!(sizes(&due, at(t0, 191)).is_empty());
+        // A deleted VM's allocation going away is not due either.
+        assert!(!due.record(at(t0, 200), reading(&[(1, 4 * G)])));
+        assert!(sizes(&due, at(t0, 200)).is_empty());
+        assert!(!due.pending(at(t0, 200)).contains_key(&PageSize::Size1G));
+    }
+
+    #[test]
+    fn only_a_lease_of_its_own_removes_a_consumer_and_for_good() {
+        let t0 = Instant::now();
+        let mut due = Due::default();
+        due.record(t0, reading(&[]));
+        due.record(at(t0, 5), reading(&[(1, 4 * G), (2, 2 * G)]));
+        // A tenant's lease (any other name) is no consumer's: nothing is noted.
+        due.leased(&HashSet::new());
+        assert_eq!(sizes(&due, at(t0, 10)), [4 * G, 2 * G]);
+        // The hook leases VM 1's memory: it is served, and stays so after its release.
+        due.leased(&HashSet::from([uuid(1)]));
+        assert_eq!(sizes(&due, at(t0, 10)), [2 * G]);
+        due.leased(&HashSet::new());
+        due.record(at(t0, 15), reading(&[(1, 4 * G), (2, 2 * G)]));
+        assert_eq!(sizes(&due, at(t0, 15)), [2 * G]);
+    }
+
+    #[test]
+    fn only_the_hooks_names_give_a_uuid() {
+        let u = uuid(7);
+        assert_eq!(hook_uuid(&format!("libvirt-{u}-ua-ram")), Some(u.as_str()));
+        let upper = u.to_ascii_uppercase();
+        assert_eq!(
+            hook_uuid(&format!("libvirt-{upper}-ram-node0")),
+            Some(upper.as_str())
+        );
+        for name in [
+            format!("libvirt-{u}"),
+            format!("libvirt-{u}-"),
+            format!("vm-{u}-ua-ram"),
+            format!(".uid-1000/libvirt-{u}-ua-ram"),
+            "libvirt-not-a-uuid-at-all-but-36-bytes-long-ua-ram".to_string(),
+        ] {
+            assert_eq!(hook_uuid(&name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn uuids_are_compared_without_case() {
+        let t0 = Instant::now();
+        let mut due = Due::default();
+        due.record(t0, reading(&[]));
+        let upper = uuid(7).to_ascii_uppercase();
+        assert!(due.record(at(t0, 5), [(upper.clone(), BTreeMap::from([(PS, G)]))]));
+        assert_eq!(sizes(&due, at(t0, 5)), [G]);
+        // Read again in lower case: the same consumer, not a new one.
+        assert!(!due.record(at(t0, 10), reading(&[(7, G)])));
+        due.leased(&HashSet::from([uuid(7)]));
+        assert!(sizes(&due, at(t0, 10)).is_empty());
+    }
+
+    #[test]
+    fn a_reading_after_a_long_gap_counts_as_a_first() {
+        let t0 = Instant::now();
+        let mut due = Due::default();
+        due.record(t0, reading(&[]));
+        // Placement was unreachable for three minutes: what appeared meanwhile is not known
+        // to be new.
+        assert!(!due.record(at(t0, 180), reading(&[(1, G)])));
+        assert!(sizes(&due, at(t0, 180)).is_empty());
+    }
+
+    #[test]
+    fn consumers_are_bounded_and_the_oldest_go_first() {
+        let t0 = Instant::now();
+        let mut due = Due::default();
+        due.record(t0, reading(&[]));
+        let n = MAX_CONSUMERS as u32;
+        let old: Vec<(u32, u64)> = (0..n).map(|i| (i, G)).collect();
+        due.record(at(t0, 5), reading(&old));
+        assert_eq!(due.kept(), MAX_CONSUMERS);
+        // Ten more appear: the ten oldest of the first go.
+        let mut all = old.clone();
+        all.extend((n..n + 10).map(|i| (i, 2 * G)));
+        due.record(at(t0, 10), reading(&all));
+        assert_eq!(due.kept(), MAX_CONSUMERS);
+        let pending = sizes(&due, at(t0, 10));
+        assert_eq!(pending.len(), MAX_CONSUMERS);
+        assert_eq!(pending.iter().filter(|&&b| b == 2 * G).count(), 10);
+        // A reading far past the bound keeps no more than it either.
+        let many: Vec<(u32, u64)> = (0..3 * n).map(|i| (i, G)).collect();
+        due.record(at(t0, 15), reading(&many));
+        assert_eq!(due.kept(), MAX_CONSUMERS);
     }
 }

@@ -11,11 +11,13 @@
 //! The inputs of a look ([`Inputs`]):
 //! - the time: the host's clock plus the local offset from UTC (the C library's, from `TZ`
 //!   or `/etc/localtime`), so the day's hours are the operator's;
-//! - known demand: with Placement configured, what its allocations of the page size's warm
-//!   class hold beyond what is leased, `max(0, used - leased)` (VMs Nova scheduled here
-//!   that have not leased yet: they start within seconds), as the publisher last read it
-//!   (at most [`KNOWN_DEMAND_FOR`] ago; else 0). Placement counts the host, not a node, so
-//!   every adaptive target of that page size adds it; without Placement it is 0;
+//! - known demand: with Placement configured, the sizes of the VMs Nova scheduled here that
+//!   have not leased yet (they start within seconds): the consumers of the page size's
+//!   warm class that appeared lately and have no lease of the libvirt hook's for their
+//!   UUID (see `due`), as the publisher last read them (at most [`KNOWN_DEMAND_FOR`] ago;
+//!   else none). The forecast plans a file of each (`Forecast::target_known`); `why`
+//!   shows their sum. Placement counts the host, not a node, so every adaptive target of
+//!   that page size adds them; without Placement there are none;
 //! - the refill rate: the worker's measured fault rate (bytes over seconds faulted), else
 //!   the scrub rate, else [`DEFAULT_REFILL_RATE`], for every page size alike;
 //! - the free share: what the pool holds of the kind (warm, dirty, filling), the kernel's
@@ -32,7 +34,7 @@ mod registry;
 pub mod store;
 mod weigh;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -40,7 +42,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub use registry::{AdaptiveStatus, Key, Registry, Replan, REPLAN_S, STARTS_WHILE_PLANNING};
 pub use weigh::{Starter, PRINCIPALS_PER_HOUR};
 
-use super::{KindStatus, Pool, PoolStatus};
+use super::{FileState, KindStatus, Pool};
 use crate::page_size::PageSize;
 use crate::policy::pool::Target;
 use crate::pool::core::forecast::Inputs;
@@ -71,8 +73,8 @@ pub(in crate::pool) struct Adaptive {
     registry: Mutex<Registry>,
     /// Wakes the looks after a start.
     wake: tokio::sync::Notify,
-    /// Placement's allocations of each page size's warm class: the last reading and those
-    /// of the last minutes (see [`Pool::set_placement_allocated`]).
+    /// Placement's consumers of the warm classes, as last read, and since when each is
+    /// there (see [`Pool::set_placement_consumers`]).
     due: Mutex<due::Due>,
     /// Held while the forecasts are written.
     saving: Mutex<()>,
@@ -155,41 +157,56 @@ impl Pool {
             .saturating_add(room.saturating_mul(page))
     }
 
-    /// Placement's allocations of each page size's warm class, in bytes, as the publisher
-    /// just read them (`placement::publisher`): the known demand of the looks (see the
-    /// module's doc). A rise wakes the looks.
-    pub fn set_placement_allocated(&self, allocated: BTreeMap<PageSize, u64>) {
+    /// Placement's consumers of the warm classes (UUID, bytes per page size), as the
+    /// publisher just read them (`placement::publisher`): the known demand of the looks
+    /// (see the module's doc). A consumer that appeared wakes the looks.
+    pub fn set_placement_consumers(
+        &self,
+        consumers: impl IntoIterator<Item = (String, BTreeMap<PageSize, u64>)>,
+    ) {
         let a = self.adaptive_state();
         let mut due = a.due.lock().unwrap_or_else(|e| e.into_inner());
-        let rose = due.record(Instant::now(), allocated);
+        let appeared = due.record(Instant::now(), consumers);
         drop(due);
-        if rose {
+        if appeared {
             a.wake.notify_one();
         }
     }
 
-    /// The known demand of `ps` pages: Placement's allocations not yet leased, bytes, at
-    /// most what they rose by lately (a stopped VM keeps its own: see `due`).
-    fn known_demand(&self, ps: PageSize, status: &PoolStatus) -> u64 {
-        let due = self
-            .adaptive_state()
-            .due
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let Some((at, allocated)) = due.last() else {
-            return 0;
+    /// The domain UUIDs (in lower case) of the leases the libvirt hook made: an admin's
+    /// lease named `libvirt-<uuid>-<alias>` (a tenant's names are refused such names, and
+    /// journaled under its scope anyway).
+    fn hook_leased(&self) -> HashSet<String> {
+        let st = self.lock();
+        st.core
+            .files()
+            .filter_map(|e| match &e.rec().state {
+                FileState::Leased(l) => due::hook_uuid(&l.name).map(str::to_ascii_lowercase),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The known demand: the sizes of the VMs due per page size, Placement's consumers
+    /// that appeared lately and have no lease of the hook's (a stopped VM keeps its own
+    /// allocation: see `due`); none when the last reading is older than
+    /// [`KNOWN_DEMAND_FOR`].
+    fn known_demand(&self) -> BTreeMap<PageSize, Vec<u64>> {
+        let due = || {
+            let a = self.adaptive_state();
+            a.due.lock().unwrap_or_else(|e| e.into_inner())
         };
-        if at.elapsed() > KNOWN_DEMAND_FOR {
-            return 0;
+        let now = Instant::now();
+        let last = due().last();
+        if !last.is_some_and(|at| now.saturating_duration_since(at) <= KNOWN_DEMAND_FOR) {
+            return BTreeMap::new();
         }
-        let leased: u64 = status
-            .kinds
-            .iter()
-            .filter(|k| k.page_size == ps)
-            .map(|k| k.leased_bytes)
-            .sum();
-        let unleased = allocated.get(&ps).map_or(0, |&a| a.saturating_sub(leased));
-        unleased.min(due.rise(ps, Instant::now()))
+        // The leases are read (under the pool's lock) only when there is a reading to
+        // match them with: never on a host without Placement.
+        let leased = self.hook_leased();
+        let mut d = due();
+        d.leased(&leased);
+        d.pending(now)
     }
 
     /// Looks at every adaptive target now and installs the warm bytes that changed (through
@@ -210,9 +227,9 @@ impl Pool {
         let changed = {
             let mut r = self.adaptive_state().lock();
             let mut changed = false;
-            for (key, inputs) in looks {
+            for (key, inputs, pending) in looks {
                 let before = r.installed(key);
-                changed |= r.look(key, &inputs).is_some_and(|b| b != before);
+                changed |= r.look(key, &inputs, &pending).is_some_and(|b| b != before);
             }
             changed
         };
@@ -224,10 +241,12 @@ impl Pool {
         changed
     }
 
-    /// The inputs of a look at each of `keys` at local time `now_s`.
-    fn look_inputs(&self, keys: Vec<Key>, now_s: f64) -> Vec<(Key, Inputs)> {
+    /// The inputs of a look at each of `keys` at local time `now_s`, with the sizes of the
+    /// VMs due (the known demand).
+    fn look_inputs(&self, keys: Vec<Key>, now_s: f64) -> Vec<(Key, Inputs, Vec<u64>)> {
         let status = self.status();
         let refill_rate = self.refill_rate();
+        let known = self.known_demand();
         let mut looks = Vec::new();
         for key @ (node, ps) in keys {
             // A target for every node is held on each: the least free of them bounds it.
@@ -238,13 +257,14 @@ impl Pool {
                 .map(|k| self.free_share(k))
                 .min()
                 .unwrap_or(0);
+            let pending = known.get(&ps).cloned().unwrap_or_default();
             let inputs = Inputs {
                 now_s,
-                pending: self.known_demand(ps, &status),
+                pending: pending.iter().fold(0u64, |a, &b| a.saturating_add(b)),
                 refill_rate,
                 free_share,
             };
-            looks.push((key, inputs));
+            looks.push((key, inputs, pending));
         }
         looks
     }

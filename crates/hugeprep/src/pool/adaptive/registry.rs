@@ -270,12 +270,12 @@ impl Registry {
         self.entries.keys().copied().collect()
     }
 
-    /// Looks at `key`'s target with `inputs` with the plan in place (see
-    /// [`Registry::take_due`]) and keeps it. Returns the warm bytes to install: the target
-    /// in whole pages, at most the ceiling.
-    pub fn look(&mut self, key: Key, inputs: &Inputs) -> Option<u64> {
+    /// Looks at `key`'s target with `inputs` and the sizes of the VMs due (`pending`, the
+    /// known demand) with the plan in place (see [`Registry::take_due`]) and keeps it.
+    /// Returns the warm bytes to install: the target in whole pages, at most the ceiling.
+    pub fn look(&mut self, key: Key, inputs: &Inputs, pending: &[u64]) -> Option<u64> {
         let e = self.entries.get_mut(&key)?;
-        let target = e.forecast.target(inputs);
+        let target = e.forecast.target_known(inputs, pending);
         let page = key.1.bytes();
         let bytes = target
             .bytes

@@ -21,7 +21,7 @@ fn adaptive(node: Option<u32>, ps: PageSize, goal_bp: u32, ceiling: u64) -> Targ
 /// A look as the driver makes it: the due plans first, then the look.
 fn look(r: &mut Registry, key: Key, inputs: &Inputs) -> Option<u64> {
     r.replan_due(inputs.now_s);
-    r.look(key, inputs)
+    r.look(key, inputs, &[])
 }
 
 fn inputs(now_s: f64) -> Inputs {
@@ -96,6 +96,25 @@ fn starts_raise_the_target_to_the_days_peak_need_then_the_plan() {
     );
     assert!(r.report()[0].why.as_ref().unwrap().planned > 0);
     assert_eq!(r.report()[0].starts, 2);
+}
+
+#[test]
+fn known_demand_is_a_file_of_each_due_vms_size() {
+    let mut targets = vec![adaptive(Some(0), PageSize::Size2M, 9900, 64 * G)];
+    let mut r = Registry::default();
+    r.sync(&targets);
+    let key = (Some(0), PageSize::Size2M);
+    // Nothing seen yet: only the two VMs Placement says are coming, 4 GiB and 2 GiB.
+    r.replan_due(MONDAY);
+    assert_eq!(r.look(key, &inputs(MONDAY), &[4 * G, 2 * G]), Some(6 * G));
+    assert_eq!(r.report()[0].why.as_ref().unwrap().pending, 6 * G);
+    r.apply(&mut targets);
+    let files: Vec<(u64, u32)> = targets[0]
+        .flavors
+        .iter()
+        .map(|f| (f.size, f.count))
+        .collect();
+    assert_eq!(files, [(4 * G, 1), (2 * G, 1)]);
 }
 
 #[test]
@@ -243,7 +262,7 @@ fn a_plan_made_on_a_copy_keeps_the_starts_counted_meanwhile() {
     replan.make();
     assert!(copy.install(replan));
     let now = inputs(starts[199].0 + 60.0);
-    assert_eq!(here.look(key, &now), copy.look(key, &now));
+    assert_eq!(here.look(key, &now, &[]), copy.look(key, &now, &[]));
     assert_eq!(here.report(), copy.report());
     assert!(copy.report()[0].why.as_ref().unwrap().planned > 0);
 }

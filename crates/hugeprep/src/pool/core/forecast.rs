@@ -102,7 +102,9 @@ pub struct Inputs {
     /// Local time in seconds since the Unix epoch (the epoch was a Thursday): places the
     /// look in the day and the week.
     pub now_s: f64,
-    /// Bytes of allocations made (Placement) and not yet leased.
+    /// Bytes of allocations made (Placement) and not yet leased: the known demand's sum.
+    /// [`Forecast::target`] plans it as one file; the daemon's looks give the VMs' sizes to
+    /// [`Forecast::target_known`] and this sum stays for the record.
     pub pending: u64,
     /// Bytes per second the pool makes warm: its measured fault (or scrub) rate.
     pub refill_rate: f64,
