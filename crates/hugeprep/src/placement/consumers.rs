@@ -24,6 +24,10 @@ pub struct Allocations {
     pub consumers: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
+/// The most consumers one provider's answer may list: a host runs far fewer VMs; more is
+/// a broken or hostile Placement, refused before any of it is kept.
+pub const MAX_LISTED: usize = 16384;
+
 /// Whether `s` is a UUID in its 8-4-4-4-12 form (Placement's consumers always are).
 fn is_uuid(s: &str) -> bool {
     s.len() == 36
@@ -50,6 +54,15 @@ impl Allocations {
             .get("allocations")
             .and_then(Value::as_object)
             .ok_or_else(|| missing("allocations object"))?;
+        if listed.len() > MAX_LISTED {
+            return Err(PlacementError::Answer {
+                url: url.to_string(),
+                message: format!(
+                    "allocations: {} consumers, more than the {MAX_LISTED} one provider may list",
+                    listed.len()
+                ),
+            });
+        }
         let consumers = listed
             .iter()
             .filter(|(uuid, _)| is_uuid(uuid))
@@ -181,5 +194,21 @@ mod tests {
             let err = Allocations::parse(&body, "u").unwrap_err().to_string();
             assert!(err.contains(field), "{err}");
         }
+    }
+
+    #[test]
+    fn an_answer_listing_more_consumers_than_a_host_runs_is_refused() {
+        let listed: serde_json::Map<String, Value> = (0..=MAX_LISTED)
+            .map(|i| {
+                let uuid = format!("5b1e7c2a-4444-4d6f-9a8b-{i:012x}");
+                (uuid, json!({"resources": {"CUSTOM_HUGEPREP_WARM_2M": 2}}))
+            })
+            .collect();
+        let body = json!({"allocations": listed, "resource_provider_generation": 1});
+        let err = Allocations::parse(&body, "u").unwrap_err().to_string();
+        assert!(
+            err.contains("allocations") && err.contains("16384"),
+            "{err}"
+        );
     }
 }

@@ -343,7 +343,13 @@ async fn run(
         };
         // A reading is what Placement held, whether or not the write that followed went.
         if let Some(read) = session.fresh.take().filter(|_| demand) {
-            pool.set_placement_consumers(read.warm_bytes(figures.keys().copied()));
+            // Off the runtime's threads: a reading may list thousands of consumers.
+            let (p, sizes): (_, Vec<PageSize>) =
+                (Arc::clone(&pool), figures.keys().copied().collect());
+            let _ = tokio::task::spawn_blocking(move || {
+                p.set_placement_consumers(read.warm_bytes(sizes));
+            })
+            .await;
         }
         match outcome {
             Ok(None) => {}

@@ -15,10 +15,19 @@
 //! leases (a tenant's, an operator's by another name) remove nobody's demand: a tenant
 //! that leases cannot hide the VMs about to start.
 //!
-//! At most [`MAX_CONSUMERS`] consumers are kept: a consumer missing from a reading is
-//! forgotten, and past the bound the oldest go first (a hostile or broken Placement cannot
-//! grow the daemon's memory; one that lists more than that many on one host can make a
-//! forgotten consumer count again as new, for [`DUE_FOR`], within the target's ceiling).
+//! Nova moves allocations between consumers without starting anything: a resize or a
+//! migration moves the source host's allocation to the migration record's UUID, and a
+//! revert moves it back to the instance's. So a consumer that appears in the reading where
+//! one with the same amounts left takes that one's place (due only if it was), and a UUID
+//! that was here within [`REMEMBERED_FOR`] is never due when it comes back: a tenant cannot
+//! keep a stopped VM due by resizing it and reverting, again and again.
+//!
+//! At most [`MAX_CONSUMERS`] consumers are kept, and as many gone UUIDs: past the bound the
+//! oldest go first (a hostile or broken Placement cannot grow the daemon's memory; one that
+//! lists more than that many on one host can make a forgotten consumer count again as new,
+//! for [`DUE_FOR`], within the target's ceiling). At most [`MAX_DUE`] consumers of a page
+//! size are due at once, the largest: a Placement that lists thousands of tiny consumers
+//! cannot make the plan thousands of files no VM can use.
 //!
 //! Pure: the caller gives the time of each reading and of each question.
 
@@ -30,8 +39,15 @@ use crate::page_size::PageSize;
 /// How long a new allocation counts as a VM about to start.
 pub const DUE_FOR: Duration = Duration::from_secs(120);
 
-/// The most consumers kept (the oldest go first past it).
+/// The most consumers kept (the oldest go first past it), and the most gone UUIDs.
 pub const MAX_CONSUMERS: usize = 4096;
+
+/// How long a consumer that left is remembered: back within it, it is not due.
+pub const REMEMBERED_FOR: Duration = Duration::from_secs(3600);
+
+/// The most consumers of a page size due at once (the largest): more VMs than this about
+/// to start on one host within [`DUE_FOR`] are left to the forecast.
+pub const MAX_DUE: usize = 64;
 
 /// One consumer's allocations of the warm classes: bytes per page size.
 pub type Allocated = BTreeMap<PageSize, u64>;
@@ -65,6 +81,8 @@ struct Consumer {
 pub struct Due {
     /// By UUID in lower case.
     consumers: HashMap<String, Consumer>,
+    /// The UUIDs (in lower case) of consumers that left, and when.
+    gone: HashMap<String, Instant>,
     /// When the last reading was made.
     last: Option<Instant>,
 }
@@ -85,52 +103,49 @@ impl Due {
         let first = self
             .last
             .map_or(true, |t| now.saturating_duration_since(t) > DUE_FOR);
-        let mut old = std::mem::take(&mut self.consumers);
-        let mut appeared = false;
+        // The reading by UUID in lower case (the same UUID twice: the last amounts).
+        let mut read: HashMap<String, Allocated> = HashMap::new();
         for (uuid, allocated) in reading {
-            if allocated.values().all(|&b| b == 0) {
-                continue;
+            if allocated.values().any(|&b| b > 0) {
+                read.insert(uuid.to_ascii_lowercase(), allocated);
             }
-            let key = uuid.to_ascii_lowercase();
-            let consumer = match old.remove(&key) {
-                Some(c) => Consumer { allocated, ..c },
-                None => match self.consumers.remove(&key) {
-                    // The same UUID twice (in other case): one consumer, the last amounts.
-                    Some(c) => Consumer { allocated, ..c },
-                    None => {
-                        appeared |= !first;
-                        Consumer {
-                            first_seen: now,
-                            before: first,
-                            leased: false,
-                            allocated,
-                        }
-                    }
-                },
+        }
+        let mut old = std::mem::take(&mut self.consumers);
+        // Those that left in this reading, by their amounts: a newcomer with the same
+        // amounts is their allocation moved (see the module's doc).
+        let mut moved: BTreeMap<Allocated, Vec<Consumer>> = BTreeMap::new();
+        for (uuid, c) in old.iter().filter(|(k, _)| !read.contains_key(*k)) {
+            self.gone.insert(uuid.clone(), now);
+            moved
+                .entry(c.allocated.clone())
+                .or_default()
+                .push(c.clone());
+        }
+        self.gone
+            .retain(|_, &mut t| now.saturating_duration_since(t) <= REMEMBERED_FOR);
+        let mut appeared = false;
+        for (key, allocated) in read {
+            let consumer = if let Some(c) = old.remove(&key) {
+                Consumer { allocated, ..c }
+            } else if let Some(c) = moved.get_mut(&allocated).and_then(Vec::pop) {
+                self.gone.remove(&key);
+                Consumer { allocated, ..c }
+            } else {
+                let back = self.gone.remove(&key).is_some();
+                appeared |= !first && !back;
+                Consumer {
+                    first_seen: now,
+                    before: first || back,
+                    leased: false,
+                    allocated,
+                }
             };
             self.consumers.insert(key, consumer);
         }
-        self.bound();
+        keep_newest(&mut self.consumers, |c| c.first_seen);
+        keep_newest(&mut self.gone, |&t| t);
         self.last = Some(now);
         appeared
-    }
-
-    /// Forgets the oldest consumers past [`MAX_CONSUMERS`].
-    fn bound(&mut self) {
-        let excess = self.consumers.len().saturating_sub(MAX_CONSUMERS);
-        if excess == 0 {
-            return;
-        }
-        let mut by_age: Vec<(Instant, &String)> = self
-            .consumers
-            .iter()
-            .map(|(k, c)| (c.first_seen, k))
-            .collect();
-        by_age.sort_unstable();
-        let oldest: Vec<String> = by_age[..excess].iter().map(|&(_, k)| k.clone()).collect();
-        for k in oldest {
-            self.consumers.remove(&k);
-        }
     }
 
     /// Notes the consumers (UUIDs in lower case) a lease of the hook's belongs to: they are
@@ -157,6 +172,7 @@ impl Due {
         }
         for sizes in out.values_mut() {
             sizes.sort_unstable_by(|a, b| b.cmp(a));
+            sizes.truncate(MAX_DUE);
         }
         out
     }
@@ -165,6 +181,20 @@ impl Due {
     #[cfg(test)]
     fn kept(&self) -> usize {
         self.consumers.len()
+    }
+}
+
+/// Forgets the oldest entries of `map` (by `at`) past [`MAX_CONSUMERS`].
+fn keep_newest<V>(map: &mut HashMap<String, V>, at: impl Fn(&V) -> Instant) {
+    let excess = map.len().saturating_sub(MAX_CONSUMERS);
+    if excess == 0 {
+        return;
+    }
+    let mut by_age: Vec<(Instant, &String)> = map.iter().map(|(k, v)| (at(v), k)).collect();
+    by_age.select_nth_unstable(excess - 1);
+    let oldest: Vec<String> = by_age[..excess].iter().map(|&(_, k)| k.clone()).collect();
+    for k in oldest {
+        map.remove(&k);
     }
 }
 
@@ -296,11 +326,62 @@ mod tests {
         due.record(at(t0, 10), reading(&all));
         assert_eq!(due.kept(), MAX_CONSUMERS);
         let pending = sizes(&due, at(t0, 10));
-        assert_eq!(pending.len(), MAX_CONSUMERS);
+        assert_eq!(pending.len(), MAX_DUE, "the largest due, no more");
         assert_eq!(pending.iter().filter(|&&b| b == 2 * G).count(), 10);
         // A reading far past the bound keeps no more than it either.
         let many: Vec<(u32, u64)> = (0..3 * n).map(|i| (i, G)).collect();
         due.record(at(t0, 15), reading(&many));
         assert_eq!(due.kept(), MAX_CONSUMERS);
+    }
+
+    #[test]
+    fn a_moved_allocation_is_no_start_and_a_uuid_back_within_the_hour_is_not_due() {
+        let t0 = Instant::now();
+        let mut due = Due::default();
+        // VM 1 is stopped (allocated before the daemon looked).
+        due.record(t0, reading(&[(1, 4 * G)]));
+        // A resize moves its allocation to the migration's UUID (100), and a revert moves
+        // it back: neither is a VM about to start, however often the tenant repeats it.
+        for (i, moved) in [100, 1, 101, 1].into_iter().enumerate() {
+            let s = 5 * (i as u64 + 1);
+            assert!(
+                !due.record(at(t0, s), reading(&[(moved, 4 * G)])),
+                "step {i}"
+            );
+            assert!(sizes(&due, at(t0, s)).is_empty(), "step {i}");
+        }
+        // A migration UUID that left comes back with other amounts (a resize to another
+        // flavor reverted): remembered, not due.
+        assert!(!due.record(at(t0, 30), reading(&[(1, 4 * G), (100, 2 * G)])));
+        assert!(sizes(&due, at(t0, 30)).is_empty());
+        // A VM due when its allocation moves stays due, for what is left of its window.
+        assert!(due.record(at(t0, 35), reading(&[(1, 4 * G), (100, 2 * G), (2, G)])));
+        assert!(!due.record(at(t0, 40), reading(&[(1, 4 * G), (100, 2 * G), (102, G)])));
+        assert_eq!(sizes(&due, at(t0, 40)), [G]);
+        assert!(sizes(&due, at(t0, 35 + 121)).is_empty());
+        // An hour after it left, a UUID is new again.
+        let later = 40 + REMEMBERED_FOR.as_secs() + 5;
+        due.record(
+            at(t0, later - 5),
+            reading(&[(1, 4 * G), (100, 2 * G), (102, G)]),
+        );
+        assert!(due.record(
+            at(t0, later),
+            reading(&[(1, 4 * G), (100, 2 * G), (102, G), (2, 3 * G)])
+        ));
+        assert_eq!(sizes(&due, at(t0, later)), [3 * G]);
+    }
+
+    #[test]
+    fn thousands_of_tiny_consumers_make_no_more_than_the_largest_due() {
+        let t0 = Instant::now();
+        let mut due = Due::default();
+        due.record(t0, reading(&[]));
+        let mut vms: Vec<(u32, u64)> = (0..2000).map(|i| (i, 2 << 20)).collect();
+        vms.push((5000, 8 * G));
+        due.record(at(t0, 5), reading(&vms));
+        let pending = sizes(&due, at(t0, 5));
+        assert_eq!(pending.len(), MAX_DUE);
+        assert_eq!(pending[0], 8 * G, "the largest first");
     }
 }

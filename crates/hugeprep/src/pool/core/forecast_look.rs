@@ -49,7 +49,8 @@ impl Forecast {
         let mut want = files::nest(&want);
         for &bytes in pending {
             let c = class_of(bytes, self.goal.ceiling);
-            *want.entry(c).or_insert(0) += c;
+            let w = want.entry(c).or_insert(0);
+            *w = w.saturating_add(c);
         }
         let mut capped_by = None;
         if files::total(&want) >= self.goal.ceiling && files::total(&want) > 0 {
