@@ -141,12 +141,17 @@ fn check_kernel_path(
     assert_eq!(c.kernel_path_releases, 1, "{c:?}\n{}", env.log());
     assert_eq!(c.proven_releases, 0, "{c:?}");
     assert_eq!(c.unreturned_pages, pages, "{c:?}");
+    release_and_wait_for_the_pages(env, d, next, attacker);
+}
+
+/// Releases `next`, ends the attacker and waits until the mount holds only the warm file:
+/// the pinned pages are freed by the kernel once the attacker's ring, pipe or lease is gone
+/// (an io_uring's teardown runs a little after its process exits).
+fn release_and_wait_for_the_pages(env: &Env, d: &Daemon, next: &LeaseInfo, attacker: Lessee) {
     d.release(next.id).unwrap();
     attacker.exit();
     let p = d.settle(SIZE);
     assert_eq!(p.kinds[0].leased_bytes, 0);
-    // The pinned pages are freed by the kernel once the attacker's ring or pipe is gone
-    // (an io_uring's teardown runs a little after its process exits).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while env.mount_used() != SIZE {
         assert!(
@@ -331,19 +336,7 @@ fn read_lease(by: By) {
         "every page of the leased file is held: {c:?}\n{}",
         env.log()
     );
-    d.release(next.id).unwrap();
-    attacker.exit();
-    let p = d.settle(SIZE);
-    assert_eq!(p.kinds[0].leased_bytes, 0);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while env.mount_used() != SIZE {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "mount holds {} bytes, the warm file is {SIZE}",
-            env.mount_used()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    release_and_wait_for_the_pages(&env, &d, &next, attacker);
 }
 
 #[test]
