@@ -237,7 +237,7 @@ impl Client {
     /// call's name, for errors) what it needs; `Ok` for 2xx, 404 and 409 (the caller decides,
     /// the 409's `code` in the value), an error for anything else. A refused Keystone token
     /// is renewed once; a refused fixed token is re-read from `token_file` once.
-    pub(super) async fn call(
+    async fn call(
         &mut self,
         method: Method,
         path: &str,
@@ -420,37 +420,33 @@ impl Client {
         expect(status, &body, &url, "PUT")
     }
 
-    /// The provider's usage and generation.
-    pub async fn usage(&mut self, uuid: &str) -> Result<Option<Usage>, PlacementError> {
-        let (status, body, url) = self
-            .call(
-                Method::GET,
-                &format!("/resource_providers/{uuid}/usages"),
-                None,
-                ("reading a provider's usage", USAGES),
-            )
-            .await?;
+    /// `GET /resource_providers/{uuid}/{part}` (`why`: the call's name and microversion):
+    /// the answer and its URL, `None` when the provider is gone (404).
+    pub(super) async fn provider_part(
+        &mut self,
+        uuid: &str,
+        part: &str,
+        why: (&'static str, Microversion),
+    ) -> Result<Option<(Value, String)>, PlacementError> {
+        let path = format!("/resource_providers/{uuid}/{part}");
+        let (status, body, url) = self.call(Method::GET, &path, None, why).await?;
         if status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
         expect(status, &body, &url, "GET")?;
-        let generation = body
-            .get("resource_provider_generation")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| PlacementError::Answer {
-                url: url.clone(),
-                message: "no resource_provider_generation".into(),
-            })?;
-        let used = body
-            .get("usages")
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        Ok(Some(Usage { generation, used }))
+        Ok(Some((body, url)))
+    }
+
+    /// The provider's usage and generation.
+    pub async fn usage(&mut self, uuid: &str) -> Result<Option<Usage>, PlacementError> {
+        let why = ("reading a provider's usage", USAGES);
+        let Some((body, url)) = self.provider_part(uuid, "usages", why).await? else {
+            return Ok(None);
+        };
+        Ok(Some(Usage {
+            generation: provider_generation(&body, &url)?,
+            used: amounts(body.get("usages")),
+        }))
     }
 
     /// Replaces the provider's inventories, at `generation`. A 409 is told apart by its
@@ -502,14 +498,7 @@ impl Client {
             StatusCode::NOT_FOUND => Ok(InventoryWrite::Gone),
             _ => {
                 expect(status, &value, &url, "PUT")?;
-                let generation = value
-                    .get("resource_provider_generation")
-                    .and_then(Value::as_u64)
-                    .ok_or_else(|| PlacementError::Answer {
-                        url,
-                        message: "no resource_provider_generation".into(),
-                    })?;
-                Ok(InventoryWrite::Written(generation))
+                Ok(InventoryWrite::Written(provider_generation(&value, &url)?))
             }
         }
     }
@@ -522,12 +511,30 @@ fn provider(v: &Value) -> Provider {
     }
 }
 
-pub(super) fn expect(
-    status: StatusCode,
-    body: &Value,
-    url: &str,
-    method: &str,
-) -> Result<(), PlacementError> {
+/// The provider's generation in an answer from `url`, an error naming the field without it.
+pub(super) fn provider_generation(body: &Value, url: &str) -> Result<u64, PlacementError> {
+    body.get("resource_provider_generation")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| PlacementError::Answer {
+            url: url.to_string(),
+            message: "no resource_provider_generation".into(),
+        })
+}
+
+/// The amounts by resource class of a `{"<class>": n}` object (an amount that is no count
+/// left out); none when it is absent or no object.
+pub(super) fn amounts(classes: Option<&Value>) -> BTreeMap<String, u64> {
+    classes
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn expect(status: StatusCode, body: &Value, url: &str, method: &str) -> Result<(), PlacementError> {
     if status.is_success() {
         return Ok(());
     }

@@ -6,13 +6,13 @@
 
 use std::collections::BTreeMap;
 
-use axum::http::{Method, StatusCode};
 use serde_json::Value;
 
-use super::client::{expect, Client, Usage};
+use super::client::{amounts, provider_generation, Client, Usage};
 use super::error::PlacementError;
 use super::inventory::class_name;
 use super::microversion::ALLOCATIONS;
+use crate::vmm::libvirt::domain::is_uuid;
 use crate::PageSize;
 
 /// A provider's allocations per consumer, and its generation.
@@ -28,32 +28,19 @@ pub struct Allocations {
 /// a broken or hostile Placement, refused before any of it is kept.
 pub const MAX_LISTED: usize = 16384;
 
-/// Whether `s` is a UUID in its 8-4-4-4-12 form (Placement's consumers always are).
-fn is_uuid(s: &str) -> bool {
-    s.len() == 36
-        && s.bytes().enumerate().all(|(i, b)| match i {
-            8 | 13 | 18 | 23 => b == b'-',
-            _ => b.is_ascii_hexdigit(),
-        })
-}
-
 impl Allocations {
     /// Reads Placement's answer from `url`: `{"allocations": {"<uuid>": {"resources":
     /// {"<class>": n}}}, "resource_provider_generation": g}`. A consumer that is no UUID
     /// and an amount that is no count are left out.
     pub fn parse(body: &Value, url: &str) -> Result<Allocations, PlacementError> {
-        let missing = |what: &str| PlacementError::Answer {
-            url: url.to_string(),
-            message: format!("no {what}"),
-        };
-        let generation = body
-            .get("resource_provider_generation")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| missing("resource_provider_generation"))?;
+        let generation = provider_generation(body, url)?;
         let listed = body
             .get("allocations")
             .and_then(Value::as_object)
-            .ok_or_else(|| missing("allocations object"))?;
+            .ok_or_else(|| PlacementError::Answer {
+                url: url.to_string(),
+                message: "no allocations object".into(),
+            })?;
         if listed.len() > MAX_LISTED {
             return Err(PlacementError::Answer {
                 url: url.to_string(),
@@ -66,18 +53,7 @@ impl Allocations {
         let consumers = listed
             .iter()
             .filter(|(uuid, _)| is_uuid(uuid))
-            .map(|(uuid, a)| {
-                let resources = a
-                    .get("resources")
-                    .and_then(Value::as_object)
-                    .map(|m| {
-                        m.iter()
-                            .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                (uuid.clone(), resources)
-            })
+            .map(|(uuid, a)| (uuid.clone(), amounts(a.get("resources"))))
             .collect();
         Ok(Allocations {
             generation,
@@ -127,18 +103,10 @@ impl Client {
     /// The provider's allocations per consumer, and its generation; `None` when the
     /// provider is gone (404).
     pub async fn allocations(&mut self, uuid: &str) -> Result<Option<Allocations>, PlacementError> {
-        let (status, body, url) = self
-            .call(
-                Method::GET,
-                &format!("/resource_providers/{uuid}/allocations"),
-                None,
-                ("reading a provider's allocations", ALLOCATIONS),
-            )
-            .await?;
-        if status == StatusCode::NOT_FOUND {
+        let why = ("reading a provider's allocations", ALLOCATIONS);
+        let Some((body, url)) = self.provider_part(uuid, "allocations", why).await? else {
             return Ok(None);
-        }
-        expect(status, &body, &url, "GET")?;
+        };
         Allocations::parse(&body, &url).map(Some)
     }
 }

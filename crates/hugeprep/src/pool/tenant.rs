@@ -15,7 +15,7 @@ use crate::policy::tenants::Limits;
 /// Names the libvirt hook derives (`libvirt-<domain uuid>-<alias>`, see
 /// `vmm::libvirt::hook`): only an admin principal (the hook runs as root) may lease them, so
 /// no tenant can take a domain's name first and make its next start fail.
-pub const HOOK_PREFIX: &str = "libvirt-";
+pub const HOOK_PREFIX: &str = crate::vmm::libvirt::plan::LEASE_PREFIX;
 
 /// The key that names tenants' directories (see [`scope_dir`]): 32 random bytes kept in
 /// the state directory (`scope.key`, 0600), so a tenant's directory keeps its name across

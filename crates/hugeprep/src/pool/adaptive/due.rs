@@ -55,13 +55,8 @@ pub type Allocated = BTreeMap<PageSize, u64>;
 /// The domain UUID of a lease name the hook derives (`libvirt-<uuid>-<alias>`), as given:
 /// `None` for any other name (a tenant's, journaled as `.<scope>/<name>`, never is one).
 pub fn hook_uuid(journaled: &str) -> Option<&str> {
-    let rest = journaled.strip_prefix(crate::pool::tenant::HOOK_PREFIX)?;
-    let uuid = rest.get(..36)?;
-    let is_uuid = uuid.bytes().enumerate().all(|(i, b)| match i {
-        8 | 13 | 18 | 23 => b == b'-',
-        _ => b.is_ascii_hexdigit(),
-    });
-    (is_uuid && rest.as_bytes().get(36) == Some(&b'-') && rest.len() > 37).then_some(uuid)
+    crate::vmm::libvirt::plan::lease_uuid(journaled)
+        .filter(|u| crate::vmm::libvirt::domain::is_uuid(u))
 }
 
 /// A consumer seen in Placement's readings.

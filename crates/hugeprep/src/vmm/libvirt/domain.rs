@@ -248,13 +248,14 @@ impl Domain {
     }
 }
 
+/// Whether `s` is a UUID in its hyphenated 8-4-4-4-12 form, hex digits of either case (as
+/// libvirt's domains and Placement's consumers are spelt; the only 36-byte form `uuid` parses).
+pub fn is_uuid(s: &str) -> bool {
+    s.len() == 36 && uuid::Uuid::try_parse(s).is_ok()
+}
+
 fn check_uuid(uuid: &str) -> Result<()> {
-    let ok = uuid.len() == 36
-        && uuid.chars().enumerate().all(|(i, c)| match i {
-            8 | 13 | 18 | 23 => c == '-',
-            _ => c.is_ascii_hexdigit(),
-        });
-    if ok {
+    if is_uuid(uuid) {
         Ok(())
     } else {
         Err(bad("uuid", format!("{uuid:?} is not a uuid")))
